@@ -1,0 +1,52 @@
+"""Loop actions: what a `loop` over a mesh axis does with each iteration's result.
+
+`#tile<d>` concatenates the iterations' results along dimension d, `#sum` reduces them
+with an associative monoid, and `any` asserts they are all equal (the value stays
+replicated on that axis).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MONOIDS = ("add", "max", "min", "and", "or")
+
+
+@dataclass(frozen=True)
+class Tile:
+    dim: int
+
+    def __str__(self) -> str:
+        return f"#tile<{self.dim}>"
+
+
+@dataclass(frozen=True)
+class Sum:
+    monoid: str = "add"
+
+    def __post_init__(self) -> None:
+        if self.monoid not in MONOIDS:
+            raise ValueError(f"#sum monoid must be one of {MONOIDS}, got {self.monoid!r}")
+
+    def __str__(self) -> str:
+        return "#sum" if self.monoid == "add" else f"#sum<{self.monoid}>"
+
+
+@dataclass(frozen=True)
+class AnyAction:
+    def __str__(self) -> str:
+        return "any"
+
+
+ANY = AnyAction()
+Action = Tile | Sum | AnyAction
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of an op's nest: the mesh axis, the action on each result, and the
+    dimension along which each operand is sliced by the loop index (None: used whole)."""
+
+    axis: str
+    results: tuple[Action, ...]
+    operands: tuple[int | None, ...]

@@ -1,0 +1,55 @@
+"""Loop-index information an entry's `apply` may need inside a loop nest.
+
+The same entries run in the sequential interpreter (indices are Python ints) and in the
+SPMD runtime (indices are `lax.axis_index` values), so offsets are computed with
+operations valid for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from partir.core.actions import Loop, Sum, Tile
+from partir.ir.types import TensorType
+
+
+class LocalContext:
+    """Offsets of an op's local tiles within the global operands and results."""
+
+    def __init__(self, nest: Sequence[Loop], in_types: Sequence[TensorType],
+                 out_types: Sequence[TensorType], index: Callable[[str], Any],
+                 axis_size: Callable[[str], int]) -> None:
+        self.nest = tuple(nest)
+        self.in_types = tuple(in_types)  # global types
+        self.out_types = tuple(out_types)
+        self.index = index
+        self.axis_size = axis_size
+
+    def _offset(self, size: int, levels: list[str]) -> Any:
+        offset: Any = 0
+        for axis in levels:
+            size //= self.axis_size(axis)
+            offset = offset + self.index(axis) * size
+        return offset
+
+    def operand_offset(self, i: int, dim: int) -> Any:
+        """Start of operand i's local tile along `dim` in the global operand."""
+        levels = [lp.axis for lp in self.nest if lp.operands[i] == dim]
+        return self._offset(self.in_types[i].shape[dim], levels)
+
+    def result_offset(self, k: int, dim: int) -> Any:
+        """Start of result k's local tile along `dim` in the global result."""
+        levels = [lp.axis for lp in self.nest if lp.results[k] == Tile(dim)]
+        return self._offset(self.out_types[k].shape[dim], levels)
+
+    def is_first(self, k: int) -> Any:
+        """True on the single iteration of the `#sum` loops of result k whose indices are
+        all 0: terms that must be added once, not once per iteration, are kept there."""
+        first: Any = True
+        for lp in self.nest:
+            if isinstance(lp.results[k], Sum):
+                first = jnp.logical_and(first, self.index(lp.axis) == 0)
+        return first

@@ -1,0 +1,35 @@
+"""Elementwise primitives: tiling the result on dimension d tiles every non-scalar
+operand on d. Rank-0 operands (scalar literals) are used whole."""
+
+from __future__ import annotations
+
+from partir.core.actions import Tile
+from partir.core.tmr.registry import Entry, OpView, TileMapping, register
+
+UNARY = (
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "conj",
+    "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "erf", "erf_inv",
+    "erfc", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma",
+    "log", "log1p", "logistic", "neg", "not", "population_count", "real", "reduce_precision",
+    "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "tan", "tanh",
+    "clz", "bitcast_convert_type_same_width", "optimization_barrier_1",
+)
+BINARY = (
+    "add", "add_any", "and", "atan2", "div", "eq", "ge", "gt", "igamma", "igammac", "le",
+    "lt", "max", "min", "mul", "ne", "nextafter", "or", "pow", "rem", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sub", "xor", "complex",
+)
+NARY = ("select_n", "clamp")
+# Identities of the Core dialect and the frontend: a value tiling/atomic loop and `tag`.
+IDENTITIES = ("tag", "tile", "atomic")
+
+
+def elementwise_mappings(op: OpView):
+    rank = op.out_types[0].rank
+    for d in range(rank):
+        yield TileMapping(tuple(None if t.rank == 0 else d for t in op.in_types),
+                          tuple(Tile(d) for _ in op.out_types))
+
+
+ELEMENTWISE = Entry(elementwise_mappings, doc="t_d, ..., t_d -> t_d for every dimension d")
+register(UNARY + BINARY + NARY + IDENTITIES, ELEMENTWISE)

@@ -1,0 +1,145 @@
+"""JAX function -> IR: trace with `jax.make_jaxpr`, inline calls, keep constants, name
+arguments and results, and attach the user's source line to every op."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from partir.errors import TracingError
+from partir.frontend.names import leaf_names, parameter_names, path_to_name
+from partir.frontend.source import user_location
+from partir.ir import Function, Location, Op, TensorType, Value
+
+# Call-like primitives whose body is inlined, and the parameter that holds the body.
+INLINED_CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+
+
+@dataclass
+class TracedProgram:
+    """A traced function: its IR, how its flat inputs/outputs map to pytrees, and names."""
+
+    function: Function
+    in_tree: Any
+    out_tree: Any
+    input_names: list[str]
+    output_names: list[str]
+    static_argnums: tuple[int, ...] = ()
+    tags: dict[str, list[Value]] = field(default_factory=dict)
+
+    @property
+    def in_types(self) -> list[TensorType]:
+        return [a.type for a in self.function.args]
+
+
+def _tensor_type(aval: Any) -> TensorType:
+    return TensorType(tuple(int(d) for d in aval.shape), np.dtype(aval.dtype))
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.scalar_consts: dict[tuple, Value] = {}
+        self.tags: dict[str, list[Value]] = {}
+
+    def constant(self, value: Any, loc: Location) -> Value:
+        arr = np.asarray(value)
+        key = None
+        if arr.ndim == 0:
+            key = (arr.dtype.str, arr.tobytes())
+            if key in self.scalar_consts:
+                return self.scalar_consts[key]
+        v = Value(TensorType(arr.shape, arr.dtype))
+        self.ops.append(Op("constant", [], [v], {"value": arr}, loc=loc))
+        if key is not None:
+            self.scalar_consts[key] = v
+        return v
+
+    def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value]) -> list[Value]:
+        env: dict[Any, Value] = {}
+        for var, c in zip(jaxpr.constvars, consts, strict=True):
+            env[var] = self.constant(c, Location("<constant>", 0))
+        for var, a in zip(jaxpr.invars, args, strict=True):
+            env[var] = a
+
+        def read(atom: Any, loc: Location) -> Value:
+            if isinstance(atom, jcore.Literal):
+                return self.constant(atom.val, loc)
+            return env[atom]
+
+        for eqn in jaxpr.eqns:
+            loc = user_location(eqn.source_info)
+            operands = [read(a, loc) for a in eqn.invars]
+            name = eqn.primitive.name
+            if name in INLINED_CALLS and INLINED_CALLS[name] in eqn.params:
+                body = eqn.params[INLINED_CALLS[name]]
+                if hasattr(body, "jaxpr"):  # a ClosedJaxpr
+                    outs = self.inline(body.jaxpr, body.consts, operands)
+                else:
+                    outs = self.inline(body, (), operands)
+            else:
+                outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
+                params = dict(eqn.params)
+                if name == "tag":
+                    outs[0].name = params["name"]
+                    self.tags.setdefault(params["name"], []).append(outs[0])
+                self.ops.append(Op(name, operands, outs, params, loc=loc, prim=eqn.primitive))
+            for var, v in zip(eqn.outvars, outs, strict=True):
+                if not isinstance(var, jcore.DropVar):
+                    env[var] = v
+        return [read(a, Location("<return>", 0)) for a in jaxpr.outvars]
+
+
+def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
+          name: str | None = None) -> TracedProgram:
+    """Trace `fn(*args)` into IR. Arguments may be arrays or `jax.ShapeDtypeStruct`s."""
+    static_argnums = tuple(sorted(i % len(args) for i in static_argnums)) if args else ()
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, static_argnums=static_argnums,
+                                           return_shape=True)(*args)
+    except Exception as e:
+        raise TracingError(f"could not trace {getattr(fn, '__name__', fn)!r}: "
+                           f"{type(e).__name__}: {e}") from e
+
+    dyn_args = [a for i, a in enumerate(args) if i not in static_argnums]
+    all_names = parameter_names(fn, len(args))
+    dyn_names = [n for i, n in enumerate(all_names) if i not in static_argnums]
+    input_names: list[str] = []
+    for arg_name, arg in zip(dyn_names, dyn_args, strict=True):
+        input_names += leaf_names(arg, arg_name)
+    _, in_tree = jax.tree_util.tree_flatten(tuple(dyn_args))
+
+    jaxpr = closed.jaxpr
+    if len(jaxpr.invars) != len(input_names):
+        raise TracingError(f"traced {len(jaxpr.invars)} inputs but named {len(input_names)}")
+    arg_values = [Value(_tensor_type(v.aval), name=n)
+                  for v, n in zip(jaxpr.invars, input_names, strict=True)]
+    builder = _Builder()
+    results = builder.inline(jaxpr, closed.consts, arg_values)
+
+    out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
+    if len(out_leaves) == 1 and not out_leaves[0][0]:
+        output_names = ["out"]
+    else:
+        output_names = [path_to_name("", path) for path, _ in out_leaves]
+    fn_name = name or getattr(fn, "__name__", "main")
+    function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
+                        builder.ops, results, output_names)
+    _, out_treedef = jax.tree_util.tree_flatten(out_shape)
+    return TracedProgram(function, in_tree, out_treedef, input_names, output_names,
+                         static_argnums, builder.tags)

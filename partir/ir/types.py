@@ -1,0 +1,55 @@
+"""IR types: ranked tensors and the range type of loop indices."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+_DTYPE_NAMES = {
+    "float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "ui8", "uint16": "ui16", "uint32": "ui32", "uint64": "ui64",
+    "bool": "i1", "complex64": "complex<f32>", "complex128": "complex<f64>",
+}
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype)
+
+    def __str__(self) -> str:
+        elt = _DTYPE_NAMES.get(np.dtype(self.dtype).name, np.dtype(self.dtype).name)
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{elt}>"
+
+
+@dataclass(frozen=True)
+class RangeType:
+    """Type of a loop index over a mesh axis: `range<4>`."""
+
+    axis: str
+    size: int
+
+    def __str__(self) -> str:
+        return f"range<{self.size}>"
+
+
+Type = TensorType | RangeType

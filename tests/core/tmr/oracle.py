@@ -1,0 +1,153 @@
+"""Checks a TMR entry against the primitive it describes, independently of propagation.
+
+For an op traced from a one-primitive function, every mapping the entry offers (that the
+axis sizes divide) is executed as a loop: operands are sliced per the mapping, the local
+op runs with localized params (and the entry's `apply`, given the loop index), and the
+iterations' results are combined per action. The result must equal the global op. Two
+nested loops over different axes are checked as well, so localize/apply see already
+local types and offsets compose.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+
+from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.core.tmr import LocalContext, OpView, localized_params, lookup
+from partir.frontend import trace
+from partir.ir import TensorType
+
+_COMBINE = {"add": np.add, "max": np.maximum, "min": np.minimum,
+            "and": np.logical_and, "or": np.logical_or}
+
+
+def _single_op(fn, *args):
+    prog = trace(fn, *args)
+    ops = [op for op in prog.function.ops if op.name != "constant"]
+    assert len(ops) == 1, [op.name for op in prog.function.ops]
+    op = ops[0]
+    env = dict(zip(prog.function.args, args, strict=True))
+    for c in prog.function.ops:
+        if c.name == "constant":
+            env[c.results[0]] = c.params["value"]
+    return op, [np.asarray(env[v]) for v in op.operands]
+
+
+def _local_types(types, nest, which):
+    out = []
+    for i, t in enumerate(types):
+        shape = list(t.shape)
+        for lp, size in nest:
+            d = lp.operands[i] if which == "in" else (
+                lp.results[i].dim if isinstance(lp.results[i], Tile) else None)
+            if d is not None:
+                shape[d] //= size
+        out.append(TensorType(tuple(shape), t.dtype))
+    return tuple(out)
+
+
+def _run_nest(op, entry, operands, nest, index):
+    """Run the op at one point `index` (axis -> int) of the nest; returns local results."""
+    in_global = tuple(v.type for v in op.operands)
+    out_global = tuple(v.type for v in op.results)
+    local_in = _local_types(in_global, nest, "in")
+    local_out = _local_types(out_global, nest, "out")
+    sizes = {lp.axis: n for lp, n in nest}
+    local_operands = []
+    for i, x in enumerate(operands):
+        for lp, n in nest:
+            d = lp.operands[i]
+            if d is not None:
+                chunk = x.shape[d] // n
+                x = np.take(x, np.arange(index[lp.axis] * chunk, (index[lp.axis] + 1) * chunk),
+                            axis=d)
+        local_operands.append(x)
+    view = OpView(op.name, op.params, local_in, local_out)
+    params = localized_params(entry, view)
+    local_view = OpView(op.name, params, local_in, local_out)
+    if entry.apply is not None:
+        ctx = LocalContext([lp for lp, _ in nest], in_global, out_global,
+                           index=lambda a: index[a], axis_size=lambda a: sizes[a])
+        outs = entry.apply(local_view, op.prim, local_operands, ctx)
+    else:
+        outs = op.prim.bind(*local_operands, **params)
+        outs = list(outs) if op.prim.multiple_results else [outs]
+    for o, t in zip(outs, local_out, strict=True):
+        assert tuple(np.shape(o)) == t.shape, (op.name, np.shape(o), t.shape, params)
+    return [np.asarray(o) for o in outs]
+
+
+def _combine(action, parts):
+    if isinstance(action, Tile):
+        return np.concatenate(parts, axis=action.dim)
+    if isinstance(action, Sum):
+        return _COMBINE[action.monoid].reduce(np.stack(parts), axis=0)
+    assert isinstance(action, AnyAction)
+    return parts[0]
+
+
+def _eval_nest(op, entry, operands, nest, depth=0, index=None):
+    index = dict(index or {})
+    if depth == len(nest):
+        return _run_nest(op, entry, operands, nest, index)
+    lp, n = nest[depth]
+    per_iter = []
+    for r in range(n):
+        index[lp.axis] = r
+        per_iter.append(_eval_nest(op, entry, operands, nest, depth + 1, index))
+    return [_combine(lp.results[k], [it[k] for it in per_iter]) for k in range(len(op.results))]
+
+
+def _divisible(mapping, view, n):
+    for d, t in zip(mapping.operands, view.in_types, strict=True):
+        if d is not None and t.shape[d] % n:
+            return False
+    for a, t in zip(mapping.results, view.out_types, strict=True):
+        if isinstance(a, Tile) and t.shape[a.dim] % n:
+            return False
+    return True
+
+
+def check_entry(fn, *args, sizes=(2, 4), rtol=1e-5, atol=1e-5, min_mappings=1):
+    """Check every mapping (and every ordered pair over two axes) of the entry for the
+    single primitive in `fn`. Returns the number of loop nests checked."""
+    op, operands = _single_op(fn, *args)
+    entry = lookup(op.name)
+    assert entry is not None, f"no TMR entry for {op.name}"
+    expected = jax.jit(fn)(*args)
+    expected = [np.asarray(e) for e in jax.tree_util.tree_leaves(expected)]
+    checked = 0
+
+    def mappings_at(nest):
+        view = OpView(op.name, op.params, _local_types(tuple(v.type for v in op.operands), nest,
+                                                       "in"),
+                      _local_types(tuple(v.type for v in op.results), nest, "out"))
+        return view, list(entry.mappings(view))
+
+    _, first = mappings_at([])
+    assert len(first) >= min_mappings, f"{op.name}: only {len(first)} mappings"
+    for n in sizes:
+        view, ms = mappings_at([])
+        for m in ms:
+            if not _divisible(m, view, n):
+                continue
+            nest = [(Loop("a", m.results, m.operands), n)]
+            got = _eval_nest(op, entry, operands, nest)
+            for g, e in zip(got, expected, strict=True):
+                np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"{op.name} {m}")
+            checked += 1
+            # a second loop over another axis, inside the first
+            view2, ms2 = mappings_at(nest)
+            for m2 in itertools.islice(ms2, 6):
+                if not _divisible(m2, view2, 2):
+                    continue
+                nest2 = [*nest, (Loop("b", m2.results, m2.operands), 2)]
+                got = _eval_nest(op, entry, operands, nest2)
+                for g, e in zip(got, expected, strict=True):
+                    np.testing.assert_allclose(g, e, rtol=rtol, atol=atol,
+                                               err_msg=f"{op.name} {m} then {m2}")
+                checked += 1
+    return checked
