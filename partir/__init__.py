@@ -1,0 +1,37 @@
+"""partir: schedule-based SPMD partitioning of JAX programs (PartIR)."""
+
+from partir.api import CorePartition, core_partition
+from partir.errors import (
+    AlreadyTiledError,
+    AxisNotInMeshError,
+    DimensionOutOfRangeError,
+    IndivisibleDimensionError,
+    InvalidTacticError,
+    PartitionError,
+    TracingError,
+    UnknownInputError,
+)
+from partir.frontend import tag
+from partir.mesh import Mesh
+from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FIRST_DIVISIBLE_DIM",
+    "REPLICATED",
+    "UNKNOWN",
+    "AlreadyTiledError",
+    "AxisNotInMeshError",
+    "CorePartition",
+    "DimensionOutOfRangeError",
+    "IndivisibleDimensionError",
+    "InvalidTacticError",
+    "ManualPartition",
+    "Mesh",
+    "PartitionError",
+    "TracingError",
+    "UnknownInputError",
+    "core_partition",
+    "tag",
+]

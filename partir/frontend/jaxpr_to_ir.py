@@ -140,6 +140,5 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
     fn_name = name or getattr(fn, "__name__", "main")
     function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
                         builder.ops, results, output_names)
-    _, out_treedef = jax.tree_util.tree_flatten(out_shape)
-    return TracedProgram(function, in_tree, out_treedef, input_names, output_names,
+    return TracedProgram(function, in_tree, out_tree, input_names, output_names,
                          static_argnums, builder.tags)

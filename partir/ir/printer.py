@@ -99,8 +99,9 @@ def format_param(value: Any) -> str:
 
 
 def format_params(params: dict[str, Any]) -> str:
+    # keys starting with "_" are private to the stage that made the op
     items = [f"{k}={format_param(v)}" for k, v in sorted(params.items())
-             if k not in _HIDDEN_PARAMS and v is not None]
+             if k not in _HIDDEN_PARAMS and v is not None and not k.startswith("_")]
     return " {" + ", ".join(items) + "}" if items else ""
 
 

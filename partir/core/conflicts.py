@@ -1,0 +1,40 @@
+"""Conflicts: places where propagation stopped, recorded as data for users and tools."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from partir.ir import Location
+
+# Several TMR mappings match (or operands disagree), so no choice is made.
+MULTIPLE_MATCHES = "multiple_matches"
+# The op is already inside a loop over the axis: a nested loop over it is invalid.
+AXIS_IN_SCOPE = "axis_in_scope"
+# The only matching mappings need a dimension the axis size does not divide.
+INDIVISIBLE = "indivisible"
+# The primitive has no TMR entry: propagation is blocked at it.
+UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    kind: str
+    op: str
+    loc: Location
+    axis: str
+    choices: tuple[str, ...]
+    detail: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.kind} at {self.op} ({self.loc}) on axis {self.axis!r}"
+        if self.choices:
+            text += ": " + " vs ".join(self.choices)
+        if self.detail:
+            text += f" [{self.detail}]"
+        return text
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["loc"] = {"file": self.loc.file, "line": self.loc.line}
+        d["choices"] = list(self.choices)
+        return d

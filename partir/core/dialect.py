@@ -1,0 +1,100 @@
+"""PartIR:Core ops in the IR: `loop`, `slice` and `tag`, with their syntax and typing.
+
+    %r = loop "B" [#tile<0>] (%rB: range<4>) { ...; yield %v : tensor<64x8xf32> }
+    %s = slice 0 %x[%rB] : tensor<64x8xf32>
+    %t = tag "name" %x : tensor<...>
+"""
+
+from __future__ import annotations
+
+from partir.core.actions import AnyAction, Sum, Tile
+from partir.ir import Op, RangeType, Region, TensorType, Value
+from partir.ir.printer import Printer, register_op_printer
+from partir.ir.verifier import register_type_rule
+
+
+def make_loop(axis: str, size: int, actions: tuple, body: list[Op], yields: list[Value],
+              results: list[Value], range_value: Value) -> Op:
+    return Op("loop", [], results, {"axis": axis, "size": size, "actions": tuple(actions)},
+              regions=[Region([range_value], body, yields)])
+
+
+def make_slice(x: Value, dim: int, r: Value, result: Value) -> Op:
+    return Op("slice", [x, r], [result], {"dim": dim})
+
+
+def sliced_type(t: TensorType, dim: int, n: int) -> TensorType:
+    shape = list(t.shape)
+    shape[dim] //= n
+    return t.with_shape(tuple(shape))
+
+
+@register_op_printer("loop")
+def _print_loop(p: Printer, op: Op, depth: int) -> None:
+    region = op.regions[0]
+    (r,) = region.args
+    actions = ", ".join(map(str, op.params["actions"]))
+    p.emit(depth, f'{p.results_prefix(op)}loop "{op.params["axis"]}" [{actions}] '
+                  f"({p.ref(r)}: {r.type}) {{")
+    p.print_region_body(region, depth + 1)
+    p.emit(depth, f"}} : {p.result_types(op)}")
+
+
+@register_op_printer("slice")
+def _print_slice(p: Printer, op: Op, depth: int) -> None:
+    x, r = op.operands
+    p.emit(depth, f"{p.results_prefix(op)}slice {op.params['dim']} {p.ref(x)}[{p.ref(r)}]"
+                  f" : {p.result_types(op)}")
+
+
+@register_op_printer("tag")
+def _print_tag(p: Printer, op: Op, depth: int) -> None:
+    p.emit(depth, f'{p.results_prefix(op)}tag "{op.params["name"]}" {p.ref(op.operands[0])}'
+                  f" : {p.result_types(op)}")
+
+
+@register_type_rule("slice")
+def _slice_type(op: Op) -> str | None:
+    x, r = op.operands
+    if not isinstance(r.type, RangeType):
+        return f"slice index must be a range, got {r.type}"
+    dim = op.params["dim"]
+    if not 0 <= dim < x.type.rank:
+        return f"slice dimension {dim} out of range for {x.type}"
+    if x.type.shape[dim] % r.type.size:
+        return f"range<{r.type.size}> does not divide dimension {dim} of {x.type}"
+    want = sliced_type(x.type, dim, r.type.size)
+    if op.results[0].type != want:
+        return f"result {op.results[0].type} should be {want}"
+    return None
+
+
+@register_type_rule("loop")
+def _loop_type(op: Op) -> str | None:
+    region = op.regions[0]
+    (r,) = region.args
+    n = op.params["size"]
+    if not isinstance(r.type, RangeType) or r.type.size != n:
+        return f"loop index must be range<{n}>, got {r.type}"
+    actions = op.params["actions"]
+    if not (len(actions) == len(op.results) == len(region.yields)):
+        return "a loop needs one action and one yielded value per result"
+    for a, res, y in zip(actions, op.results, region.yields, strict=True):
+        if isinstance(a, Tile):
+            shape = list(y.type.shape)
+            shape[a.dim] *= n
+            want = y.type.with_shape(tuple(shape))
+        elif isinstance(a, Sum | AnyAction):
+            want = y.type
+        else:
+            return f"unknown loop action {a!r}"
+        if res.type != want:
+            return f"result {res.type} does not match {a} of yielded {y.type}"
+    return None
+
+
+@register_type_rule("tag")
+def _tag_type(op: Op) -> str | None:
+    if op.results[0].type != op.operands[0].type:
+        return "tag must not change the type"
+    return None

@@ -1,0 +1,113 @@
+"""Sequential interpreter of PartIR:Core: the first correctness oracle.
+
+Each `loop` runs its body once per index of its range, one iteration at a time; `#tile`
+concatenates the iterations' results, `#sum` reduces them with the monoid, `any` checks
+they are all equal. `slice` takes the index-th chunk. Primitives replay through JAX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from partir.core.actions import AnyAction, Sum, Tile
+from partir.core.tmr import LocalContext, OpView, lookup
+from partir.ir import Function, Op, Region, Value
+
+_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
+            "and": jnp.logical_and, "or": jnp.logical_or}
+
+
+class InterpreterError(Exception):
+    pass
+
+
+def _combine(action, parts: list[Any]) -> Any:
+    if isinstance(action, Tile):
+        return jnp.concatenate(parts, axis=action.dim)
+    if isinstance(action, Sum):
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = _MONOIDS[action.monoid](acc, p)
+        return acc
+    assert isinstance(action, AnyAction)
+    first = np.asarray(parts[0])
+    for p in parts[1:]:
+        if not np.array_equal(first, np.asarray(p), equal_nan=True):
+            raise InterpreterError("iterations of an `any` loop computed different values")
+    return parts[0]
+
+
+class Interpreter:
+    def __init__(self, fn: Function) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> list[Any]:
+        if len(args) != len(self.fn.args):
+            raise InterpreterError(f"expected {len(self.fn.args)} arguments, got {len(args)}")
+        env: dict[Value, Any] = {}
+        for a, x in zip(self.fn.args, args, strict=True):
+            if tuple(np.shape(x)) != a.type.shape:
+                raise InterpreterError(f"argument %{a.name} has shape {np.shape(x)}, "
+                                       f"expected {a.type.shape}")
+            env[a] = jnp.asarray(x)
+        self._run(self.fn.ops, env)
+        return [env[v] for v in self.fn.results]
+
+    def _run(self, ops: Sequence[Op], env: dict[Value, Any]) -> None:
+        for op in ops:
+            outs = self._eval(op, env)
+            for r, o in zip(op.results, outs, strict=True):
+                env[r] = o
+
+    def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
+        if op.name == "loop":
+            return self._loop(op, env)
+        if op.name == "slice":
+            x, r = (env[v] for v in op.operands)
+            n = op.operands[1].type.size
+            dim = op.params["dim"]
+            chunk = x.shape[dim] // n
+            return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
+        if op.name == "tag":
+            return [env[op.operands[0]]]
+        if op.name == "constant" and "_loops" not in op.params:
+            return [jnp.asarray(op.params["value"])]
+        return self._primitive(op, env)
+
+    def _loop(self, op: Op, env: dict[Value, Any]) -> list[Any]:
+        region: Region = op.regions[0]
+        (r,) = region.args
+        per_iter: list[list[Any]] = []
+        for i in range(op.params["size"]):
+            inner = dict(env)
+            inner[r] = i
+            self._run(region.ops, inner)
+            per_iter.append([inner[v] for v in region.yields])
+        return [_combine(a, [it[k] for it in per_iter])
+                for k, a in enumerate(op.params["actions"])]
+
+    def _primitive(self, op: Op, env: dict[Value, Any]) -> list[Any]:
+        params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+        loops = op.params.get("_loops")
+        if loops is None:
+            outs = op.prim.bind(*(env[v] for v in op.operands), **params)
+            return list(outs) if op.prim.multiple_results else [outs]
+        entry = lookup(op.name)
+        ranges = op.operands[len(op.operands) - len(loops):]
+        operands = op.operands[:len(op.operands) - len(loops)]
+        index = {rv.type.axis: env[rv] for rv in ranges}
+        sizes = {rv.type.axis: rv.type.size for rv in ranges}
+        in_global, out_global = op.params["_global_types"]
+        ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
+                           axis_size=sizes.__getitem__)
+        view = OpView(op.name, params, tuple(v.type for v in operands),
+                      tuple(v.type for v in op.results))
+        return list(entry.apply(view, op.prim, [env[v] for v in operands], ctx))
+
+
+def interpret(fn: Function, *args: Any) -> list[Any]:
+    return Interpreter(fn)(*args)

@@ -1,0 +1,183 @@
+"""PartIR:Core programs in loop-nest normal form.
+
+Every op carries the nest of loops around it (outermost first): per loop, the mesh axis,
+the action on each result and the slicing of each operand. This is the unfused Core
+program (each op in its own loop nest, operands sliced by `slice` chains), stored so
+that propagation reads and extends nests in constant time. `materialize` turns it into
+explicit `loop`/`slice` IR with fused nests, for printing and the interpreter.
+
+Besides primitive ops there are identity ops created by actions: `tile` (value tiling)
+and `atomic` (keep replicated), and `tag` from `partir.tag`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.ir import Function, Location, TensorType, Value
+from partir.mesh import Mesh
+
+IDENTITY_KINDS = ("tile", "atomic")
+
+
+@dataclass(frozen=True, eq=False)
+class CoreOp:
+    """An op of a Core program. Immutable: rewiring an operand makes a new CoreOp with the
+    same `uid`, so snapshots taken after earlier tactics stay as they were."""
+
+    uid: int
+    name: str  # primitive name, "constant", "tag", or an identity kind ("tile"/"atomic")
+    operands: tuple[Value, ...]
+    results: tuple[Value, ...]
+    params: Mapping[str, Any]
+    loc: Location
+    prim: Any = None
+    order: tuple[int, int] = (0, 0)  # program position; identity ops sort after producers
+
+    @property
+    def is_identity(self) -> bool:
+        return self.name in IDENTITY_KINDS
+
+    def __repr__(self) -> str:
+        return f"CoreOp({self.name} @ {self.loc})"
+
+
+Nest = tuple[Loop, ...]
+
+
+def local_shape(shape: tuple[int, ...], dims: list[int | None], mesh: Mapping[str, int],
+                axes: list[str]) -> tuple[int, ...]:
+    out = list(shape)
+    for d, axis in zip(dims, axes, strict=True):
+        if d is not None:
+            out[d] //= mesh[axis]
+    return tuple(out)
+
+
+def operand_local_type(op: CoreOp, nest: Nest, i: int, mesh: Mapping[str, int],
+                       depth: int | None = None) -> TensorType:
+    loops = nest[:depth]
+    t = op.operands[i].type
+    return t.with_shape(local_shape(t.shape, [lp.operands[i] for lp in loops], mesh,
+                                    [lp.axis for lp in loops]))
+
+
+def result_local_type(op: CoreOp, nest: Nest, k: int, mesh: Mapping[str, int],
+                      depth: int | None = None) -> TensorType:
+    loops = nest[:depth]
+    t = op.results[k].type
+    dims = [lp.results[k].dim if isinstance(lp.results[k], Tile) else None for lp in loops]
+    return t.with_shape(local_shape(t.shape, dims, mesh, [lp.axis for lp in loops]))
+
+
+def dims_by_axis(pairs: list[tuple[str, int]]) -> dict[int, list[str]]:
+    """Group (axis, dim) pairs by dim, keeping axis order (major to minor)."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for axis, d in pairs:
+        out[d].append(axis)
+    return out
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """A value's distribution over the mesh: per dim the tiling axes (major to minor),
+    the axes with a pending `#sum`, and the axes on which it is kept replicated."""
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    replicated: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}"
+                               for axes in self.dims) + "]"
+        if self.partial:
+            text += " partial{" + ", ".join(f'"{a}"' for a in self.partial) + "}"
+        return text
+
+
+def sharding_of(nest: Nest, k: int, rank: int) -> Sharding:
+    dims: list[list[str]] = [[] for _ in range(rank)]
+    partial, replicated = [], []
+    for lp in nest:
+        action = lp.results[k]
+        if isinstance(action, Tile):
+            dims[action.dim].append(lp.axis)
+        elif isinstance(action, Sum):
+            partial.append(lp.axis)
+        elif isinstance(action, AnyAction):
+            replicated.append(lp.axis)
+    return Sharding(tuple(tuple(d) for d in dims), tuple(partial), tuple(replicated))
+
+
+@dataclass(frozen=True)
+class CoreProgram:
+    """An immutable snapshot of a Core program (the state after some tactic)."""
+
+    name: str
+    mesh: Mesh
+    args: tuple[Value, ...]
+    ops: tuple[CoreOp, ...]
+    nests: Mapping[int, Nest]  # by op uid; ops outside any loop are absent
+    results: tuple[Value, ...]
+    result_names: tuple[str, ...]
+    producers: dict[Value, tuple[CoreOp, int]] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for op in self.ops:
+            for k, r in enumerate(op.results):
+                self.producers[r] = (op, k)
+
+    def nest(self, op: CoreOp) -> Nest:
+        return self.nests.get(op.uid, ())
+
+    def sharding(self, v: Value) -> Sharding:
+        p = self.producers.get(v)
+        if p is None:
+            return Sharding(tuple(() for _ in v.type.shape))
+        op, k = p
+        return sharding_of(self.nest(op), k, v.type.rank)
+
+    def input_shardings(self) -> dict[str, Sharding]:
+        """How each input is used: the slicing shared by all its uses, per dim.
+
+        An input's sharding is what its uses agree on (an input used both sliced and whole
+        is replicated in that respect); a value tiling loop slices its operand too.
+        """
+        uses: dict[Value, list[Sharding]] = defaultdict(list)
+        for op in self.ops:
+            nest = self.nest(op)
+            for i, v in enumerate(op.operands):
+                dims: list[list[str]] = [[] for _ in range(v.type.rank)]
+                for lp in nest:
+                    if lp.operands[i] is not None:
+                        dims[lp.operands[i]].append(lp.axis)
+                uses[v].append(Sharding(tuple(tuple(d) for d in dims)))
+        out = {}
+        for a in self.args:
+            us = uses.get(a, [])
+            if not us:
+                out[a.name] = Sharding(tuple(() for _ in a.type.shape))
+                continue
+            common = []
+            for d in range(a.type.rank):
+                axes = us[0].dims[d]
+                for u in us[1:]:
+                    n = 0
+                    while n < min(len(axes), len(u.dims[d])) and axes[n] == u.dims[d][n]:
+                        n += 1
+                    axes = axes[:n]
+                common.append(tuple(axes))
+            out[a.name] = Sharding(tuple(common))
+        return out
+
+    def output_shardings(self) -> dict[str, Sharding]:
+        return {n: self.sharding(v) for n, v in zip(self.result_names, self.results,
+                                                    strict=True)}
+
+    def as_function(self) -> Function:
+        from partir.core.materialize import materialize
+        return materialize(self)

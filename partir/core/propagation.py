@@ -1,0 +1,285 @@
+"""Propagation: greedily extend loop nests through the program using the TMR.
+
+For an op and a mesh axis it is not yet looped over:
+- forward: an operand whose producer tiles it on that axis (beyond the slicing the op
+  already applies) supports the TMR mappings that slice that operand the same way;
+- backward: a result that every slicing use slices on that axis supports the mappings
+  that tile it that way;
+- inference: a supported mapping that also slices operands nobody tiled is taken as is,
+  slicing them (and later propagating backward into their producers).
+A single supported mapping without contradiction is applied: the op gains a loop over
+the axis. Several, or only contradicted ones, is a conflict: propagation stops at that op
+and the conflict is recorded. There is no cost model; ops are visited in program order
+from a worklist, so results are deterministic.
+
+The multi-axis analysis of appendix B is the per-dimension comparison of a value's tiling
+axes (major to minor) with the slicing axes of a use: only the next axis after the common
+prefix can be adopted, so a tiled-then-sliced value is recognised through nests and
+slice chains alike.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass
+
+from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.core.conflicts import (
+    AXIS_IN_SCOPE,
+    INDIVISIBLE,
+    MULTIPLE_MATCHES,
+    UNSUPPORTED,
+    Conflict,
+)
+from partir.core.module import CoreModule
+from partir.core.program import CoreOp, Nest, operand_local_type, result_local_type
+from partir.core.tmr import OpView, TileMapping, lookup
+
+
+@dataclass
+class _Excess:
+    adopt: dict[str, int]  # axis -> dim the op could loop over next
+    pinned: tuple[str, ...] = ()  # axes on which the value must stay replicated
+    in_scope: tuple[tuple[str, int], ...] = ()  # (axis, dim) blocked by an enclosing loop
+
+
+def _tiles_by_dim(nest: Nest, k: int) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = defaultdict(list)
+    for lp in nest:
+        a = lp.results[k]
+        if type(a) is Tile:
+            out[a.dim].append(lp.axis)
+    return out
+
+
+def _slices_by_dim(nest: Nest, i: int) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = defaultdict(list)
+    for lp in nest:
+        d = lp.operands[i]
+        if d is not None:
+            out[d].append(lp.axis)
+    return out
+
+
+def operand_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
+    """Tiling of a value (result k of its producer) beyond what use i of the consumer
+    slices away."""
+    consumer_axes = {lp.axis: lp for lp in consumer_nest}
+    slices = _slices_by_dim(consumer_nest, i)
+    adopt: dict[str, int] = {}
+    in_scope = []
+    for d, tiles in _tiles_by_dim(producer_nest, k).items():
+        s = slices.get(d, [])
+        n = len(s)
+        if len(tiles) > n and tiles[:n] == s:
+            axis = tiles[n]
+            lp = consumer_axes.get(axis)
+            if lp is None:
+                adopt[axis] = d
+            elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
+                in_scope.append((axis, d))
+    pinned = tuple(lp.axis for lp in producer_nest
+                   if type(lp.results[k]) is AnyAction and lp.axis not in consumer_axes)
+    return _Excess(adopt, pinned, tuple(in_scope))
+
+
+def use_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
+    """Slicing of a value by use i of a consumer beyond what its producer tiles."""
+    producer_axes = {lp.axis: lp for lp in producer_nest}
+    tiles = _tiles_by_dim(producer_nest, k)
+    adopt: dict[str, int] = {}
+    in_scope = []
+    for d, s in _slices_by_dim(consumer_nest, i).items():
+        t = tiles.get(d, [])
+        n = len(t)
+        if len(s) > n and s[:n] == t:
+            axis = s[n]
+            lp = producer_axes.get(axis)
+            if lp is None:
+                adopt[axis] = d
+            elif type(lp.results[k]) is Sum:
+                in_scope.append((axis, d))
+    return _Excess(adopt, (), tuple(in_scope))
+
+
+class Propagator:
+    def __init__(self, module: CoreModule) -> None:
+        self.m = module
+        self.axes = list(module.mesh.axis_names)
+        self._queue: list[tuple[tuple[int, int], int]] = []
+        self._queued: set[int] = set()
+
+    # -- worklist ------------------------------------------------------------------------
+    def push(self, uid: int) -> None:
+        if uid not in self._queued:
+            self._queued.add(uid)
+            heapq.heappush(self._queue, (self.m.by_uid[uid].order, uid))
+
+    def run(self) -> None:
+        while self._queue:
+            _, uid = heapq.heappop(self._queue)
+            self._queued.discard(uid)
+            self._visit(uid)
+
+    # -- one op --------------------------------------------------------------------------
+    def _visit(self, uid: int) -> None:
+        progress = True
+        while progress:
+            progress = False
+            op = self.m.by_uid[uid]
+            nest = self.m.nest(uid)
+            looped = {lp.axis for lp in nest}
+            operand_ex = self._operand_excesses(op, nest)
+            result_ex = self._result_excesses(op, nest)
+            for axis in self.axes:
+                if axis in looped:
+                    continue
+                if self._forward(op, nest, axis, operand_ex) or \
+                        self._backward(op, nest, axis, operand_ex, result_ex):
+                    progress = True
+                    break
+            self._record_in_scope(op, operand_ex, result_ex)
+
+    def _operand_excesses(self, op: CoreOp, nest: Nest) -> list[_Excess | None]:
+        out: list[_Excess | None] = []
+        for i, v in enumerate(op.operands):
+            pnest, k = self.m.producer_nest(v)
+            out.append(operand_excess(pnest, k, nest, i) if pnest else None)
+        return out
+
+    def _result_excesses(self, op: CoreOp, nest: Nest) -> list[list[_Excess]]:
+        out = []
+        for k, r in enumerate(op.results):
+            out.append([use_excess(nest, k, self.m.nest(cuid), i)
+                        for cuid, i in self.m.uses.get(r, ())])
+        return out
+
+    def _view(self, op: CoreOp, nest: Nest) -> OpView:
+        mesh = self.m.mesh
+        return OpView(op.name, op.params,
+                      tuple(operand_local_type(op, nest, i, mesh) for i in range(len(op.operands))),
+                      tuple(result_local_type(op, nest, k, mesh) for k in range(len(op.results))))
+
+    def _divisible(self, m: TileMapping, view: OpView, n: int) -> bool:
+        for d, t in zip(m.operands, view.in_types, strict=True):
+            if d is not None and t.shape[d] % n:
+                return False
+        for a, t in zip(m.results, view.out_types, strict=True):
+            if type(a) is Tile and t.shape[a.dim] % n:
+                return False
+        return True
+
+    def _choose(self, op: CoreOp, nest: Nest, axis: str, operand_dims: list[int | None],
+                pinned: set[int], result_dims: list[int | None]) -> bool:
+        entry = lookup(op.name)
+        if entry is None:
+            self._conflict(op, axis, UNSUPPORTED, (),
+                           f"primitive {op.name!r} has no tile-mapping entry")
+            return False
+        view = self._view(op, nest)
+        n = self.m.mesh[axis]
+        candidates, contested, indivisible = [], [], []
+        for m in entry.mappings(view):
+            support = contra = False
+            for i, d in enumerate(operand_dims):
+                if d is not None:
+                    if m.operands[i] == d:
+                        support = True
+                    else:
+                        contra = True
+                elif i in pinned and m.operands[i] is not None:
+                    contra = True
+            for k, d in enumerate(result_dims):
+                if d is not None:
+                    if m.results[k] == Tile(d):
+                        support = True
+                    else:
+                        contra = True
+            if not support:
+                continue
+            if not self._divisible(m, view, n):
+                indivisible.append(m)
+            elif contra:
+                contested.append(m)
+            else:
+                candidates.append(m)
+        if len(candidates) == 1:
+            self._apply(op, Loop(axis, candidates[0].results, candidates[0].operands))
+            return True
+        if candidates or contested:
+            self._conflict(op, axis, MULTIPLE_MATCHES,
+                           tuple(str(m) for m in [*candidates, *contested]))
+        elif indivisible:
+            self._conflict(op, axis, INDIVISIBLE, tuple(str(m) for m in indivisible),
+                           f"axis size {n} does not divide the dimensions of {view.in_shapes}"
+                           f" -> {view.out_shapes}")
+        return False
+
+    def _forward(self, op: CoreOp, nest: Nest, axis: str,
+                 operand_ex: list[_Excess | None]) -> bool:
+        dims = [ex.adopt.get(axis) if ex else None for ex in operand_ex]
+        if all(d is None for d in dims):
+            return False
+        pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
+        return self._choose(op, nest, axis, dims, pinned, [None] * len(op.results))
+
+    def _backward(self, op: CoreOp, nest: Nest, axis: str, operand_ex: list[_Excess | None],
+                  result_ex: list[list[_Excess]]) -> bool:
+        dims: list[int | None] = []
+        for k, uses in enumerate(result_ex):
+            wanted = {ex.adopt[axis] for ex in uses if axis in ex.adopt}
+            if len(wanted) > 1:
+                self._conflict(op, axis, MULTIPLE_MATCHES,
+                               tuple(f"result {k} sliced on dim {d}" for d in sorted(wanted)),
+                               "uses slice the result differently")
+                return False
+            dims.append(wanted.pop() if wanted else None)
+        if all(d is None for d in dims):
+            return False
+        pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
+        return self._choose(op, nest, axis, [None] * len(op.operands), pinned, dims)
+
+    def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
+                         result_ex: list[list[_Excess]]) -> None:
+        nest = self.m.nest(op.uid)
+        for i, ex in enumerate(operand_ex):
+            for axis, d in ex.in_scope if ex else ():
+                lp = next(lp for lp in nest if lp.axis == axis)
+                self._conflict(op, axis, AXIS_IN_SCOPE,
+                               (f"loop {axis!r} [{', '.join(map(str, lp.results))}]",
+                                f"operand {i} tiled #tile<{d}>"),
+                               "the op is already inside a loop over this axis")
+        for k, uses in enumerate(result_ex):
+            for ex in uses:
+                for axis, d in ex.in_scope:
+                    lp = next(lp for lp in nest if lp.axis == axis)
+                    self._conflict(op, axis, AXIS_IN_SCOPE,
+                                   (f"loop {axis!r} [{lp.results[k]}]",
+                                    f"result {k} sliced on dim {d}"),
+                                   "the op is already inside a loop over this axis")
+
+    def _conflict(self, op: CoreOp, axis: str, kind: str, choices: tuple[str, ...],
+                  detail: str = "") -> None:
+        self.m.conflicts.setdefault((op.uid, axis),
+                                    Conflict(kind, op.name, op.loc, axis, choices, detail))
+
+    def _apply(self, op: CoreOp, loop: Loop) -> None:
+        self.m.add_loop(op.uid, loop)
+        self.m.conflicts.pop((op.uid, loop.axis), None)
+        for i, v in enumerate(op.operands):
+            if loop.operands[i] is not None:
+                p = self.m.producer.get(v)
+                if p is not None:
+                    self.push(p[0])
+        for r in op.results:
+            for uid, _ in self.m.uses.get(r, ()):
+                self.push(uid)
+
+
+def propagate(module: CoreModule, seeds) -> None:
+    """Propagate from the ops in `seeds` (uids) to a fixpoint."""
+    p = Propagator(module)
+    for uid in seeds:
+        p.push(uid)
+    p.run()

@@ -1,0 +1,102 @@
+"""The two value actions: `tile<value, dim, axis>` and `atomic<value, axis>`.
+
+Both insert an identity loop on the value and make its uses read the loop's result. Uses
+that already slice the value (after earlier tactics) get a *deep* loop nest that repeats
+their slicing before the new axis (appendix B), so the new tiling refines the old one and
+never undoes it; uses with different slicing contexts get one loop nest each.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from partir.core.actions import ANY, Loop, Tile
+from partir.core.module import CoreModule
+from partir.errors import AlreadyTiledError, DimensionOutOfRangeError, IndivisibleDimensionError
+from partir.ir import Location, Value
+
+
+def _use_contexts(m: CoreModule, value: Value) -> dict[tuple, tuple[list, list]]:
+    groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for uid, i in m.uses.get(value, ()):
+        groups[m.slicing(uid, i)][0].append((uid, i))
+    for r, v in enumerate(m.results):
+        if v is value:
+            groups[()][1].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: len(kv[0])))
+
+
+def _context_loops(ctx: tuple[tuple[str, int], ...]) -> tuple[Loop, ...]:
+    return tuple(Loop(axis, (Tile(d),), (d,)) for axis, d in ctx)
+
+
+def local_dim_size(m: CoreModule, value: Value, dim: int,
+                   ctx: tuple[tuple[str, int], ...]) -> int:
+    size = value.type.shape[dim]
+    for axis, d in ctx:
+        if d == dim:
+            size //= m.mesh[axis]
+    return size
+
+
+def sharded_dims(m: CoreModule, value: Value) -> set[int]:
+    """Dimensions some use of the value already slices."""
+    return {d for ctx in _use_contexts(m, value) for _, d in ctx}
+
+
+def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
+               tactic: str | None = None, loc: Location | None = None) -> list[int]:
+    """Apply tile<value, dim, axis>; returns the uids of the ops to propagate from."""
+    rank = value.type.rank
+    if not -rank <= dim < rank:
+        raise DimensionOutOfRangeError(
+            f"{label} has {rank} dimension{'s' if rank != 1 else ''} "
+            f"(shape {list(value.type.shape)}); dimension {dim} is out of range",
+            tactic=tactic, loc=loc)
+    dim %= rank
+    n = m.mesh[axis]
+    _claim(m, value, axis, f"tiled on dimension {dim}", label, tactic, loc)
+    seeds: list[int] = []
+    for ctx, (uses, outputs) in _use_contexts(m, value).items():
+        if any(a == axis for a, _ in ctx):
+            continue  # this use is already sliced on the axis by earlier propagation
+        size = local_dim_size(m, value, dim, ctx)
+        if size % n:
+            where = f" (already divided by {', '.join(a for a, d in ctx if d == dim)})" \
+                if size != value.type.shape[dim] else ""
+            raise IndivisibleDimensionError(
+                f"cannot tile {label} dimension {dim} of size {size}{where} on axis "
+                f"{axis!r} of size {n}: {n} does not divide {size}", tactic=tactic, loc=loc)
+        nest = (*_context_loops(ctx), Loop(axis, (Tile(dim),), (dim,)))
+        op = m.insert_identity("tile", value, nest, uses, outputs, _loc_of(m, value))
+        seeds += [op.uid, *(uid for uid, _ in uses)]
+    return seeds
+
+
+def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
+                 tactic: str | None = None, loc: Location | None = None) -> list[int]:
+    """Apply atomic<value, axis>: keep the value replicated on the axis."""
+    _claim(m, value, axis, "kept replicated", label, tactic, loc)
+    seeds: list[int] = []
+    for ctx, (uses, outputs) in _use_contexts(m, value).items():
+        if any(a == axis for a, _ in ctx):
+            continue
+        nest = (*_context_loops(ctx), Loop(axis, (ANY,), (None,)))
+        op = m.insert_identity("atomic", value, nest, uses, outputs, _loc_of(m, value))
+        seeds += [op.uid, *(uid for uid, _ in uses)]
+    return seeds
+
+
+def _claim(m: CoreModule, value: Value, axis: str, what: str, label: str,
+           tactic: str | None, loc: Location | None) -> None:
+    previous = m.acted.get((value, axis))
+    if previous is not None:
+        raise AlreadyTiledError(
+            f"{label} is already {previous} on axis {axis!r}; a value can be tiled or kept "
+            f"replicated only once per axis", tactic=tactic, loc=loc)
+    m.acted[(value, axis)] = f"{what} by tactic {tactic}" if tactic else what
+
+
+def _loc_of(m: CoreModule, value: Value) -> Location:
+    p = m.producer.get(value)
+    return m.by_uid[p[0]].loc if p else Location("<input>", 0)

@@ -1,0 +1,122 @@
+"""ManualPartition: shard named inputs (and tagged values) along one mesh axis.
+
+It expands to value actions, one per selected value (`tile<%x, 0, "batch">`,
+`atomic<%w, "batch">`), in the order of the input dict and of the selected leaves,
+followed by `propagate` (paper, section 3).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import partir
+from partir.errors import InvalidTacticError, UnknownInputError
+from partir.ir import Location, Value
+from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, _Form
+
+_PARTIR_DIR = os.path.dirname(os.path.abspath(partir.__file__)) + os.sep
+
+InputValue = int | _Form | Callable[[str, tuple[int, ...]], Any]
+
+
+def caller_location() -> Location:
+    """The first stack frame outside partir: where the user wrote the tactic."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_PARTIR_DIR):
+            return Location(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return Location("<unknown>", 0)
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One action a tactic asks for: tile (dim is an int) or atomic (dim is None)."""
+
+    kind: str  # "tile" | "atomic"
+    name: str
+    value: Value
+    axis: str
+    dim: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "tile":
+            return f'tile<%{self.name},{self.dim},"{self.axis}">'
+        return f'atomic<%{self.name},"{self.axis}">'
+
+
+@dataclass
+class ManualPartition:
+    inputs: Mapping[str, InputValue]
+    axis: str
+    name: str | None = None
+    loc: Location = field(default_factory=caller_location, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inputs, Mapping):
+            raise InvalidTacticError(
+                f"ManualPartition inputs must be a dict of name -> dimension, got "
+                f"{type(self.inputs).__name__}", tactic=self.label, loc=self.loc)
+        if not isinstance(self.axis, str):
+            raise InvalidTacticError(f"ManualPartition axis must be a mesh axis name, got "
+                                     f"{self.axis!r}", tactic=self.label, loc=self.loc)
+        for key, value in self.inputs.items():
+            _check_form(value, f"input {key!r}", self.label, self.loc)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"ManualPartition({self.axis!r})"
+
+    def select(self, names: Mapping[str, list[Value]]) -> list[tuple[str, Any, InputValue]]:
+        """The (name, value, form) triples the input dict selects, in order."""
+        out = []
+        for key, form in self.inputs.items():
+            matched = [n for n in names if n == key or n.startswith(key + "/")]
+            if not matched:
+                raise UnknownInputError(_unknown_message(key, names), tactic=self.label,
+                                        loc=self.loc)
+            for n in matched:
+                out += [(n, v, form) for v in names[n]]
+        return out
+
+
+def _check_form(value: Any, what: str, tactic: str, loc: Location) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int | _Form) or callable(value)):
+        raise InvalidTacticError(
+            f"{what}: expected a dimension (int), partir.REPLICATED, "
+            f"partir.FIRST_DIVISIBLE_DIM, partir.UNKNOWN or a callable (name, shape) -> one "
+            f"of these; got {value!r}", tactic=tactic, loc=loc)
+
+
+def resolve_form(form: InputValue, name: str, shape: tuple[int, ...], tactic: str,
+                 loc: Location) -> int | _Form:
+    if callable(form) and not isinstance(form, _Form):
+        result = form(name, shape)
+        if callable(result) and not isinstance(result, _Form):
+            raise InvalidTacticError(f"the rule for {name!r} returned a callable",
+                                     tactic=tactic, loc=loc)
+        _check_form(result, f"the rule for {name!r} returned", tactic, loc)
+        return result
+    return form
+
+
+def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
+    candidates = set(names)
+    for n in names:
+        parts = n.split("/")
+        candidates.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    close = difflib.get_close_matches(key, sorted(candidates), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    top = sorted({n.split("/")[0] for n in names})
+    return (f"no input or tag named {key!r}{hint} (inputs and tags: "
+            f"{', '.join(top[:12])}{', ...' if len(top) > 12 else ''})")
+
+
+__all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec", "ManualPartition",
+           "resolve_form"]
