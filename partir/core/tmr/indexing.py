@@ -70,6 +70,13 @@ def _unit_dim_sliced(op: OpView, ctx, start_dims, unit_dims) -> bool:
                for d in start_dims)
 
 
+def localize_slice_sizes(op: OpView) -> dict:
+    """Whole-dim windows shrink to the local operand; every other window is unchanged."""
+    sizes = tuple(min(s, n) for s, n in zip(op.params["slice_sizes"], op.in_types[0].shape,
+                                            strict=True))
+    return {**op.params, "slice_sizes": sizes}
+
+
 def _window_dims(rank: int, dropped, batching) -> list[int]:
     return [d for d in range(rank) if d not in dropped and d not in batching]
 
@@ -102,12 +109,6 @@ def gather_mappings(op: OpView):
                 yield TileMapping((d, None), (Sum(monoid),))
 
 
-def gather_localize(op: OpView) -> dict:
-    sizes = tuple(min(s, n) for s, n in zip(op.params["slice_sizes"], op.in_types[0].shape,
-                                            strict=True))
-    return {**op.params, "slice_sizes": sizes}
-
-
 def gather_apply(op: OpView, prim, operands, ctx):
     dn = op.params["dimension_numbers"]
     operand, indices = operands
@@ -117,6 +118,7 @@ def gather_apply(op: OpView, prim, operands, ctx):
     cols = _start_columns(indices, dn.start_index_map, dn.collapsed_slice_dims,
                           op.params["slice_sizes"], op, ctx)
     # Rows outside this chunk gather 0, so the #sum over chunks keeps the one real row.
+    # Wrapped unsigned starts need not stay sorted.
     local = prim.bind(operand, _local_indices(cols, clip=mode != Mode.FILL_OR_DROP),
                       **{**op.params, "mode": Mode.FILL_OR_DROP, "fill_value": 0,
                          "indices_are_sorted": False})
@@ -128,7 +130,7 @@ def gather_apply(op: OpView, prim, operands, ctx):
     return [jnp.where(fill, jnp.asarray(op.params["fill_value"], local.dtype), local)]
 
 
-register("gather", Entry(gather_mappings, localize=gather_localize, apply=gather_apply,
+register("gather", Entry(gather_mappings, localize=localize_slice_sizes, apply=gather_apply,
                          doc="indices batch / operand-and-indices batching / whole window "
                              "-> tile; indexed unit-window operand dim -> #sum"))
 
@@ -177,7 +179,8 @@ def scatter_add_apply(op: OpView, prim, operands, ctx):
         windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
         cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
                               dn.inserted_window_dims, windows, op, ctx)
-        # Updates outside this chunk must be dropped, not clamped into it.
+        # Updates outside this chunk must be dropped, not clamped into it; wrapped unsigned
+        # starts need not stay sorted.
         indices = _local_indices(cols, clip=params["mode"] == Mode.CLIP)
         params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}
     return [prim.bind(operand, indices, updates, **params)]
@@ -200,12 +203,6 @@ def dynamic_slice_mappings(op: OpView):
             yield TileMapping((d, *starts), (Tile(d),))
 
 
-def dynamic_slice_localize(op: OpView) -> dict:
-    sizes = tuple(min(s, n) for s, n in zip(op.params["slice_sizes"], op.in_types[0].shape,
-                                            strict=True))
-    return {**op.params, "slice_sizes": sizes}
-
-
 def dynamic_update_slice_mappings(op: OpView):
     operand, update = op.in_types[:2]
     starts = (None,) * (len(op.in_types) - 2)
@@ -215,7 +212,7 @@ def dynamic_update_slice_mappings(op: OpView):
             yield TileMapping((d, d, *starts), (Tile(d),))
 
 
-register("dynamic_slice", Entry(dynamic_slice_mappings, localize=dynamic_slice_localize,
+register("dynamic_slice", Entry(dynamic_slice_mappings, localize=localize_slice_sizes,
                                 doc="whole-dim slice: t_d -> t_d"))
 register("dynamic_update_slice", Entry(dynamic_update_slice_mappings,
                                        doc="whole-dim update: t_d, t_d -> t_d"))

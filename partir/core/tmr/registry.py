@@ -33,7 +33,9 @@ class TileMapping:
 class OpView:
     """What an entry sees of an op: its name, parameters and operand/result types.
 
-    During propagation the types are the op's local types inside its current loop nest.
+    In `mappings` and `localize` the types are the op's local types inside its current
+    loop nest while `params` are still the original (global) ones, so entries read sizes
+    from the types, never from shape parameters. In `apply` the params are localized.
     """
 
     name: str
@@ -52,7 +54,7 @@ class OpView:
 
 MappingsFn = Callable[[OpView], Iterable[TileMapping]]
 LocalizeFn = Callable[[OpView], dict[str, Any]]
-# apply(op, operands, ctx) -> results. `op` is the local view with localized params.
+# apply(op, prim, operands, ctx) -> results; `op` is the local view with localized params.
 ApplyFn = Callable[[OpView, Any, Sequence[Any], Any], list[Any]]
 
 
