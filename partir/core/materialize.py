@@ -46,6 +46,7 @@ class _Group:
     axes: tuple[str, ...]
     ops: list[CoreOp] = field(default_factory=list)
     produced: dict[Value, tuple[CoreOp, int]] = field(default_factory=dict)
+    closed: bool = False  # an `atomic` loop stands alone, as the barrier the user asked for
 
 
 class _Materializer:
@@ -95,9 +96,9 @@ class _Materializer:
                 continue
             nest = self.prog.nest(op)
             axes = tuple(lp.axis for lp in nest)
-            if not (self.fuse and out and axes and out[-1].axes == axes
-                    and self._fusible(out[-1], op, nest)):
-                out.append(_Group(axes))
+            if not (self.fuse and out and axes and out[-1].axes == axes and not out[-1].closed
+                    and op.name != "atomic" and self._fusible(out[-1], op, nest)):
+                out.append(_Group(axes, closed=op.name == "atomic"))
             group = out[-1]
             group.ops.append(op)
             for k, r in enumerate(op.results):

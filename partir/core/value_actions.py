@@ -70,6 +70,9 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
         nest = (*_context_loops(ctx), Loop(axis, (Tile(dim),), (dim,)))
         op = m.insert_identity("tile", value, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
+    producer = m.producer.get(value)
+    if producer is not None:  # backward propagation starts at the value's definition
+        seeds.append(producer[0])
     return seeds
 
 

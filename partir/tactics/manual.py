@@ -25,11 +25,12 @@ InputValue = int | _Form | Callable[[str, tuple[int, ...]], Any]
 
 
 def caller_location() -> Location:
-    """The first stack frame outside partir: where the user wrote the tactic."""
+    """The first stack frame outside partir (and generated code such as dataclass
+    `__init__`s): where the user wrote the tactic."""
     frame = inspect.currentframe()
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PARTIR_DIR):
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<") and not os.path.abspath(filename).startswith(_PARTIR_DIR):
             return Location(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return Location("<unknown>", 0)

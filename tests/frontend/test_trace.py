@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from partir.core.interpreter import interpret
+from partir.frontend import trace
+
+S = jax.ShapeDtypeStruct
+
+
+def test_names_from_parameters_and_pytree_paths():
+    def f(params, opt_state, batch):
+        return params["layers"][0]["w"].sum() + opt_state[0].mu.sum() + batch.sum()
+
+    from collections import namedtuple
+    State = namedtuple("State", ["mu", "nu"])
+    params = {"layers": [{"w": S((2, 2), jnp.float32)}]}
+    prog = trace(f, params, (State(S((2,), jnp.float32), S((2,), jnp.float32)),),
+                 S((3,), jnp.float32))
+    assert prog.input_names == ["params/layers/0/w", "opt_state/0/mu", "opt_state/0/nu",
+                                "batch"]
+    assert [a.name for a in prog.function.args] == prog.input_names
+    assert prog.output_names == ["out"]
+
+
+def test_static_argnums_are_not_inputs():
+    def f(x, n):
+        return x * n
+
+    prog = trace(f, S((2,), jnp.float32), 3, static_argnums=(1,))
+    assert prog.input_names == ["x"]
+
+
+def _line_of(fn, text):
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_calls_are_inlined_and_constants_kept():
+    @jax.custom_vjp
+    def g(x):
+        return x * 2
+
+    g.defvjp(lambda x: (x * 2, None), lambda r, t: (t * 2,))
+
+    @jax.custom_jvp
+    def h(x):
+        return jnp.sin(x)
+
+    h.defjvp(lambda p, t: (jnp.sin(p[0]), t[0]))
+    table = np.arange(6, dtype=np.float32)
+
+    @jax.jit
+    def inner(x):
+        return jax.checkpoint(jnp.cos)(x) + table
+
+    def f(x):
+        return g(h(inner(x))).sum()
+
+    x = np.linspace(0, 1, 6, dtype=np.float32)
+    for fn in (f, jax.grad(f)):
+        prog = trace(fn, x)
+        names = {op.name for op in prog.function.ops}
+        assert not names & {"jit", "pjit", "custom_jvp_call", "custom_vjp_call", "remat2",
+                            "checkpoint"}
+        assert "constant" in names
+        np.testing.assert_allclose(interpret(prog.function, x)[0], fn(x), rtol=1e-6)
+
+
+def test_every_op_points_at_the_user_line_also_after_autodiff():
+    def model(x, w):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(h * h)
+
+    prog = trace(jax.grad(model, argnums=1), S((4, 3), jnp.float32), S((3, 2), jnp.float32))
+    lines = {_line_of(model, "jnp.tanh"), _line_of(model, "jnp.sum")}
+    for op in prog.function.ops:
+        if op.name == "constant":
+            continue
+        assert op.loc.file == __file__, op
+        assert op.loc.line in lines, op
+    dots = [op for op in prog.function.ops if op.name == "dot_general"]
+    assert len(dots) == 2 and all(op.loc.line == _line_of(model, "jnp.tanh") for op in dots)
+
+
+def test_tag_survives_grad_and_names_the_value():
+    def f(x):
+        return jnp.sum(partir.tag(jnp.sin(x), "act") ** 2)
+
+    prog = trace(jax.grad(f), S((4,), jnp.float32))
+    assert list(prog.tags) == ["act"]
+    x = np.ones(4, np.float32)
+    np.testing.assert_allclose(jax.jit(jax.grad(f))(x), jax.grad(f)(x))
+
+
+def test_tag_rejects_bad_names():
+    with pytest.raises(TypeError):
+        partir.tag(jnp.ones(2), "")
+
+
+def test_untraceable_function_is_a_partition_error():
+    def f(x):
+        return x @ x  # shapes do not match
+
+    with pytest.raises(partir.TracingError) as e:
+        trace(f, S((2, 3), jnp.float32))
+    assert "'f'" in str(e.value)
