@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.ir import Op, RangeType, Region, TensorType, Value
-from partir.ir.printer import Printer, register_op_printer
+from partir.ir.printer import Printer, format_param, register_op_printer
 from partir.ir.verifier import register_type_rule
 
 
@@ -50,6 +50,12 @@ def _print_slice(p: Printer, op: Op, depth: int) -> None:
 @register_op_printer("tag")
 def _print_tag(p: Printer, op: Op, depth: int) -> None:
     p.emit(depth, f'{p.results_prefix(op)}tag "{op.params["name"]}" {p.ref(op.operands[0])}'
+                  f" : {p.result_types(op)}")
+
+
+@register_op_printer("constant")
+def _print_constant(p: Printer, op: Op, depth: int) -> None:
+    p.emit(depth, f"{p.results_prefix(op)}constant {format_param(op.params['value'])}"
                   f" : {p.result_types(op)}")
 
 

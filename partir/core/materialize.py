@@ -90,11 +90,17 @@ class _Materializer:
         return True
 
     def groups(self) -> list[_Group]:
-        out: list[_Group] = []
+        # Unlooped constants depend on nothing: hoisting them keeps loop nests contiguous.
+        hoisted = _Group(())
+        out: list[_Group] = [hoisted]
         for op in self.prog.ops:
             if op.results and op.results[0] in self.alias:
                 continue
             nest = self.prog.nest(op)
+            if not nest and not op.operands:
+                hoisted.ops.append(op)
+                hoisted.produced.update((r, (op, k)) for k, r in enumerate(op.results))
+                continue
             axes = tuple(lp.axis for lp in nest)
             if not (self.fuse and out and axes and out[-1].axes == axes and not out[-1].closed
                     and op.name != "atomic" and self._fusible(out[-1], op, nest)):
@@ -121,6 +127,8 @@ class _Materializer:
                         used_outside.add(v)
         ops: list[Op] = []
         for g in groups:
+            if not g.ops:
+                continue
             if not g.axes:
                 for op in g.ops:
                     ops.append(Op(op.name, [self.resolve(v) for v in op.operands],
