@@ -62,23 +62,32 @@ def _slices_by_dim(nest: Nest, i: int) -> dict[int, list[str]]:
     return out
 
 
+def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list[tuple[str, int]]:
+    """Per dim, the next axis of `ahead` after `behind`, when `behind` is a prefix of it.
+
+    A value tiled over (a, b) on a dim and sliced by a use over (a) can be looped over b
+    next; tiled over (b) but sliced over (a) is misaligned and gives nothing."""
+    out = []
+    for d, axes in ahead.items():
+        have = behind.get(d, [])
+        n = len(have)
+        if len(axes) > n and axes[:n] == have:
+            out.append((axes[n], d))
+    return out
+
+
 def operand_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
     """Tiling of a value (result k of its producer) beyond what use i of the consumer
     slices away."""
     consumer_axes = {lp.axis: lp for lp in consumer_nest}
-    slices = _slices_by_dim(consumer_nest, i)
     adopt: dict[str, int] = {}
     in_scope = []
-    for d, tiles in _tiles_by_dim(producer_nest, k).items():
-        s = slices.get(d, [])
-        n = len(s)
-        if len(tiles) > n and tiles[:n] == s:
-            axis = tiles[n]
-            lp = consumer_axes.get(axis)
-            if lp is None:
-                adopt[axis] = d
-            elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
-                in_scope.append((axis, d))
+    for axis, d in _frontier(_tiles_by_dim(producer_nest, k), _slices_by_dim(consumer_nest, i)):
+        lp = consumer_axes.get(axis)
+        if lp is None:
+            adopt[axis] = d
+        elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
+            in_scope.append((axis, d))
     pinned = tuple(lp.axis for lp in producer_nest
                    if type(lp.results[k]) is AnyAction and lp.axis not in consumer_axes)
     return _Excess(adopt, pinned, tuple(in_scope))
@@ -87,19 +96,14 @@ def operand_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> 
 def use_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
     """Slicing of a value by use i of a consumer beyond what its producer tiles."""
     producer_axes = {lp.axis: lp for lp in producer_nest}
-    tiles = _tiles_by_dim(producer_nest, k)
     adopt: dict[str, int] = {}
     in_scope = []
-    for d, s in _slices_by_dim(consumer_nest, i).items():
-        t = tiles.get(d, [])
-        n = len(t)
-        if len(s) > n and s[:n] == t:
-            axis = s[n]
-            lp = producer_axes.get(axis)
-            if lp is None:
-                adopt[axis] = d
-            elif type(lp.results[k]) is Sum:
-                in_scope.append((axis, d))
+    for axis, d in _frontier(_slices_by_dim(consumer_nest, i), _tiles_by_dim(producer_nest, k)):
+        lp = producer_axes.get(axis)
+        if lp is None:
+            adopt[axis] = d
+        elif type(lp.results[k]) is Sum:
+            in_scope.append((axis, d))
     return _Excess(adopt, (), tuple(in_scope))
 
 
