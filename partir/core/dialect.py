@@ -1,5 +1,8 @@
 """PartIR:Core ops in the IR: `loop`, `slice` and `tag`, with their syntax and typing.
 
+Op names carry the dialect prefix (`core.loop`, `core.slice`) because JAX has primitives
+of the same names (`slice` is `lax.slice`); `tag` is the frontend's primitive itself.
+
     %r = loop "B" [#tile<0>] (%rB: range<4>) { ...; yield %v : tensor<64x8xf32> }
     %s = slice 0 %x[%rB] : tensor<64x8xf32>
     %t = tag "name" %x : tensor<...>
@@ -12,15 +15,18 @@ from partir.ir import Op, RangeType, Region, TensorType, Value
 from partir.ir.printer import Printer, format_param, register_op_printer
 from partir.ir.verifier import register_type_rule
 
+LOOP = "core.loop"
+SLICE = "core.slice"
+
 
 def make_loop(axis: str, size: int, actions: tuple, body: list[Op], yields: list[Value],
               results: list[Value], range_value: Value) -> Op:
-    return Op("loop", [], results, {"axis": axis, "size": size, "actions": tuple(actions)},
+    return Op(LOOP, [], results, {"axis": axis, "size": size, "actions": tuple(actions)},
               regions=[Region([range_value], body, yields)])
 
 
 def make_slice(x: Value, dim: int, r: Value, result: Value) -> Op:
-    return Op("slice", [x, r], [result], {"dim": dim})
+    return Op(SLICE, [x, r], [result], {"dim": dim})
 
 
 def sliced_type(t: TensorType, dim: int, n: int) -> TensorType:
@@ -29,7 +35,7 @@ def sliced_type(t: TensorType, dim: int, n: int) -> TensorType:
     return t.with_shape(tuple(shape))
 
 
-@register_op_printer("loop")
+@register_op_printer(LOOP)
 def _print_loop(p: Printer, op: Op, depth: int) -> None:
     region = op.regions[0]
     (r,) = region.args
@@ -40,7 +46,7 @@ def _print_loop(p: Printer, op: Op, depth: int) -> None:
     p.emit(depth, f"}} : {p.result_types(op)}")
 
 
-@register_op_printer("slice")
+@register_op_printer(SLICE)
 def _print_slice(p: Printer, op: Op, depth: int) -> None:
     x, r = op.operands
     p.emit(depth, f"{p.results_prefix(op)}slice {op.params['dim']} {p.ref(x)}[{p.ref(r)}]"
@@ -59,7 +65,7 @@ def _print_constant(p: Printer, op: Op, depth: int) -> None:
                   f" : {p.result_types(op)}")
 
 
-@register_type_rule("slice")
+@register_type_rule(SLICE)
 def _slice_type(op: Op) -> str | None:
     x, r = op.operands
     if not isinstance(r.type, RangeType):
@@ -75,7 +81,7 @@ def _slice_type(op: Op) -> str | None:
     return None
 
 
-@register_type_rule("loop")
+@register_type_rule(LOOP)
 def _loop_type(op: Op) -> str | None:
     region = op.regions[0]
     (r,) = region.args

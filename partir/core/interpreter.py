@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from partir.core.actions import AnyAction, Sum, Tile
+from partir.core.dialect import LOOP, SLICE
 from partir.core.tmr import LocalContext, OpView, lookup
 from partir.ir import Function, Op, Region, Value
 
@@ -64,9 +65,9 @@ class Interpreter:
                 env[r] = o
 
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
-        if op.name == "loop":
+        if op.name == LOOP:
             return self._loop(op, env)
-        if op.name == "slice":
+        if op.name == SLICE:
             x, r = (env[v] for v in op.operands)
             n = op.operands[1].type.size
             dim = op.params["dim"]

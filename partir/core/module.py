@@ -37,7 +37,7 @@ class CoreModule:
         self._seq = itertools.count(1)
         for idx, op in enumerate(fn.ops):
             cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
-                         op.params, op.loc, op.prim, order=(idx, 0))
+                         op.params, op.loc, op.prim, order=(idx, 0, 0))
             self.ops.append(cop)
             self._index(cop)
 
@@ -79,7 +79,8 @@ class CoreModule:
         p = self.producer.get(value)
         base = self.by_uid[p[0]].order[0] if p else -1
         result = Value(value.type, name=value.name)
-        op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc, order=(base, next(self._seq)))
+        op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
+                    order=(base, 1, -next(self._seq)))
         bisect.insort(self.ops, op, key=lambda o: o.order)
         self._index(op)
         self.nests[op.uid] = nest

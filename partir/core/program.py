@@ -36,7 +36,9 @@ class CoreOp:
     params: Mapping[str, Any]
     loc: Location
     prim: Any = None
-    order: tuple[int, int] = (0, 0)  # program position; identity ops sort after producers
+    # program position: (index, 0, 0) for traced ops; (producer index, 1, -n) for the n-th
+    # identity op on a value, so newer identities come before the older ones they feed
+    order: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def is_identity(self) -> bool:

@@ -1,5 +1,6 @@
-"""Elementwise primitives: tiling the result on dimension d tiles every non-scalar
-operand on d. Rank-0 operands (scalar literals) are used whole."""
+"""Elementwise primitives: tiling the result on dimension d tiles every operand on d.
+Operands JAX broadcasts implicitly (rank-0 literals, and size-1 dims of a larger result
+dim) are used whole."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ IDENTITIES = ("tag", "tile", "atomic")
 
 
 def elementwise_mappings(op: OpView):
-    rank = op.out_types[0].rank
-    for d in range(rank):
-        yield TileMapping(tuple(None if t.rank == 0 else d for t in op.in_types),
+    out = op.out_types[0]
+    for d in range(out.rank):
+        yield TileMapping(tuple(None if t.rank == 0 or (t.shape[d] == 1 and out.shape[d] != 1)
+                                else d for t in op.in_types),
                           tuple(Tile(d) for _ in op.out_types))
 
 
