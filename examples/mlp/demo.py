@@ -12,11 +12,11 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-import partir  # noqa: E402
-from partir.report import format_report  # noqa: E402
+import partir
+from partir.report import format_report
 
 
 def mlp(x, w1, w2):

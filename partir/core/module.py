@@ -37,7 +37,7 @@ class CoreModule:
         self._seq = itertools.count(1)
         for idx, op in enumerate(fn.ops):
             cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
-                         op.params, op.loc, op.prim, order=(idx, 0, 0))
+                         op.params, op.loc, op.prim, order=(idx, 0, 0, 0))
             self.ops.append(cop)
             self._index(cop)
 
@@ -77,10 +77,10 @@ class CoreModule:
         """Insert `kind` (a `tile` or `atomic` loop) on `value` and make the given uses and
         function outputs read its result instead."""
         p = self.producer.get(value)
-        base = self.by_uid[p[0]].order[0] if p else -1
+        base, sub = (self.by_uid[p[0]].order[0], p[1]) if p else (-1, self.args.index(value))
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
-                    order=(base, 1, -next(self._seq)))
+                    order=(base, 1, sub, -next(self._seq)))
         bisect.insort(self.ops, op, key=lambda o: o.order)
         self._index(op)
         self.nests[op.uid] = nest

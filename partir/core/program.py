@@ -36,9 +36,10 @@ class CoreOp:
     params: Mapping[str, Any]
     loc: Location
     prim: Any = None
-    # program position: (index, 0, 0) for traced ops; (producer index, 1, -n) for the n-th
-    # identity op on a value, so newer identities come before the older ones they feed
-    order: tuple[int, int, int] = (0, 0, 0)
+    # program position: (index, 0, 0, 0) for traced ops; (producer index, 1, result or
+    # argument index, -n) for the n-th identity op on a value, so identities follow the
+    # value's definition in program order and newer ones precede the older ones they feed
+    order: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def is_identity(self) -> bool:

@@ -111,7 +111,7 @@ class Propagator:
     def __init__(self, module: CoreModule) -> None:
         self.m = module
         self.axes = list(module.mesh.axis_names)
-        self._queue: list[tuple[tuple[int, int, int], int]] = []
+        self._queue: list[tuple[tuple[int, int, int, int], int]] = []
         self._queued: set[int] = set()
 
     # -- worklist ------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def _start_columns(indices, start_dims, unit_dims, window, op: OpView, ctx):
 
 
 def _wide(col):
-    # A shifted start can leave the index dtype's range; unsigned starts must compare < 0.
+    # Shifted by a chunk offset, a start can leave a narrow or unsigned index dtype's range.
     return lax.convert_element_type(col, np.int64 if col.dtype.itemsize == 8 else np.int32)
 
 
@@ -118,7 +118,7 @@ def gather_apply(op: OpView, prim, operands, ctx):
     cols = _start_columns(indices, dn.start_index_map, dn.collapsed_slice_dims,
                           op.params["slice_sizes"], op, ctx)
     # Rows outside this chunk gather 0, so the #sum over chunks keeps the one real row.
-    # Wrapped unsigned starts need not stay sorted.
+    # Widened unsigned starts need not stay sorted.
     local = prim.bind(operand, _local_indices(cols, clip=mode != Mode.FILL_OR_DROP),
                       **{**op.params, "mode": Mode.FILL_OR_DROP, "fill_value": 0,
                          "indices_are_sorted": False})
@@ -179,7 +179,7 @@ def scatter_add_apply(op: OpView, prim, operands, ctx):
         windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
         cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
                               dn.inserted_window_dims, windows, op, ctx)
-        # Updates outside this chunk must be dropped, not clamped into it; wrapped unsigned
+        # Updates outside this chunk must be dropped, not clamped into it; widened unsigned
         # starts need not stay sorted.
         indices = _local_indices(cols, clip=params["mode"] == Mode.CLIP)
         params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}

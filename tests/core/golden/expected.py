@@ -113,25 +113,21 @@ func @chain(%x: tensor<256x8xf32>,
     "deep_tiling": """\
 func @mm(%x: tensor<8x64xf32>,
     %w: tensor<64x4xf32>) attributes {mesh={"a":4, "b":2}} {
-  %w_1 = loop "a" [#tile<0>] (%ra: range<4>) {
-    %0 = slice 0 %w[%ra] : tensor<16x4xf32>
-    yield %0 : tensor<16x4xf32>
-  } : tensor<64x4xf32>
-  %x_1 = loop "a" [#tile<1>] (%ra_1: range<4>) {
-    %1 = loop "b" [#tile<1>] (%rb: range<2>) {
-      %2 = slice 1 %x[%ra_1] : tensor<8x16xf32>
-      %3 = slice 1 %2[%rb] : tensor<8x8xf32>
-      yield %3 : tensor<8x8xf32>
+  %x_1 = loop "a" [#tile<1>] (%ra: range<4>) {
+    %0 = loop "b" [#tile<1>] (%rb: range<2>) {
+      %1 = slice 1 %x[%ra] : tensor<8x16xf32>
+      %2 = slice 1 %1[%rb] : tensor<8x8xf32>
+      yield %2 : tensor<8x8xf32>
     } : tensor<8x16xf32>
-    yield %1 : tensor<8x16xf32>
+    yield %0 : tensor<8x16xf32>
   } : tensor<8x64xf32>
-  %4 = loop "a" [#sum] (%ra_2: range<4>) {
-    %5 = slice 1 %x_1[%ra_2] : tensor<8x16xf32>
-    %6 = slice 0 %w_1[%ra_2] : tensor<16x4xf32>
-    %7 = matmul(%5, %6) : tensor<8x4xf32>
-    yield %7 : tensor<8x4xf32>
+  %3 = loop "a" [#sum] (%ra_1: range<4>) {
+    %4 = slice 0 %w[%ra_1] : tensor<16x4xf32>
+    %5 = slice 1 %x_1[%ra_1] : tensor<8x16xf32>
+    %6 = matmul(%5, %4) : tensor<8x4xf32>
+    yield %6 : tensor<8x4xf32>
   } : tensor<8x4xf32>
-  return %4 : tensor<8x4xf32>
+  return %3 : tensor<8x4xf32>
 }
 """,
     "deep_tiling_propagated": """\
