@@ -8,7 +8,7 @@ import dataclasses
 import itertools
 from collections import defaultdict
 
-from partir.core.actions import Loop
+from partir.core.actions import AnyAction, Loop, Tile
 from partir.core.conflicts import Conflict
 from partir.core.program import CoreOp, CoreProgram, Nest
 from partir.frontend import TracedProgram
@@ -16,6 +16,28 @@ from partir.ir import Location, Value
 from partir.mesh import Mesh
 
 _uids = itertools.count()
+
+
+class NestInfo:
+    """An op's loop nest indexed for propagation: loops by axis, and per result (operand)
+    the tiling (slicing) axes of each dim, major to minor."""
+
+    __slots__ = ("loops", "replicated", "slices", "tiles")
+
+    def __init__(self, nest: Nest, n_operands: int, n_results: int) -> None:
+        self.loops: dict[str, Loop] = {lp.axis: lp for lp in nest}
+        self.tiles: list[dict[int, list[str]]] = [{} for _ in range(n_results)]
+        self.replicated: list[list[str]] = [[] for _ in range(n_results)]
+        self.slices: list[dict[int, list[str]]] = [{} for _ in range(n_operands)]
+        for lp in nest:
+            for k, a in enumerate(lp.results):
+                if type(a) is Tile:
+                    self.tiles[k].setdefault(a.dim, []).append(lp.axis)
+                elif type(a) is AnyAction:
+                    self.replicated[k].append(lp.axis)
+            for i, d in enumerate(lp.operands):
+                if d is not None:
+                    self.slices[i].setdefault(d, []).append(lp.axis)
 
 
 class CoreModule:
@@ -35,6 +57,10 @@ class CoreModule:
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
         self._seq = itertools.count(1)
+        self._info: dict[int, NestInfo] = {}
+        self._output_index: dict[Value, list[int]] = defaultdict(list)
+        for r, v in enumerate(self.results):
+            self._output_index[v].append(r)
         for idx, op in enumerate(fn.ops):
             cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
                          op.params, op.loc, op.prim, order=(idx, 0, 0, 0))
@@ -52,11 +78,16 @@ class CoreModule:
     def nest(self, uid: int) -> Nest:
         return self.nests.get(uid, ())
 
-    def producer_nest(self, v: Value) -> tuple[Nest, int]:
-        p = self.producer.get(v)
-        if p is None:
-            return (), 0
-        return self.nests.get(p[0], ()), p[1]
+    def nest_info(self, uid: int) -> NestInfo:
+        info = self._info.get(uid)
+        if info is None:
+            op = self.by_uid[uid]
+            info = NestInfo(self.nests.get(uid, ()), len(op.operands), len(op.results))
+            self._info[uid] = info
+        return info
+
+    def output_positions(self, v: Value) -> list[int]:
+        return self._output_index.get(v, [])
 
     def slicing(self, uid: int, i: int) -> tuple[tuple[str, int], ...]:
         """The (axis, dim) slices the op applies to operand i, outermost first."""
@@ -70,6 +101,7 @@ class CoreModule:
     # -- rewrites ------------------------------------------------------------------------
     def add_loop(self, uid: int, loop: Loop) -> None:
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
+        self._info.pop(uid, None)
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
@@ -88,6 +120,8 @@ class CoreModule:
             self._set_operand(uid, i, result)
         for r in outputs:
             self.results[r] = result
+            self._output_index[value].remove(r)
+            self._output_index[result].append(r)
         return op
 
     def _set_operand(self, uid: int, i: int, new: Value) -> None:

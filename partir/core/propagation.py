@@ -21,7 +21,6 @@ slice chains alike.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
 from dataclasses import dataclass
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
@@ -32,9 +31,10 @@ from partir.core.conflicts import (
     UNSUPPORTED,
     Conflict,
 )
-from partir.core.module import CoreModule
-from partir.core.program import CoreOp, Nest, operand_local_type, result_local_type
+from partir.core.module import CoreModule, NestInfo
+from partir.core.program import CoreOp
 from partir.core.tmr import OpView, TileMapping, lookup
+from partir.ir import TensorType
 
 
 @dataclass
@@ -42,24 +42,6 @@ class _Excess:
     adopt: dict[str, int]  # axis -> dim the op could loop over next
     pinned: tuple[str, ...] = ()  # axes on which the value must stay replicated
     in_scope: tuple[tuple[str, int], ...] = ()  # (axis, dim) blocked by an enclosing loop
-
-
-def _tiles_by_dim(nest: Nest, k: int) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = defaultdict(list)
-    for lp in nest:
-        a = lp.results[k]
-        if type(a) is Tile:
-            out[a.dim].append(lp.axis)
-    return out
-
-
-def _slices_by_dim(nest: Nest, i: int) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = defaultdict(list)
-    for lp in nest:
-        d = lp.operands[i]
-        if d is not None:
-            out[d].append(lp.axis)
-    return out
 
 
 def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list[tuple[str, int]]:
@@ -76,30 +58,27 @@ def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list
     return out
 
 
-def operand_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
+def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Tiling of a value (result k of its producer) beyond what use i of the consumer
     slices away."""
-    consumer_axes = {lp.axis: lp for lp in consumer_nest}
     adopt: dict[str, int] = {}
     in_scope = []
-    for axis, d in _frontier(_tiles_by_dim(producer_nest, k), _slices_by_dim(consumer_nest, i)):
-        lp = consumer_axes.get(axis)
+    for axis, d in _frontier(producer.tiles[k], consumer.slices[i]):
+        lp = consumer.loops.get(axis)
         if lp is None:
             adopt[axis] = d
         elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
             in_scope.append((axis, d))
-    pinned = tuple(lp.axis for lp in producer_nest
-                   if type(lp.results[k]) is AnyAction and lp.axis not in consumer_axes)
+    pinned = tuple(a for a in producer.replicated[k] if a not in consumer.loops)
     return _Excess(adopt, pinned, tuple(in_scope))
 
 
-def use_excess(producer_nest: Nest, k: int, consumer_nest: Nest, i: int) -> _Excess:
+def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Slicing of a value by use i of a consumer beyond what its producer tiles."""
-    producer_axes = {lp.axis: lp for lp in producer_nest}
     adopt: dict[str, int] = {}
     in_scope = []
-    for axis, d in _frontier(_slices_by_dim(consumer_nest, i), _tiles_by_dim(producer_nest, k)):
-        lp = producer_axes.get(axis)
+    for axis, d in _frontier(consumer.slices[i], producer.tiles[k]):
+        lp = producer.loops.get(axis)
         if lp is None:
             adopt[axis] = d
         elif type(lp.results[k]) is Sum:
@@ -111,6 +90,7 @@ class Propagator:
     def __init__(self, module: CoreModule) -> None:
         self.m = module
         self.axes = list(module.mesh.axis_names)
+        self.sizes = dict(module.mesh)
         self._queue: list[tuple[tuple[int, int, int, int], int]] = []
         self._queued: set[int] = set()
 
@@ -134,36 +114,49 @@ class Propagator:
             op = self.m.by_uid[uid]
             nest = self.m.nest(uid)
             looped = {lp.axis for lp in nest}
-            operand_ex = self._operand_excesses(op, nest)
-            result_ex = self._result_excesses(op, nest)
+            operand_ex = self._operand_excesses(op)
+            result_ex = self._result_excesses(op)
             for axis in self.axes:
                 if axis in looped:
                     continue
-                if self._forward(op, nest, axis, operand_ex) or \
-                        self._backward(op, nest, axis, operand_ex, result_ex):
+                if self._forward(op, axis, operand_ex) or \
+                        self._backward(op, axis, operand_ex, result_ex):
                     progress = True
                     break
             self._record_in_scope(op, operand_ex, result_ex)
 
-    def _operand_excesses(self, op: CoreOp, nest: Nest) -> list[_Excess | None]:
+    def _operand_excesses(self, op: CoreOp) -> list[_Excess | None]:
+        info = self.m.nest_info(op.uid)
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
-            pnest, k = self.m.producer_nest(v)
-            out.append(operand_excess(pnest, k, nest, i) if pnest else None)
+            p = self.m.producer.get(v)
+            pinfo = self.m.nest_info(p[0]) if p is not None else None
+            out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
         return out
 
-    def _result_excesses(self, op: CoreOp, nest: Nest) -> list[list[_Excess]]:
+    def _result_excesses(self, op: CoreOp) -> list[list[_Excess]]:
+        info = self.m.nest_info(op.uid)
         out = []
         for k, r in enumerate(op.results):
-            out.append([use_excess(nest, k, self.m.nest(cuid), i)
+            out.append([use_excess(info, k, self.m.nest_info(cuid), i)
                         for cuid, i in self.m.uses.get(r, ())])
         return out
 
-    def _view(self, op: CoreOp, nest: Nest) -> OpView:
-        mesh = self.m.mesh
+    def _view(self, op: CoreOp) -> OpView:
+        info = self.m.nest_info(op.uid)
         return OpView(op.name, op.params,
-                      tuple(operand_local_type(op, nest, i, mesh) for i in range(len(op.operands))),
-                      tuple(result_local_type(op, nest, k, mesh) for k in range(len(op.results))))
+                      tuple(self._divide(v.type, info.slices[i])
+                            for i, v in enumerate(op.operands)),
+                      tuple(self._divide(v.type, info.tiles[k]) for k, v in enumerate(op.results)))
+
+    def _divide(self, t: TensorType, axes_by_dim: dict[int, list[str]]) -> TensorType:
+        if not axes_by_dim:
+            return t
+        shape = list(t.shape)
+        for d, axes in axes_by_dim.items():
+            for a in axes:
+                shape[d] //= self.sizes[a]
+        return TensorType(tuple(shape), t.dtype)
 
     def _divisible(self, m: TileMapping, view: OpView, n: int) -> bool:
         for d, t in zip(m.operands, view.in_types, strict=True):
@@ -174,15 +167,15 @@ class Propagator:
                 return False
         return True
 
-    def _choose(self, op: CoreOp, nest: Nest, axis: str, operand_dims: list[int | None],
+    def _choose(self, op: CoreOp, axis: str, operand_dims: list[int | None],
                 pinned: set[int], result_dims: list[int | None]) -> bool:
         entry = lookup(op.name)
         if entry is None:
             self._conflict(op, axis, UNSUPPORTED, (),
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
-        view = self._view(op, nest)
-        n = self.m.mesh[axis]
+        view = self._view(op)
+        n = self.sizes[axis]
         candidates, contested, indivisible = [], [], []
         for m in entry.mappings(view):
             support = contra = False
@@ -220,15 +213,15 @@ class Propagator:
                            f" -> {view.out_shapes}")
         return False
 
-    def _forward(self, op: CoreOp, nest: Nest, axis: str,
+    def _forward(self, op: CoreOp, axis: str,
                  operand_ex: list[_Excess | None]) -> bool:
         dims = [ex.adopt.get(axis) if ex else None for ex in operand_ex]
         if all(d is None for d in dims):
             return False
         pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
-        return self._choose(op, nest, axis, dims, pinned, [None] * len(op.results))
+        return self._choose(op, axis, dims, pinned, [None] * len(op.results))
 
-    def _backward(self, op: CoreOp, nest: Nest, axis: str, operand_ex: list[_Excess | None],
+    def _backward(self, op: CoreOp, axis: str, operand_ex: list[_Excess | None],
                   result_ex: list[list[_Excess]]) -> bool:
         dims: list[int | None] = []
         for k, uses in enumerate(result_ex):
@@ -242,7 +235,7 @@ class Propagator:
         if all(d is None for d in dims):
             return False
         pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
-        return self._choose(op, nest, axis, [None] * len(op.operands), pinned, dims)
+        return self._choose(op, axis, [None] * len(op.operands), pinned, dims)
 
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:

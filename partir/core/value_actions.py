@@ -20,9 +20,8 @@ def _use_contexts(m: CoreModule, value: Value) -> dict[tuple, tuple[list, list]]
     groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
     for uid, i in m.uses.get(value, ()):
         groups[m.slicing(uid, i)][0].append((uid, i))
-    for r, v in enumerate(m.results):
-        if v is value:
-            groups[()][1].append(r)
+    for r in m.output_positions(value):
+        groups[()][1].append(r)
     return dict(sorted(groups.items(), key=lambda kv: len(kv[0])))
 
 
