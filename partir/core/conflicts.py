@@ -12,6 +12,8 @@ MULTIPLE_MATCHES = "multiple_matches"
 AXIS_IN_SCOPE = "axis_in_scope"
 # The only matching mappings need a dimension the axis size does not divide.
 INDIVISIBLE = "indivisible"
+# The only matching mappings would slice an operand the user keeps replicated (atomic).
+REPLICATED_OPERAND = "replicated_operand"
 # The primitive has no TMR entry: propagation is blocked at it.
 UNSUPPORTED = "unsupported"
 

@@ -28,6 +28,7 @@ from partir.core.conflicts import (
     AXIS_IN_SCOPE,
     INDIVISIBLE,
     MULTIPLE_MATCHES,
+    REPLICATED_OPERAND,
     UNSUPPORTED,
     Conflict,
 )
@@ -108,22 +109,22 @@ class Propagator:
 
     # -- one op --------------------------------------------------------------------------
     def _visit(self, uid: int) -> None:
-        progress = True
-        while progress:
-            progress = False
+        while True:
             op = self.m.by_uid[uid]
-            nest = self.m.nest(uid)
-            looped = {lp.axis for lp in nest}
             operand_ex = self._operand_excesses(op)
             result_ex = self._result_excesses(op)
-            for axis in self.axes:
-                if axis in looped:
-                    continue
-                if self._forward(op, axis, operand_ex) or \
-                        self._backward(op, axis, operand_ex, result_ex):
-                    progress = True
-                    break
             self._record_in_scope(op, operand_ex, result_ex)
+            candidates: set[str] = set()
+            for ex in operand_ex:
+                if ex is not None:
+                    candidates.update(ex.adopt)
+            for uses in result_ex:
+                for ex in uses:
+                    candidates.update(ex.adopt)
+            if not any(axis in candidates and (
+                    self._forward(op, axis, operand_ex)
+                    or self._backward(op, axis, operand_ex, result_ex)) for axis in self.axes):
+                return
 
     def _operand_excesses(self, op: CoreOp) -> list[_Excess | None]:
         info = self.m.nest_info(op.uid)
@@ -176,9 +177,9 @@ class Propagator:
             return False
         view = self._view(op)
         n = self.sizes[axis]
-        candidates, contested, indivisible = [], [], []
+        candidates, contested, indivisible, held = [], [], [], []
         for m in entry.mappings(view):
-            support = contra = False
+            support = contra = replicated = False
             for i, d in enumerate(operand_dims):
                 if d is not None:
                     if m.operands[i] == d:
@@ -186,7 +187,7 @@ class Propagator:
                     else:
                         contra = True
                 elif i in pinned and m.operands[i] is not None:
-                    contra = True
+                    replicated = True
             for k, d in enumerate(result_dims):
                 if d is not None:
                     if m.results[k] == Tile(d):
@@ -199,14 +200,20 @@ class Propagator:
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
+            elif replicated:
+                held.append(m)
             else:
                 candidates.append(m)
         if len(candidates) == 1:
             self._apply(op, Loop(axis, candidates[0].results, candidates[0].operands))
             return True
-        if candidates or contested:
+        if held and not candidates and not contested:
+            self._conflict(op, axis, REPLICATED_OPERAND, tuple(str(m) for m in held),
+                           "the mapping would slice an operand kept replicated (atomic) on "
+                           "this axis")
+        elif candidates or contested or held:
             self._conflict(op, axis, MULTIPLE_MATCHES,
-                           tuple(str(m) for m in [*candidates, *contested]))
+                           tuple(str(m) for m in [*candidates, *contested, *held]))
         elif indivisible:
             self._conflict(op, axis, INDIVISIBLE, tuple(str(m) for m in indivisible),
                            f"axis size {n} does not divide the dimensions of {view.in_shapes}"
