@@ -14,7 +14,7 @@ from jax.extend import core as jcore
 from partir.errors import TracingError
 from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import user_location
-from partir.ir import Function, Location, Op, TensorType, Value
+from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
 INLINED_CALLS = {
@@ -70,7 +70,11 @@ class _Builder:
             self.scalar_consts[key] = v
         return v
 
-    def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value]) -> list[Value]:
+    def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value],
+               call_loc: Location = UNKNOWN_LOCATION) -> list[Value]:
+        """Append the ops of `jaxpr` applied to `args`. Equations of a called body whose
+        trace has no user frame (bodies JAX cached from an earlier trace) get the
+        location of the call."""
         env: dict[Any, Value] = {}
         for var, c in zip(jaxpr.constvars, consts, strict=True):
             env[var] = self.constant(c, Location("<constant>", 0))
@@ -84,14 +88,16 @@ class _Builder:
 
         for eqn in jaxpr.eqns:
             loc = user_location(eqn.source_info)
+            if loc is UNKNOWN_LOCATION:
+                loc = call_loc
             operands = [read(a, loc) for a in eqn.invars]
             name = eqn.primitive.name
             if name in INLINED_CALLS and INLINED_CALLS[name] in eqn.params:
                 body = eqn.params[INLINED_CALLS[name]]
                 if hasattr(body, "jaxpr"):  # a ClosedJaxpr
-                    outs = self.inline(body.jaxpr, body.consts, operands)
+                    outs = self.inline(body.jaxpr, body.consts, operands, loc)
                 else:
-                    outs = self.inline(body, (), operands)
+                    outs = self.inline(body, (), operands, loc)
             else:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
                 params = dict(eqn.params)
