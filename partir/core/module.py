@@ -57,7 +57,7 @@ class CoreModule:
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
         self._seq = itertools.count(1)
-        self._info: dict[int, NestInfo] = {}
+        self.info: dict[int, NestInfo] = {}  # every op's nest, indexed
         self._output_index: dict[Value, list[int]] = defaultdict(list)
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
@@ -69,6 +69,9 @@ class CoreModule:
 
     def _index(self, op: CoreOp) -> None:
         self.by_uid[op.uid] = op
+        if op.uid not in self.info:
+            self.info[op.uid] = NestInfo(self.nests.get(op.uid, ()), len(op.operands),
+                                         len(op.results))
         for k, r in enumerate(op.results):
             self.producer[r] = (op.uid, k)
         for i, v in enumerate(op.operands):
@@ -77,14 +80,6 @@ class CoreModule:
     # -- queries -------------------------------------------------------------------------
     def nest(self, uid: int) -> Nest:
         return self.nests.get(uid, ())
-
-    def nest_info(self, uid: int) -> NestInfo:
-        info = self._info.get(uid)
-        if info is None:
-            op = self.by_uid[uid]
-            info = NestInfo(self.nests.get(uid, ()), len(op.operands), len(op.results))
-            self._info[uid] = info
-        return info
 
     def output_positions(self, v: Value) -> list[int]:
         return self._output_index.get(v, [])
@@ -100,8 +95,10 @@ class CoreModule:
 
     # -- rewrites ------------------------------------------------------------------------
     def add_loop(self, uid: int, loop: Loop) -> None:
-        self.nests[uid] = (*self.nests.get(uid, ()), loop)
-        self._info.pop(uid, None)
+        nest = (*self.nests.get(uid, ()), loop)
+        self.nests[uid] = nest
+        op = self.by_uid[uid]
+        self.info[uid] = NestInfo(nest, len(op.operands), len(op.results))
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
@@ -114,8 +111,8 @@ class CoreModule:
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
                     order=(base, 1, sub, -next(self._seq)))
         bisect.insort(self.ops, op, key=lambda o: o.order)
-        self._index(op)
         self.nests[op.uid] = nest
+        self._index(op)
         for uid, i in uses:
             self._set_operand(uid, i, result)
         for r in outputs:

@@ -127,24 +127,24 @@ class Propagator:
                 return
 
     def _operand_excesses(self, op: CoreOp) -> list[_Excess | None]:
-        info = self.m.nest_info(op.uid)
+        info = self.m.info[op.uid]
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
             p = self.m.producer.get(v)
-            pinfo = self.m.nest_info(p[0]) if p is not None else None
+            pinfo = self.m.info[p[0]] if p is not None else None
             out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
         return out
 
     def _result_excesses(self, op: CoreOp) -> list[list[_Excess]]:
-        info = self.m.nest_info(op.uid)
+        info = self.m.info[op.uid]
         out = []
         for k, r in enumerate(op.results):
-            out.append([use_excess(info, k, self.m.nest_info(cuid), i)
+            out.append([use_excess(info, k, self.m.info[cuid], i)
                         for cuid, i in self.m.uses.get(r, ())])
         return out
 
     def _view(self, op: CoreOp) -> OpView:
-        info = self.m.nest_info(op.uid)
+        info = self.m.info[op.uid]
         return OpView(op.name, op.params,
                       tuple(self._divide(v.type, info.slices[i])
                             for i, v in enumerate(op.operands)),

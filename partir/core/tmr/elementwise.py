@@ -4,6 +4,8 @@ dim) are used whole."""
 
 from __future__ import annotations
 
+import functools
+
 from partir.core.actions import Tile
 from partir.core.tmr.registry import Entry, OpView, TileMapping, register
 
@@ -25,12 +27,17 @@ NARY = ("select_n", "clamp")
 IDENTITIES = ("tag", "tile", "atomic")
 
 
-def elementwise_mappings(op: OpView):
-    out = op.out_types[0]
-    for d in range(out.rank):
-        yield TileMapping(tuple(None if t.rank == 0 or (t.shape[d] == 1 and out.shape[d] != 1)
-                                else d for t in op.in_types),
-                          tuple(Tile(d) for _ in op.out_types))
+def elementwise_mappings(op: OpView) -> tuple[TileMapping, ...]:
+    return _mappings(op.in_shapes, op.out_types[0].shape, len(op.out_types))
+
+
+@functools.lru_cache(maxsize=8192)  # the same shapes recur in every layer of a model
+def _mappings(in_shapes: tuple[tuple[int, ...], ...], out: tuple[int, ...],
+              n_results: int) -> tuple[TileMapping, ...]:
+    return tuple(
+        TileMapping(tuple(None if not s or (s[d] == 1 and out[d] != 1) else d for s in in_shapes),
+                    (Tile(d),) * n_results)
+        for d in range(len(out)))
 
 
 ELEMENTWISE = Entry(elementwise_mappings, doc="t_d, ..., t_d -> t_d for every dimension d")
