@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 from collections import defaultdict
 
@@ -40,6 +41,12 @@ class NestInfo:
                     self.slices[i].setdefault(d, []).append(lp.axis)
 
 
+@functools.cache
+def _unlooped(n_operands: int, n_results: int) -> NestInfo:
+    """The (shared, never mutated) index of an empty nest."""
+    return NestInfo((), n_operands, n_results)
+
+
 class CoreModule:
     def __init__(self, traced: TracedProgram, mesh: Mesh) -> None:
         fn = traced.function
@@ -70,8 +77,9 @@ class CoreModule:
     def _index(self, op: CoreOp) -> None:
         self.by_uid[op.uid] = op
         if op.uid not in self.info:
-            self.info[op.uid] = NestInfo(self.nests.get(op.uid, ()), len(op.operands),
-                                         len(op.results))
+            nest = self.nests.get(op.uid, ())
+            self.info[op.uid] = NestInfo(nest, len(op.operands), len(op.results)) if nest \
+                else _unlooped(len(op.operands), len(op.results))
         for k, r in enumerate(op.results):
             self.producer[r] = (op.uid, k)
         for i, v in enumerate(op.operands):

@@ -12,9 +12,10 @@ and `atomic` (keep replicated), and `tag` from `partir.tag`.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
@@ -127,12 +128,10 @@ class CoreProgram:
     nests: Mapping[int, Nest]  # by op uid; ops outside any loop are absent
     results: tuple[Value, ...]
     result_names: tuple[str, ...]
-    producers: dict[Value, tuple[CoreOp, int]] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self) -> None:
-        for op in self.ops:
-            for k, r in enumerate(op.results):
-                self.producers[r] = (op, k)
+    @functools.cached_property
+    def producers(self) -> dict[Value, tuple[CoreOp, int]]:
+        return {r: (op, k) for op in self.ops for k, r in enumerate(op.results)}
 
     def nest(self, op: CoreOp) -> Nest:
         return self.nests.get(op.uid, ())
