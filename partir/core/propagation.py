@@ -21,7 +21,7 @@ slice chains alike.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.conflicts import (
@@ -35,14 +35,17 @@ from partir.core.conflicts import (
 from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
 from partir.core.tmr import OpView, TileMapping, lookup
+from partir.gcpause import paused_gc
 from partir.ir import TensorType
 
 
-@dataclass
-class _Excess:
+class _Excess(NamedTuple):
     adopt: dict[str, int]  # axis -> dim the op could loop over next
     pinned: tuple[str, ...] = ()  # axes on which the value must stay replicated
     in_scope: tuple[tuple[str, int], ...] = ()  # (axis, dim) blocked by an enclosing loop
+
+
+_NONE = _Excess({})
 
 
 def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list[tuple[str, int]]:
@@ -62,6 +65,8 @@ def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list
 def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Tiling of a value (result k of its producer) beyond what use i of the consumer
     slices away."""
+    if not producer.tiles[k] and not producer.replicated[k]:
+        return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
     for axis, d in _frontier(producer.tiles[k], consumer.slices[i]):
@@ -76,6 +81,8 @@ def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _E
 
 def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Slicing of a value by use i of a consumer beyond what its producer tiles."""
+    if not consumer.slices[i]:
+        return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
     for axis, d in _frontier(consumer.slices[i], producer.tiles[k]):
@@ -286,4 +293,5 @@ def propagate(module: CoreModule, seeds) -> None:
     p = Propagator(module)
     for uid in seeds:
         p.push(uid)
-    p.run()
+    with paused_gc():
+        p.run()

@@ -14,6 +14,7 @@ from partir.core.propagation import propagate
 from partir.core.value_actions import atomic_value, sharded_dims, tile_value
 from partir.errors import InvalidTacticError
 from partir.frontend import TracedProgram
+from partir.gcpause import paused_gc
 from partir.ir import Value
 from partir.mesh import Mesh
 from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN
@@ -78,6 +79,12 @@ def apply_tactic(module: CoreModule, tactic: ManualPartition,
     if not isinstance(tactic, ManualPartition):
         raise InvalidTacticError(f"a schedule holds tactics such as partir.ManualPartition, "
                                  f"got {type(tactic).__name__}")
+    with paused_gc():
+        return _apply_tactic(module, tactic, names)
+
+
+def _apply_tactic(module: CoreModule, tactic: ManualPartition,
+                  names: dict[str, list[Value]]) -> TacticRecord:
     start = time.perf_counter()
     specs, notes = expand(tactic, module, names)
     before = set(module.conflicts)
