@@ -43,23 +43,28 @@ class _Excess(NamedTuple):
     adopt: dict[str, int]  # axis -> dim the op could loop over next
     pinned: tuple[str, ...] = ()  # axes on which the value must stay replicated
     in_scope: tuple[tuple[str, int], ...] = ()  # (axis, dim) blocked by an enclosing loop
+    deeper: bool = False  # after adopting an axis, a further one would follow on that dim
 
 
 _NONE = _Excess({})
 
 
-def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]) -> list[tuple[str, int]]:
-    """Per dim, the next axis of `ahead` after `behind`, when `behind` is a prefix of it.
+def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]
+              ) -> tuple[list[tuple[str, int]], bool]:
+    """Per dim, the next axis of `ahead` after `behind`, when `behind` is a prefix of it,
+    and whether any dim has more axes after that one.
 
     A value tiled over (a, b) on a dim and sliced by a use over (a) can be looped over b
     next; tiled over (b) but sliced over (a) is misaligned and gives nothing."""
     out = []
+    deeper = False
     for d, axes in ahead.items():
         have = behind.get(d, [])
         n = len(have)
         if len(axes) > n and axes[:n] == have:
             out.append((axes[n], d))
-    return out
+            deeper = deeper or len(axes) > n + 1
+    return out, deeper
 
 
 def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
@@ -69,14 +74,15 @@ def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _E
         return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
-    for axis, d in _frontier(producer.tiles[k], consumer.slices[i]):
+    frontier, deeper = _frontier(producer.tiles[k], consumer.slices[i])
+    for axis, d in frontier:
         lp = consumer.loops.get(axis)
         if lp is None:
             adopt[axis] = d
         elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
             in_scope.append((axis, d))
     pinned = tuple(a for a in producer.replicated[k] if a not in consumer.loops)
-    return _Excess(adopt, pinned, tuple(in_scope))
+    return _Excess(adopt, pinned, tuple(in_scope), deeper)
 
 
 def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
@@ -85,13 +91,14 @@ def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Exces
         return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
-    for axis, d in _frontier(consumer.slices[i], producer.tiles[k]):
+    frontier, deeper = _frontier(consumer.slices[i], producer.tiles[k])
+    for axis, d in frontier:
         lp = producer.loops.get(axis)
         if lp is None:
             adopt[axis] = d
         elif type(lp.results[k]) is Sum:
             in_scope.append((axis, d))
-    return _Excess(adopt, (), tuple(in_scope))
+    return _Excess(adopt, (), tuple(in_scope), deeper)
 
 
 class Propagator:
@@ -122,15 +129,18 @@ class Propagator:
             result_ex = self._result_excesses(op)
             self._record_in_scope(op, operand_ex, result_ex)
             candidates: set[str] = set()
-            for ex in operand_ex:
+            deeper = False
+            for ex in (*operand_ex, *(ex for uses in result_ex for ex in uses)):
                 if ex is not None:
                     candidates.update(ex.adopt)
-            for uses in result_ex:
-                for ex in uses:
-                    candidates.update(ex.adopt)
+                    deeper = deeper or ex.deeper
             if not any(axis in candidates and (
                     self._forward(op, axis, operand_ex)
                     or self._backward(op, axis, operand_ex, result_ex)) for axis in self.axes):
+                return
+            # A new loop only opens more work here if another axis was on offer or a
+            # value is tiled (sliced) deeper than the axis just adopted.
+            if len(candidates) == 1 and not deeper:
                 return
 
     def _operand_excesses(self, op: CoreOp) -> list[_Excess | None]:
@@ -276,16 +286,24 @@ class Propagator:
                                     Conflict(kind, op.name, op.loc, axis, choices, detail))
 
     def _apply(self, op: CoreOp, loop: Loop) -> None:
-        self.m.add_loop(op.uid, loop)
-        self.m.conflicts.pop((op.uid, loop.axis), None)
+        """Add the loop, then revisit the neighbours for which it changes something: the
+        producers of operands it slices and the users of the results it tiles."""
+        m = self.m
+        m.add_loop(op.uid, loop)
+        m.conflicts.pop((op.uid, loop.axis), None)
+        info = m.info[op.uid]
         for i, v in enumerate(op.operands):
             if loop.operands[i] is not None:
-                p = self.m.producer.get(v)
+                p = m.producer.get(v)
                 if p is not None:
-                    self.push(p[0])
-        for r in op.results:
-            for uid, _ in self.m.uses.get(r, ()):
-                self.push(uid)
+                    ex = use_excess(m.info[p[0]], p[1], info, i)
+                    if ex.adopt or ex.in_scope:
+                        self.push(p[0])
+        for k, r in enumerate(op.results):
+            for uid, i in m.uses.get(r, ()):
+                ex = operand_excess(info, k, m.info[uid], i)
+                if ex.adopt or ex.in_scope or ex.pinned:
+                    self.push(uid)
 
 
 def propagate(module: CoreModule, seeds) -> None:

@@ -18,8 +18,5 @@ class Value:
     name: str | None = None
     id: int = field(default_factory=lambda: next(_ids))
 
-    def __hash__(self) -> int:
-        return self.id
-
     def __repr__(self) -> str:
         return f"Value(%{self.name or self.id}: {self.type})"
