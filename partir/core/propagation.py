@@ -108,6 +108,8 @@ class Propagator:
         self.sizes = dict(module.mesh)
         self._queue: list[tuple[tuple[int, int, int, int], int]] = []
         self._queued: set[int] = set()
+        self._decisions: dict[tuple, object] = {}
+        self._params_keys: dict[int, tuple | None] = {}
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -194,6 +196,39 @@ class Propagator:
             return False
         view = self._view(op)
         n = self.sizes[axis]
+        # Decisions depend only on the op's kind, parameters, local types and the request;
+        # the layers of a model repeat them, so they are remembered.
+        params_key = self._params_key(op)
+        key = None if params_key is None else (
+            op.name, params_key, view.in_types, view.out_types, tuple(operand_dims),
+            tuple(sorted(pinned)), tuple(result_dims), n)
+        decision = self._decisions.get(key) if key is not None else None
+        if decision is None:
+            decision = self._decide(entry, view, n, operand_dims, pinned, result_dims)
+            if key is not None:
+                self._decisions[key] = decision
+        if isinstance(decision, TileMapping):
+            self._apply(op, Loop(axis, decision.results, decision.operands))
+            return True
+        if decision:
+            self._conflict(op, axis, *decision)
+        return False
+
+    def _params_key(self, op: CoreOp) -> tuple | None:
+        key = self._params_keys.get(op.uid, False)
+        if key is False:
+            try:
+                key = tuple(sorted(op.params.items()))
+                hash(key)
+            except TypeError:  # e.g. array-valued constants: not worth remembering
+                key = None
+            self._params_keys[op.uid] = key
+        return key
+
+    def _decide(self, entry, view: OpView, n: int, operand_dims: list[int | None],
+                pinned: set[int], result_dims: list[int | None]
+                ) -> TileMapping | tuple[str, tuple[str, ...], str] | tuple[()]:
+        """The single mapping to apply, or the conflict (kind, choices, detail), or ()."""
         candidates, contested, indivisible, held = [], [], [], []
         for m in entry.mappings(view):
             support = contra = replicated = False
@@ -222,20 +257,17 @@ class Propagator:
             else:
                 candidates.append(m)
         if len(candidates) == 1:
-            self._apply(op, Loop(axis, candidates[0].results, candidates[0].operands))
-            return True
+            return candidates[0]
         if held and not candidates and not contested:
-            self._conflict(op, axis, REPLICATED_OPERAND, tuple(str(m) for m in held),
-                           "the mapping would slice an operand kept replicated (atomic) on "
-                           "this axis")
-        elif candidates or contested or held:
-            self._conflict(op, axis, MULTIPLE_MATCHES,
-                           tuple(str(m) for m in [*candidates, *contested, *held]))
-        elif indivisible:
-            self._conflict(op, axis, INDIVISIBLE, tuple(str(m) for m in indivisible),
-                           f"axis size {n} does not divide the dimensions of {view.in_shapes}"
-                           f" -> {view.out_shapes}")
-        return False
+            return (REPLICATED_OPERAND, tuple(str(m) for m in held),
+                    "the mapping would slice an operand kept replicated (atomic) on this axis")
+        if candidates or contested or held:
+            return MULTIPLE_MATCHES, tuple(str(m) for m in [*candidates, *contested, *held]), ""
+        if indivisible:
+            return (INDIVISIBLE, tuple(str(m) for m in indivisible),
+                    f"axis size {n} does not divide the dimensions of {view.in_shapes} -> "
+                    f"{view.out_shapes}")
+        return ()
 
     def _forward(self, op: CoreOp, axis: str,
                  operand_ex: list[_Excess | None]) -> bool:
