@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
-from partir.ir import Function, Location, TensorType, Value
+from partir.ir import Location, TensorType, Value
 from partir.mesh import Mesh
 
 IDENTITY_KINDS = ("tile", "atomic")
@@ -76,14 +76,6 @@ def result_local_type(op: CoreOp, nest: Nest, k: int, mesh: Mapping[str, int],
     t = op.results[k].type
     dims = [lp.results[k].dim if isinstance(lp.results[k], Tile) else None for lp in loops]
     return t.with_shape(local_shape(t.shape, dims, mesh, [lp.axis for lp in loops]))
-
-
-def dims_by_axis(pairs: list[tuple[str, int]]) -> dict[int, list[str]]:
-    """Group (axis, dim) pairs by dim, keeping axis order (major to minor)."""
-    out: dict[int, list[str]] = defaultdict(list)
-    for axis, d in pairs:
-        out[d].append(axis)
-    return out
 
 
 @dataclass(frozen=True)
@@ -179,7 +171,3 @@ class CoreProgram:
     def output_shardings(self) -> dict[str, Sharding]:
         return {n: self.sharding(v) for n, v in zip(self.result_names, self.results,
                                                     strict=True)}
-
-    def as_function(self) -> Function:
-        from partir.core.materialize import materialize
-        return materialize(self)
