@@ -13,6 +13,7 @@ from partir.errors import (
 )
 from partir.frontend import tag
 from partir.mesh import Mesh
+from partir.program import Program
 from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "ManualPartition",
     "Mesh",
     "PartitionError",
+    "Program",
     "TracingError",
     "UnknownInputError",
     "core_partition",

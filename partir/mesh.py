@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator, Mapping
 
 from partir.errors import AxisNotInMeshError, PartitionError
+from partir.ir.location import Location
 
 
 class Mesh(Mapping[str, int]):
@@ -42,11 +43,12 @@ class Mesh(Mapping[str, int]):
     def size(self) -> int:
         return math.prod(self._axes.values())
 
-    def check_axis(self, axis: str, tactic: str | None = None) -> int:
+    def check_axis(self, axis: str, tactic: str | None = None, loc: Location | None = None
+                   ) -> int:
         if axis not in self._axes:
             raise AxisNotInMeshError(
                 f"axis {axis!r} is not in the mesh {self}; its axes are "
-                f"{', '.join(map(repr, self._axes))}", tactic=tactic)
+                f"{', '.join(map(repr, self._axes))}", tactic=tactic, loc=loc)
         return self._axes[axis]
 
     def __repr__(self) -> str:

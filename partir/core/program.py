@@ -90,8 +90,10 @@ class Sharding:
     def __str__(self) -> str:
         text = "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}"
                                for axes in self.dims) + "]"
-        if self.partial:
+        if self.partial:  # a pending #sum: the value still needs reducing over these axes
             text += " partial{" + ", ".join(f'"{a}"' for a in self.partial) + "}"
+        if self.replicated:
+            text += " replicated{" + ", ".join(f'"{a}"' for a in self.replicated) + "}"
         return text
 
 

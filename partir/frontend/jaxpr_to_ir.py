@@ -3,6 +3,7 @@ arguments and results, and attach the user's source line to every op."""
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from jax.extend import core as jcore
 
 from partir.errors import TracingError
 from partir.frontend.names import leaf_names, parameter_names, path_to_name
-from partir.frontend.source import user_location
+from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
@@ -111,6 +112,15 @@ class _Builder:
         return [read(a, Location("<return>", 0)) for a in jaxpr.outvars]
 
 
+def _user_frame_of(exc: BaseException) -> Location | None:
+    """The innermost frame of the exception's traceback in the user's code."""
+    found = None
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if is_user_file(frame.f_code.co_filename):
+            found = Location(frame.f_code.co_filename, line, frame.f_code.co_name)
+    return found
+
+
 def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
           name: str | None = None) -> TracedProgram:
     """Trace `fn(*args)` into IR. Arguments may be arrays or `jax.ShapeDtypeStruct`s."""
@@ -120,7 +130,7 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
                                            return_shape=True)(*args)
     except Exception as e:
         raise TracingError(f"could not trace {getattr(fn, '__name__', fn)!r}: "
-                           f"{type(e).__name__}: {e}") from e
+                           f"{type(e).__name__}: {e}", loc=_user_frame_of(e)) from e
 
     dyn_args = [a for i, a in enumerate(args) if i not in static_argnums]
     all_names = parameter_names(fn, len(args))

@@ -48,7 +48,7 @@ def named_values(module: CoreModule, traced: TracedProgram) -> dict[str, list[Va
 def expand(tactic: ManualPartition, module: CoreModule,
            names: dict[str, list[Value]]) -> tuple[list[ActionSpec], list[str]]:
     """The actions a ManualPartition issues, and notes on inputs it left alone."""
-    module.mesh.check_axis(tactic.axis, tactic=tactic.label)
+    module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
     n = module.mesh[tactic.axis]
     specs: list[ActionSpec] = []
     notes: list[str] = []

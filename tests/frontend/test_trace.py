@@ -111,3 +111,5 @@ def test_untraceable_function_is_a_partition_error():
     with pytest.raises(partir.TracingError) as e:
         trace(f, S((2, 3), jnp.float32))
     assert "'f'" in str(e.value)
+    assert e.value.loc.file == __file__ and e.value.loc.line == _line_of(f, "x @ x")
+    assert f"test_trace.py:{e.value.loc.line}" in str(e.value)

@@ -46,9 +46,11 @@ def test_negative_dimension_counts_from_the_end():
 
 
 def test_axis_not_in_mesh():
+    tactic = partir.ManualPartition({"x": 0}, axis="data", name="BP")
     with pytest.raises(partir.AxisNotInMeshError) as e:
-        partition(partir.ManualPartition({"x": 0}, axis="data", name="BP"))
+        partition(tactic)
     assert "'data'" in str(e.value) and "'batch', 'model'" in str(e.value)
+    assert f"test_errors.py:{tactic.loc.line}" in str(e.value)
 
 
 def test_indivisible_dimension_names_both_sizes():

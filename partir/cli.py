@@ -1,0 +1,149 @@
+"""The `partir` command line.
+
+    partir partition FILE               per-tactic table and the inputs each tactic sharded
+    partir partition FILE --ir core [--after N]
+                                        the PartIR:Core program after tactic N (default:
+                                        the last; 0 is the traced program)
+    partir partition FILE --json        the per-tactic records as JSON
+
+FILE is a schedule file (`*.partir.py`, see `partir.schedule_file`). Bad schedule files
+and bad tactics are reported as `partir: error: ...` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from partir.api import CorePartition
+from partir.core.program import Sharding
+from partir.errors import PartitionError
+from partir.schedule_file import ScheduleFile, load_schedule_file
+from partir.tactics import TacticRecord
+
+# Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
+MAX_SHOWN = 12
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.after is not None and args.ir is None:
+        parser.error("--after needs --ir")
+    try:
+        return _partition(args)
+    except PartitionError as e:
+        return _fail(str(e))
+
+
+def _fail(message: str) -> int:
+    print(f"partir: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="partir", description="Partition JAX programs with PartIR schedules.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    partition = commands.add_parser(
+        "partition", help="apply a schedule file and report what each tactic did",
+        description="Apply the schedule of a schedule file (*.partir.py) to its program "
+                    "and report, per tactic, the actions, conflicts, sharded inputs and time.")
+    partition.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
+    output = partition.add_mutually_exclusive_group()
+    output.add_argument("--ir", choices=["core"],
+                        help="print the program in this IR instead of the report")
+    output.add_argument("--json", action="store_true",
+                        help="print the per-tactic records as JSON instead of the report")
+    partition.add_argument("--after", type=int, metavar="N",
+                           help="with --ir: the program after tactic N (1-based; 0 is the "
+                                "traced program; default: the last tactic)")
+    return parser
+
+
+def _partition(args: argparse.Namespace) -> int:
+    schedule_file = load_schedule_file(args.file)
+    result = schedule_file.program.core_partition(schedule_file.mesh, schedule_file.schedule)
+    if args.ir is not None:
+        if args.after is not None and not 0 <= args.after <= len(result.tactics):
+            return _fail(f"--after {args.after}: the schedule has {len(result.tactics)} "
+                         f"tactics (0 is the traced program)")
+        print(result.core_ir(after=args.after))
+    elif args.json:
+        print(json.dumps(_json(schedule_file, result), indent=2))
+    else:
+        print(_report(schedule_file, result))
+    return 0
+
+
+def _value_actions(t: TacticRecord) -> int:
+    # Every tactic ends with `propagate`; the table counts the tile/atomic actions it chose.
+    return sum(a != "propagate" for a in t.actions)
+
+
+def _conflict_counts(t: TacticRecord) -> str:
+    kinds = Counter(c.kind for c in t.conflicts)
+    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+
+
+def _sharded(shardings: dict[str, Sharding]) -> list[tuple[str, str]]:
+    return [(n, str(s)) for n, s in shardings.items() if any(s.dims) or s.partial]
+
+
+def _report(schedule_file: ScheduleFile, result: CorePartition) -> str:
+    lines = [f"{schedule_file.path}: {result.traced.function.name} on mesh {result.mesh}, "
+             f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms", ""]
+    shardings = [(t.program.input_shardings(), t.program.output_shardings())
+                 for t in result.tactics]
+    header = ("#", "tactic", "axis", "actions", "conflicts", "sharded inputs", "time (ms)")
+    rows = [header]
+    for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
+        rows.append((str(i), t.name, t.axis, str(_value_actions(t)), _conflict_counts(t),
+                     f"{len(_sharded(inputs))} of {len(inputs)}", f"{t.elapsed_s * 1e3:.1f}"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    numeric = {0, 3, 6}  # right-aligned columns
+    for row in rows:
+        cells = [cell.rjust(w) if c in numeric else cell.ljust(w)
+                 for c, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    for i, (t, (inputs, outputs)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
+        lines += ["", f"[{i}] {t.name}: " + "; ".join(t.actions)]
+        lines += [f"    conflict: {c}" for c in t.conflicts]
+        lines += [f"    note: {note}" for note in t.notes]
+        sections = [(what, _sharded(s), len(s)) for what, s in (("inputs", inputs),
+                                                                ("outputs", outputs))]
+        width = max((len(n) for _, sharded, _ in sections for n, _ in sharded[:MAX_SHOWN]),
+                    default=0)
+        for what, sharded, total in sections:
+            if sharded:
+                lines.append(f"    sharded {what} ({len(sharded)} of {total}):")
+                lines += [f"      {n.ljust(width)}  {s}" for n, s in sharded[:MAX_SHOWN]]
+            if len(sharded) > MAX_SHOWN:
+                lines.append(f"      ... {len(sharded) - MAX_SHOWN} more")
+    return "\n".join(lines)
+
+
+def _json(schedule_file: ScheduleFile, result: CorePartition) -> dict[str, Any]:
+    tactics = []
+    for i, (t, source) in enumerate(zip(result.tactics, schedule_file.tactics, strict=True),
+                                    1):
+        span = source.span.to_json() if source.span else None
+        tactics.append({
+            "index": i,
+            "name": t.name,
+            "axis": t.axis,
+            "source": {"file": schedule_file.path, **span} if span else None,
+            "actions": t.actions,
+            "conflicts": [c.to_json() for c in t.conflicts],
+            "notes": t.notes,
+            "input_shardings": {n: str(s) for n, s in t.program.input_shardings().items()},
+            "output_shardings": {n: str(s) for n, s in t.program.output_shardings().items()},
+            "elapsed_s": t.elapsed_s,
+            "propagation_s": t.propagation_s,
+        })
+    return {"file": schedule_file.path, "function": result.traced.function.name,
+            "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "tactics": tactics}

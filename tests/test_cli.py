@@ -1,0 +1,115 @@
+"""The `partir` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partir.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+BP_MP_Z3 = str(ROOT / "examples" / "mlp" / "bp_mp_z3.partir.py")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_lists_each_tactic(capsys):
+    code, out, err = run(capsys, "partition", BP_MP_Z3)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#  tactic"))
+    assert lines[header].split() == ["#", "tactic", "axis", "actions", "conflicts", "sharded",
+                                     "inputs", "time", "(ms)"]
+    rows = [line.split() for line in lines[header + 1:header + 4]]
+    assert [row[:4] for row in rows] == [["1", "BP", "batch", "1"], ["2", "MP", "model", "1"],
+                                         ["3", "Z3", "batch", "2"]]
+    assert [" ".join(row[-4:-1]) for row in rows] == ["1 of 3", "3 of 3", "3 of 3"]
+    assert rows[0][4] == "none" and " ".join(rows[2][4:6]) == "2 axis_in_scope"
+    # Then what each tactic did, with the inputs it left sharded.
+    assert '[3] Z3: tile<%w1,0,"batch">; tile<%w2,1,"batch">; propagate' in lines
+    z3 = out[out.index("[3] Z3"):]
+    assert 'w1   [{"batch"}, {"model"}]' in z3 and 'w2   [{"model"}, {"batch"}]' in z3
+    # MP's sum over "model" is still pending at the output (an all_reduce once lowered).
+    assert 'out  [{"batch"}, {}] partial{"model"}' in z3
+    assert "conflict: axis_in_scope at dot_general" in z3 and "model.py:" in z3
+
+
+def test_core_ir_after_a_tactic(capsys):
+    code, out, _ = run(capsys, "partition", BP_MP_Z3, "--ir", "core", "--after", "1")
+    assert code == 0
+    assert out.startswith("func @mlp(") and 'loop "batch"' in out and 'loop "model"' not in out
+    _, last, _ = run(capsys, "partition", BP_MP_Z3, "--ir", "core")
+    assert 'loop "model"' in last
+    _, traced, _ = run(capsys, "partition", BP_MP_Z3, "--ir", "core", "--after", "0")
+    assert "loop" not in traced
+
+
+def test_after_out_of_range(capsys):
+    code, out, err = run(capsys, "partition", BP_MP_Z3, "--ir", "core", "--after", "4")
+    assert code == 2 and out == ""
+    assert err == "partir: error: --after 4: the schedule has 3 tactics (0 is the traced " \
+                  "program)\n"
+
+
+def test_after_needs_ir_and_only_core_ir_exists(capsys):
+    for argv in (["--after", "1"], ["--ir", "spmd"], ["--ir", "core", "--json"]):
+        with pytest.raises(SystemExit) as e:
+            main(["partition", BP_MP_Z3, *argv])
+        assert e.value.code == 2
+    assert "invalid choice: 'spmd'" in capsys.readouterr().err
+
+
+def test_json_records(capsys):
+    code, out, _ = run(capsys, "partition", BP_MP_Z3, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["mesh"] == {"batch": 4, "model": 2} and data["function"] == "mlp"
+    bp, mp, z3 = data["tactics"]
+    assert [t["name"] for t in data["tactics"]] == ["BP", "MP", "Z3"]
+    assert bp["actions"] == ['tile<%x,0,"batch">', "propagate"]
+    assert z3["input_shardings"]["w2"] == '[{"model"}, {"batch"}]'
+    assert mp["output_shardings"] == {"out": '[{"batch"}, {}] partial{"model"}'}
+    assert z3["source"]["file"] == BP_MP_Z3 and z3["source"]["line"] == 17
+    conflict = z3["conflicts"][0]
+    assert conflict["kind"] == "axis_in_scope" and conflict["op"] == "dot_general"
+    assert conflict["loc"]["file"].endswith("model.py") and conflict["loc"]["line"] > 0
+    assert all(t["elapsed_s"] >= t["propagation_s"] >= 0 for t in data["tactics"])
+
+
+def test_error_in_schedule_file_exits_2_with_file_and_line(capsys, tmp_path):
+    path = tmp_path / "bad.partir.py"
+    path.write_text("import partir\n\nmesh = {'batch': 4}\nschedule = [partir.Mesh(3)]\n")
+    code, out, err = run(capsys, "partition", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith(f"partir: error: {path}:4:")
+    assert "PartitionError: a mesh needs at least one named axis" in err
+    assert "Traceback" not in err
+
+
+def test_error_in_a_tactic_exits_2_with_its_line(capsys, tmp_path):
+    text = Path(BP_MP_Z3).read_text().replace('{"w1": 1}', '{"w3": 1}')
+    path = tmp_path / "typo.partir.py"
+    path.write_text(text)
+    (tmp_path / "model.py").write_text((ROOT / "examples" / "mlp" / "model.py").read_text())
+    code, _, err = run(capsys, "partition", str(path))
+    assert code == 2
+    assert err.startswith("partir: error: tactic MP: no input or tag named 'w3'")
+    assert f"{path}:16" in err
+
+
+def test_console_script():
+    script = Path(sys.executable).parent / "partir"
+    assert script.exists()
+    proc = subprocess.run([str(script), "partition", "examples/mlp/bp.partir.py"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert '[1] BP: tile<%x,0,"batch">; propagate' in proc.stdout
