@@ -1,0 +1,231 @@
+"""Interpreter of PartIR:SPMD after its denotational semantics (paper, App. C, fig.
+"Interpretation of PartIR:SPMD"): the second correctness oracle of the lowering.
+
+A distributed value is the collection of device-local tensors its type describes: one
+local array per coordinate on the mesh axes the type mentions, stacked or distributed
+(axes it does not mention replicate it). This is the paper's function from stacked
+coordinates (and the coordinate of a distributed axis, its lambda^d) to local tensors,
+generalised to any number of distributed axes.
+
+- `execute` runs its Core body once per coordinate of its axes, binding the ranges to the
+  coordinates and each local to the operand's tensor on that device;
+- `tile_reduce` with #tile only changes the type: the local tensors stacked on the axis
+  are now viewed as tiles of a dimension; #sum and any combine them over the axis;
+- `redistribute` assembles the global tensor of each stacked slice from its tiles and
+  splits it again by the new type;
+- ops outside an execute run on whole tensors (their values mention no axis).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from partir.core.actions import AnyAction, Sum, Tile
+from partir.core.dialect import SLICE
+from partir.core.tmr import LocalContext, OpView, lookup
+from partir.ir import Function, Op, TensorType, Value
+from partir.mesh import Mesh
+from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
+from partir.spmd.types import DTensorType
+
+_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
+            "and": jnp.logical_and, "or": jnp.logical_or}
+
+# A distributed value: coordinates on the axes its type mentions (in mesh order) -> array.
+Tiles = dict[tuple[int, ...], Any]
+
+
+class SpmdInterpreterError(Exception):
+    pass
+
+
+def _dtensor(t: DTensorType | TensorType) -> DTensorType:
+    # A tensor type outside an execute is the same data as dtensor<{}, [n,...]> (EqTM).
+    return t if isinstance(t, DTensorType) else DTensorType.of(t)
+
+
+class _Layout:
+    """Where the local tensors of a type sit on the mesh."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+
+    def key_axes(self, t: DTensorType) -> tuple[str, ...]:
+        mentioned = set(t.axes)
+        return tuple(a for a in self.mesh.axis_names if a in mentioned)
+
+    def coords(self, axes: Sequence[str]) -> Iterator[dict[str, int]]:
+        for c in itertools.product(*(range(self.mesh[a]) for a in axes)):
+            yield dict(zip(axes, c, strict=True))
+
+    def key(self, t: DTensorType, at: Mapping[str, int]) -> tuple[int, ...]:
+        try:
+            return tuple(at[a] for a in self.key_axes(t))
+        except KeyError as e:
+            raise SpmdInterpreterError(f"{t} varies along axis {e}, which is not in scope "
+                                       "here") from None
+
+    def block(self, t: DTensorType, d: int, at: Mapping[str, int]) -> slice:
+        """The slice of dimension d held at coordinates `at`: d's axes index its tiles
+        major to minor."""
+        axes, n = t.dims[d]
+        index = 0
+        for a in axes:
+            index = index * self.mesh[a] + at[a]
+        size = n // math.prod(self.mesh[a] for a in axes)
+        return slice(index * size, (index + 1) * size)
+
+    def split(self, t: DTensorType, globals_: Mapping[tuple[int, ...], Any]) -> Tiles:
+        """The local tensors of type t, given the global tensor of each stacked slice."""
+        tiles: Tiles = {}
+        for at in self.coords(self.key_axes(t)):
+            g = globals_[tuple(at[a] for a in t.stacked)]
+            tiles[self.key(t, at)] = g[tuple(self.block(t, d, at) for d in range(t.rank))]
+        return tiles
+
+    def assemble(self, t: DTensorType, tiles: Tiles) -> dict[tuple[int, ...], np.ndarray]:
+        """The global tensor of each stacked slice of a value of type t."""
+        out: dict[tuple[int, ...], np.ndarray] = {}
+        for at in self.coords(self.key_axes(t)):
+            s = tuple(at[a] for a in t.stacked)
+            if s not in out:
+                out[s] = np.zeros(t.sizes, np.dtype(t.dtype))
+            out[s][tuple(self.block(t, d, at) for d in range(t.rank))] = np.asarray(
+                tiles[self.key(t, at)])
+        return out
+
+
+class SpmdInterpreter:
+    def __init__(self, fn: Function) -> None:
+        mesh = fn.attributes.get("mesh")
+        if not isinstance(mesh, Mapping):
+            raise SpmdInterpreterError(f"function @{fn.name} needs its mesh as a mapping in "
+                                       f"attributes['mesh'], got {mesh!r}")
+        self.fn = fn
+        self.layout = _Layout(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
+
+    def __call__(self, *args: Any) -> list[Any]:
+        if len(args) != len(self.fn.args):
+            raise SpmdInterpreterError(f"expected {len(self.fn.args)} arguments, got {len(args)}")
+        env: dict[Value, Tiles] = {}
+        for a, x in zip(self.fn.args, args, strict=True):
+            t = _dtensor(a.type)
+            if t.stacked or tuple(np.shape(x)) != t.sizes:
+                raise SpmdInterpreterError(f"argument %{a.name} of type {t} cannot hold an "
+                                           f"array of shape {np.shape(x)}")
+            env[a] = self.layout.split(t, {(): np.asarray(x)})
+        for op in self.fn.ops:
+            for r, tiles in zip(op.results, self._eval(op, env), strict=True):
+                env[r] = tiles
+        outs = []
+        for v in self.fn.results:
+            t = _dtensor(v.type)
+            if t.stacked:
+                raise SpmdInterpreterError(f"result of type {t} has stacked axes: no global "
+                                           "value")
+            outs.append(jnp.asarray(self.layout.assemble(t, env[v])[()]))
+        return outs
+
+    def _eval(self, op: Op, env: dict[Value, Tiles]) -> list[Tiles]:
+        if op.name == EXECUTE:
+            return self._execute(op, env)
+        if op.name == TILE_REDUCE:
+            return [self._tile_reduce(op, env[op.operands[0]])]
+        if op.name == REDISTRIBUTE:
+            (x,), (r,) = op.operands, op.results
+            globals_ = self.layout.assemble(_dtensor(x.type), env[x])
+            return [self.layout.split(_dtensor(r.type), globals_)]
+        # A top-level op: op(gamma(x)) on whole tensors.
+        operands = {}
+        for v in op.operands:
+            if _dtensor(v.type).axes:
+                raise SpmdInterpreterError(f"{op.name} outside an execute reads {v.type}, "
+                                           "which is not the same on every device")
+            operands[v] = env[v][()]
+        return [{(): out} for out in _eval_core(op, operands)]
+
+    def _execute(self, op: Op, env: dict[Value, Tiles]) -> list[Tiles]:
+        axes = op.params["axes"]
+        region = op.regions[0]
+        ranges, locals_ = region.args[:len(axes)], region.args[len(axes):]
+        outs: list[Tiles] = [{} for _ in op.results]
+        for at in self.layout.coords(axes):
+            inner: dict[Value, Any] = {r: at[a] for r, a in zip(ranges, axes, strict=True)}
+            for x, y in zip(op.operands, locals_, strict=True):
+                inner[y] = env[x][self.layout.key(_dtensor(x.type), at)]
+            for body_op in region.ops:
+                inner.update(zip(body_op.results, _eval_core(body_op, inner), strict=True))
+            for out, r, y in zip(outs, op.results, region.yields, strict=True):
+                out[self.layout.key(r.type, at)] = inner[y]
+        return outs
+
+    def _tile_reduce(self, op: Op, tiles: Tiles) -> Tiles:
+        axis, action = op.params["axis"], op.params["action"]
+        (x,), (r,) = op.operands, op.results
+        if isinstance(action, Tile):
+            # The axis moves from the stacked axes into dimension d: the same devices
+            # hold the same local tensors, only the type's view of them changes.
+            return dict(tiles)
+        out: Tiles = {}
+        for at in self.layout.coords(self.layout.key_axes(r.type)):
+            parts = [tiles[self.layout.key(x.type, {**at, axis: j})]
+                     for j in range(self.layout.mesh[axis])]
+            out[self.layout.key(r.type, at)] = _combine(action, parts)
+        return out
+
+
+def _combine(action: Sum | AnyAction, parts: list[Any]) -> Any:
+    if isinstance(action, Sum):
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = _MONOIDS[action.monoid](acc, p)
+        return acc
+    first = np.asarray(parts[0])
+    for p in parts[1:]:
+        if not np.array_equal(first, np.asarray(p), equal_nan=True):
+            raise SpmdInterpreterError("the devices of an `any` tile_reduce hold different "
+                                       "values")
+    return parts[0]
+
+
+def _eval_core(op: Op, env: Mapping[Value, Any]) -> list[Any]:
+    """A Core op without loops (the body of an execute, or a top-level op), with the
+    Core semantics: ranges are bound to device coordinates."""
+    if op.name == SLICE:
+        x, r = (env[v] for v in op.operands)
+        n = op.operands[1].type.size
+        dim = op.params["dim"]
+        chunk = x.shape[dim] // n
+        return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
+    if op.name == "tag":
+        return [env[op.operands[0]]]
+    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+    loops = op.params.get("_loops")
+    if loops is None:
+        if op.name == "constant":
+            return [jnp.asarray(op.params["value"])]
+        outs = op.prim.bind(*(env[v] for v in op.operands), **params)
+        return list(outs) if op.prim.multiple_results else [outs]
+    # A local op whose computation depends on where its tile is: the TMR entry computes
+    # it from the indices of the loops it came from, which are trailing range operands.
+    split = len(op.operands) - len(loops)
+    operands, ranges = op.operands[:split], op.operands[split:]
+    index = {rv.type.axis: env[rv] for rv in ranges}
+    sizes = {rv.type.axis: rv.type.size for rv in ranges}
+    in_global, out_global = op.params["_global_types"]
+    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
+                       axis_size=sizes.__getitem__)
+    view = OpView(op.name, params, tuple(v.type for v in operands),
+                  tuple(v.type for v in op.results))
+    return list(lookup(op.name).apply(view, op.prim, [env[v] for v in operands], ctx))
+
+
+def interpret_spmd(fn: Function, *args: Any) -> list[Any]:
+    """Run an SPMD function on global arguments; returns its global results."""
+    return SpmdInterpreter(fn)(*args)

@@ -1,0 +1,217 @@
+"""PartIR:Core -> PartIR:SPMD: the translation relation  M; sigmas |- <C; e> ~> e'  of the
+paper (App. C, fig. Core-to-SPMD-translation), transcribed as one recursive pass.
+
+The state is the rules' own:
+- M maps each Core value translated so far to its SPMD value; function arguments become
+  arguments of type dtensor<{}, [n,...]>;
+- the nesting level sigmas, of which the translation needs each enclosing loop's axis and
+  Core range value (the actions are consumed where the loop is translated);
+- the simple context C: the op/slice definitions seen at the current level since the last
+  loop, not emitted yet.
+An SPMD program is flat (executes do not nest), so the SPMD contexts the rules stack up
+(C^, C^_1, C^_*) are emitted in order into one list of ops.
+
+Our loops may yield several values, one action each; the rules generalise per yielded
+value: SLoop applies one action to each result, and at a `yield` the values that need an
+execute (SYldL, SYldP) leave one execute together while the others are yielded as they
+are (SYldC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from partir.core.actions import Action, Tile
+from partir.core.dialect import LOOP
+from partir.ir import Function, Op, RangeType, Type, Value
+from partir.mesh import Mesh
+from partir.spmd.ops import make_execute, make_redistribute, make_tile_reduce, tile_reduce_type
+from partir.spmd.types import DTensorType
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One loop of the nesting level sigmas: its axis and the Core value of its range."""
+
+    axis: str
+    range: Value
+
+
+def _axes(levels: Sequence[_Level]) -> tuple[str, ...]:
+    """axes(sigmas)."""
+    return tuple(lvl.axis for lvl in levels)
+
+
+def lower_core_to_spmd(fn: Function, mesh: Mesh | Mapping[str, int]) -> Function:
+    """The SPMD program of a materialized Core function."""
+    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh)).run()
+
+
+class _Lowering:
+    def __init__(self, fn: Function, mesh: Mesh) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.out: list[Op] = []
+        # SSA values are unique, so extending M in place is the rules' extension of M:
+        # a mapping added inside a loop body is never looked up outside it.
+        self.M: dict[Value, Value] = {}
+        self.last_use: dict[Value, int] = {}
+        _record_last_uses(fn.ops, fn.results, self.last_use)
+
+    def run(self) -> Function:
+        args = [Value(DTensorType.of(a.type), name=a.name) for a in self.fn.args]
+        self.M.update(zip(self.fn.args, args, strict=True))
+        results = self.translate((), self.fn.ops, self.fn.results)
+        # The Mesh prints as the Core function's mesh attribute does.
+        attributes = {**self.fn.attributes, "mesh": self.mesh}
+        return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
+                        attributes)
+
+    def translate(self, levels: tuple[_Level, ...], ops: Sequence[Op],
+                  yields: Sequence[Value]) -> list[Value]:
+        """M; levels |- <-; e> ~> e' for e = `ops; yield yields`: emits the let-bindings of
+        e' and returns the values e' yields."""
+        C: list[Op] = []
+        for pos, op in enumerate(ops):
+            if op.name == LOOP:
+                self.loop(levels, C, op, pos)
+                C = []  # SLoop translates the rest e2 in the empty context
+            else:
+                # SOp / SSlice (and `tag`, `constant`, which are ops too): the definition
+                # joins C. Iterating rather than recursing on the rest of e keeps the
+                # Python stack as deep as the loop nest, not as long as the program.
+                C.append(op)
+        if not levels:
+            return self.yield_top(C, yields)
+        return self.yield_nested(levels, C, yields)
+
+    def loop(self, levels: tuple[_Level, ...], C: list[Op], loop: Op, pos: int) -> None:
+        """SLoop for `let xs = loop a [sigmas] {e1} in e2`, with e2 = ops[pos + 1:]."""
+        # C^: the definitions of C that e1 or e2 use leave C in an execute over the
+        # current axes; the others are dead.
+        live = [x for op in C for x in op.results if self.last_use.get(x, -1) >= pos]
+        if live:
+            self.M.update(zip(live, self.execute(levels, C, live), strict=True))
+        # C^_1: the body, one level deeper, in the empty context, under M_1.
+        region = loop.regions[0]
+        axis = loop.params["axis"]
+        zs = self.translate((*levels, _Level(axis, region.args[0])), region.ops, region.yields)
+        # C^_*: sigma |> z ⇓ mu for each result, then e2 is translated under the extended M.
+        axes = _axes(levels)
+        for x, z, action in zip(loop.results, zs, loop.params["actions"], strict=True):
+            self.M[x] = self.act(action, axis, z, DTensorType.of(x.type, axes), x.name or z.name)
+
+    def act(self, action: Action, axis: str, z: Value, mu: DTensorType, name: str | None
+            ) -> Value:
+        """sigma |> z ⇓ mu: apply the loop action with a tile_reduce, coerce to mu."""
+        reduced = Value(tile_reduce_type(z.type, axis, action, self.mesh), name=name)
+        self.out.append(make_tile_reduce(z, axis, action, self.mesh, reduced))
+        if not isinstance(action, Tile):
+            # #sum<a> |> z ⇓ mu: the tile_reduce already has type mu. So does `any<a>`
+            # (the paper's Core has no `any`: the iterations agree, any one is the value).
+            return reduced
+        # #tile<a, d> |> z ⇓ mu: the tiles are now a distributed dimension; redistribute
+        # them into mu, whose dimensions are whole on every device of the remaining axes.
+        coerced = Value(mu, name=name)
+        self.out.append(make_redistribute(reduced, self.mesh, coerced))
+        return coerced
+
+    def yield_top(self, C: list[Op], yields: Sequence[Value]) -> list[Value]:
+        # SYldTop: C[yield M(x)][M(z)/zs] -- the definitions run at top level on the
+        # translations of their free variables. Their results are typed dtensor<{}, [n]>
+        # (the paper keeps tau, which is data-equivalent) so that every value outside an
+        # execute is a dtensor.
+        for op in C:
+            self.out.append(_clone(op, self.M, DTensorType.of))
+        return [self.M[x] for x in yields]
+
+    def yield_nested(self, levels: tuple[_Level, ...], C: list[Op],
+                     yields: Sequence[Value]) -> list[Value]:
+        axes = _axes(levels)
+        defined = {x for op in C for x in op.results}
+        distinct = list(dict.fromkeys(yields))
+        local = [x for x in distinct if x in defined]
+        outer = [x for x in distinct if x not in defined and self.M[x].type.stacked != axes]
+        for x in outer:
+            stacked = self.M[x].type.stacked
+            assert axes[:len(stacked)] == stacked, f"{x} is stacked on {stacked}, not in {axes}"
+        made: dict[Value, Value] = {}
+        if local:
+            # SYldL: C goes into an execute over the current axes that yields the values
+            # it defines; values from outer levels the yield also needs (SYldP) are
+            # restacked by the same execute.
+            made = dict(zip(local + outer, self.execute(levels, C, local + outer), strict=True))
+        elif outer:
+            # SYldP: C defines none of the yielded values, so it is dead; an execute of a
+            # bare `yield` restacks the outer values on the current axes.
+            made = dict(zip(outer, self.execute(levels, [], outer), strict=True))
+        # SYldC: a value already stacked on the current axes is yielded as it is.
+        return [made[x] if x in made else self.M[x] for x in yields]
+
+    def execute(self, levels: tuple[_Level, ...], C: list[Op], xs: list[Value]) -> list[Value]:
+        """`execute axes (M(zs)) (rs, ys) {C[yield xs][ys/zs]}` with zs = FV(C[yield xs])."""
+        axes = _axes(levels)
+        zs = _free_values(C, xs)
+        operands = [self.M[z] for z in zs]
+        ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in axes]
+        locals_ = [Value(o.type.local_type(self.mesh), name=f"y{o.name}" if o.name else None)
+                   for o in operands]
+        sub: dict[Value, Value] = dict(zip(zs, locals_, strict=True))
+        sub.update((lvl.range, r) for lvl, r in zip(levels, ranges, strict=True))
+        body = [_clone(op, sub) for op in C]
+        results = [Value(DTensorType.of(x.type, axes), name=x.name) for x in xs]
+        self.out.append(make_execute(axes, self.mesh, operands, ranges, locals_, body,
+                                     [sub[x] for x in xs], results))
+        return results
+
+
+def _clone(op: Op, sub: dict[Value, Value], result_type: Callable[[Type], Type] | None = None
+           ) -> Op:
+    """op with its operands substituted by `sub` and fresh results, which `sub` records."""
+    results = [Value(r.type if result_type is None else result_type(r.type), name=r.name)
+               for r in op.results]
+    sub.update(zip(op.results, results, strict=True))
+    return Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
+              prim=op.prim)
+
+
+def _free_values(C: list[Op], xs: list[Value]) -> list[Value]:
+    """FV(C[yield xs]) in order of first use, without the loop ranges (an execute binds
+    its own)."""
+    defined: set[Value] = set()
+    free: dict[Value, None] = {}
+    for op in C:
+        for v in op.operands:
+            if v not in defined and not isinstance(v.type, RangeType):
+                free[v] = None
+        defined.update(op.results)
+    for x in xs:
+        if x not in defined:
+            free[x] = None
+    return list(free)
+
+
+def _uses(op: Op) -> Iterator[Value]:
+    """Every value op uses, in its regions too."""
+    yield from op.operands
+    for region in op.regions:
+        for inner in region.ops:
+            yield from _uses(inner)
+        yield from region.yields
+
+
+def _record_last_uses(ops: Sequence[Op], yields: Sequence[Value], out: dict[Value, int]) -> None:
+    """For every x that `ops` define (and, recursively, their regions' ops): out[x] is the
+    position of the last op of `ops` using x, len(ops) if yielded. Then x is free in
+    `ops[i:]; yield yields` iff out[x] >= i, which is how SLoop tells live definitions."""
+    defined = {x for op in ops for x in op.results}
+    for i, op in enumerate(ops):
+        for v in _uses(op):
+            if v in defined:
+                out[v] = i
+        for region in op.regions:
+            _record_last_uses(region.ops, region.yields, out)
+    for v in yields:
+        if v in defined:
+            out[v] = len(ops)
