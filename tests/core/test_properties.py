@@ -26,7 +26,7 @@ from tests.core.program_strategies import PartitionCase, partition_cases, progra
 EXPECTED_ERRORS = (partir.IndivisibleDimensionError, partir.AlreadyTiledError)
 
 # About 0.2 s per interpreted case and 10 ms per partition-only case on 2 cores: ~100 s.
-INTERPRET_EXAMPLES = 450
+INTERPRET_EXAMPLES = 520
 PARTITION_EXAMPLES = 800
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
