@@ -7,7 +7,7 @@ they are all equal. `slice` takes the index-th chunk. Primitives replay through 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -26,7 +26,8 @@ class InterpreterError(Exception):
     pass
 
 
-def _combine(action, parts: list[Any]) -> Any:
+def combine(action, parts: list[Any]) -> Any:
+    """The result of a loop (or of a stacked axis) from its iterations' results."""
     if isinstance(action, Tile):
         return jnp.concatenate(parts, axis=action.dim)
     if isinstance(action, Sum):
@@ -40,6 +41,38 @@ def _combine(action, parts: list[Any]) -> Any:
         if not np.array_equal(first, np.asarray(p), equal_nan=True):
             raise InterpreterError("iterations of an `any` loop computed different values")
     return parts[0]
+
+
+def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
+    """A Core op without regions: `slice`, `tag`, `constant` or a primitive, with range
+    values in `env` bound to loop indices (or device coordinates)."""
+    if op.name == SLICE:
+        x, r = (env[v] for v in op.operands)
+        n = op.operands[1].type.size
+        dim = op.params["dim"]
+        chunk = x.shape[dim] // n
+        return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
+    if op.name == "tag":
+        return [env[op.operands[0]]]
+    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+    loops = op.params.get("_loops")
+    if loops is None:
+        if op.name == "constant":
+            return [jnp.asarray(op.params["value"])]
+        outs = op.prim.bind(*(env[v] for v in op.operands), **params)
+        return list(outs) if op.prim.multiple_results else [outs]
+    # A local op whose computation depends on where its tile is: the TMR entry computes
+    # it from the indices of the loops it came from, which are trailing range operands.
+    split = len(op.operands) - len(loops)
+    operands, ranges = op.operands[:split], op.operands[split:]
+    index = {rv.type.axis: env[rv] for rv in ranges}
+    sizes = {rv.type.axis: rv.type.size for rv in ranges}
+    in_global, out_global = op.params["_global_types"]
+    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
+                       axis_size=sizes.__getitem__)
+    view = OpView(op.name, params, tuple(v.type for v in operands),
+                  tuple(v.type for v in op.results))
+    return list(lookup(op.name).apply(view, op.prim, [env[v] for v in operands], ctx))
 
 
 class Interpreter:
@@ -65,19 +98,7 @@ class Interpreter:
                 env[r] = o
 
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
-        if op.name == LOOP:
-            return self._loop(op, env)
-        if op.name == SLICE:
-            x, r = (env[v] for v in op.operands)
-            n = op.operands[1].type.size
-            dim = op.params["dim"]
-            chunk = x.shape[dim] // n
-            return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
-        if op.name == "tag":
-            return [env[op.operands[0]]]
-        if op.name == "constant" and "_loops" not in op.params:
-            return [jnp.asarray(op.params["value"])]
-        return self._primitive(op, env)
+        return self._loop(op, env) if op.name == LOOP else eval_op(op, env)
 
     def _loop(self, op: Op, env: dict[Value, Any]) -> list[Any]:
         region: Region = op.regions[0]
@@ -88,26 +109,8 @@ class Interpreter:
             inner[r] = i
             self._run(region.ops, inner)
             per_iter.append([inner[v] for v in region.yields])
-        return [_combine(a, [it[k] for it in per_iter])
+        return [combine(a, [it[k] for it in per_iter])
                 for k, a in enumerate(op.params["actions"])]
-
-    def _primitive(self, op: Op, env: dict[Value, Any]) -> list[Any]:
-        params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-        loops = op.params.get("_loops")
-        if loops is None:
-            outs = op.prim.bind(*(env[v] for v in op.operands), **params)
-            return list(outs) if op.prim.multiple_results else [outs]
-        entry = lookup(op.name)
-        ranges = op.operands[len(op.operands) - len(loops):]
-        operands = op.operands[:len(op.operands) - len(loops)]
-        index = {rv.type.axis: env[rv] for rv in ranges}
-        sizes = {rv.type.axis: rv.type.size for rv in ranges}
-        in_global, out_global = op.params["_global_types"]
-        ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
-                           axis_size=sizes.__getitem__)
-        view = OpView(op.name, params, tuple(v.type for v in operands),
-                      tuple(v.type for v in op.results))
-        return list(entry.apply(view, op.prim, [env[v] for v in operands], ctx))
 
 
 def interpret(fn: Function, *args: Any) -> list[Any]:

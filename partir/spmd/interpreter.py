@@ -26,22 +26,18 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from partir.core.actions import AnyAction, Sum, Tile
-from partir.core.dialect import SLICE
-from partir.core.tmr import LocalContext, OpView, lookup
+from partir.core.actions import Tile
+from partir.core.interpreter import InterpreterError, combine, eval_op
 from partir.ir import Function, Op, TensorType, Value
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
 
-_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
-            "and": jnp.logical_and, "or": jnp.logical_or}
-
 # A distributed value: coordinates on the axes its type mentions (in mesh order) -> array.
 Tiles = dict[tuple[int, ...], Any]
 
 
-class SpmdInterpreterError(Exception):
+class SpmdInterpreterError(InterpreterError):
     pass
 
 
@@ -148,7 +144,7 @@ class SpmdInterpreter:
                 raise SpmdInterpreterError(f"{op.name} outside an execute reads {v.type}, "
                                            "which is not the same on every device")
             operands[v] = env[v][()]
-        return [{(): out} for out in _eval_core(op, operands)]
+        return [{(): out} for out in eval_op(op, operands)]
 
     def _execute(self, op: Op, env: dict[Value, Tiles]) -> list[Tiles]:
         axes = op.params["axes"]
@@ -160,7 +156,7 @@ class SpmdInterpreter:
             for x, y in zip(op.operands, locals_, strict=True):
                 inner[y] = env[x][self.layout.key(_dtensor(x.type), at)]
             for body_op in region.ops:
-                inner.update(zip(body_op.results, _eval_core(body_op, inner), strict=True))
+                inner.update(zip(body_op.results, eval_op(body_op, inner), strict=True))
             for out, r, y in zip(outs, op.results, region.yields, strict=True):
                 out[self.layout.key(r.type, at)] = inner[y]
         return outs
@@ -176,54 +172,8 @@ class SpmdInterpreter:
         for at in self.layout.coords(self.layout.key_axes(r.type)):
             parts = [tiles[self.layout.key(x.type, {**at, axis: j})]
                      for j in range(self.layout.mesh[axis])]
-            out[self.layout.key(r.type, at)] = _combine(action, parts)
+            out[self.layout.key(r.type, at)] = combine(action, parts)
         return out
-
-
-def _combine(action: Sum | AnyAction, parts: list[Any]) -> Any:
-    if isinstance(action, Sum):
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = _MONOIDS[action.monoid](acc, p)
-        return acc
-    first = np.asarray(parts[0])
-    for p in parts[1:]:
-        if not np.array_equal(first, np.asarray(p), equal_nan=True):
-            raise SpmdInterpreterError("the devices of an `any` tile_reduce hold different "
-                                       "values")
-    return parts[0]
-
-
-def _eval_core(op: Op, env: Mapping[Value, Any]) -> list[Any]:
-    """A Core op without loops (the body of an execute, or a top-level op), with the
-    Core semantics: ranges are bound to device coordinates."""
-    if op.name == SLICE:
-        x, r = (env[v] for v in op.operands)
-        n = op.operands[1].type.size
-        dim = op.params["dim"]
-        chunk = x.shape[dim] // n
-        return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
-    if op.name == "tag":
-        return [env[op.operands[0]]]
-    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    loops = op.params.get("_loops")
-    if loops is None:
-        if op.name == "constant":
-            return [jnp.asarray(op.params["value"])]
-        outs = op.prim.bind(*(env[v] for v in op.operands), **params)
-        return list(outs) if op.prim.multiple_results else [outs]
-    # A local op whose computation depends on where its tile is: the TMR entry computes
-    # it from the indices of the loops it came from, which are trailing range operands.
-    split = len(op.operands) - len(loops)
-    operands, ranges = op.operands[:split], op.operands[split:]
-    index = {rv.type.axis: env[rv] for rv in ranges}
-    sizes = {rv.type.axis: rv.type.size for rv in ranges}
-    in_global, out_global = op.params["_global_types"]
-    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
-                       axis_size=sizes.__getitem__)
-    view = OpView(op.name, params, tuple(v.type for v in operands),
-                  tuple(v.type for v in op.results))
-    return list(lookup(op.name).apply(view, op.prim, [env[v] for v in operands], ctx))
 
 
 def interpret_spmd(fn: Function, *args: Any) -> list[Any]:

@@ -1,0 +1,121 @@
+"""PartIR:HLO collectives on device-local arrays, for use inside `jax.shard_map`.
+
+Every collective names mesh axes. Where a dimension is split over several axes (a, b),
+a major, the device with coordinates (i_a, i_b) holds chunk i_a * size_b + i_b. JAX's
+collectives linearise a tuple of axis names the same way, in the tuple's order (whatever
+the mesh's axis order), so a tuple of axes maps directly to JAX's `axis_name`.
+
+`COLLECTIVES` maps each op name to its function, called as `f(*operands, **op.params)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from jax import lax
+
+from partir.runtime.errors import ProgramError
+
+AxesPerDim = Sequence[Sequence[str]]
+
+_REDUCERS: dict[str, Callable[[Any, tuple[str, ...]], Any]] = {
+    "add": lax.psum,
+    "max": lax.pmax,
+    "min": lax.pmin,
+    # `#sum<and>`/`#sum<or>` are logical and only ever combine booleans (the TMR offers
+    # them for bool reductions only); on booleans min is `and` and max is `or`.
+    "and": lax.pmin,
+    "or": lax.pmax,
+}
+
+
+def _linear_index(axes: Sequence[str]) -> Any:
+    """This device's chunk index over `axes`, the first axis major."""
+    index: Any = 0
+    for axis in axes:
+        index = index * lax.axis_size(axis) + lax.axis_index(axis)
+    return index
+
+
+def _chunk(x: Any, dim: int, axes: Sequence[str]) -> int:
+    n = lax.axis_size(tuple(axes))
+    if x.shape[dim] % n:
+        raise ProgramError(f"dimension {dim} of size {x.shape[dim]} cannot be split over "
+                           f"axes {tuple(axes)} of total size {n}")
+    return x.shape[dim] // n
+
+
+def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
+    """Each device keeps its chunk of every dimension split over axes: local, no
+    communication."""
+    for dim, dim_axes in enumerate(axes):
+        if dim_axes:
+            size = _chunk(x, dim, dim_axes)
+            x = lax.dynamic_slice_in_dim(x, _linear_index(dim_axes) * size, size, axis=dim)
+    return x
+
+
+def all_gather(x: Any, *, axes: AxesPerDim) -> Any:
+    """Concatenates the devices' chunks of every dimension along its axes (inverse of
+    `all_slice`)."""
+    for dim, dim_axes in enumerate(axes):
+        if dim_axes:
+            x = lax.all_gather(x, tuple(dim_axes), axis=dim, tiled=True)
+    return x
+
+
+def all_reduce(x: Any, *, axes: Sequence[str], monoid: str) -> Any:
+    """Reduces over the devices of `axes` with the monoid; every device gets the result."""
+    if not axes:
+        return x
+    if monoid not in _REDUCERS:
+        raise ProgramError(f"unknown reduction monoid {monoid!r}; expected one of "
+                           f"{', '.join(_REDUCERS)}")
+    if monoid in ("and", "or") and np.dtype(x.dtype) != np.bool_:
+        raise ProgramError(f"the {monoid!r} monoid is logical and needs a bool operand, "
+                           f"got {x.dtype}")
+    return _REDUCERS[monoid](x, tuple(axes))
+
+
+def reduce_scatter(x: Any, *, axes: AxesPerDim, monoid: str) -> Any:
+    """Reduces over every axis named, then each device keeps its chunk of each dimension
+    (the chunk order of `all_slice`)."""
+    if monoid != "add":
+        # JAX only exposes the additive reduce-scatter (`psum_scatter`); other monoids
+        # reduce everywhere, then slice locally, which has the same result.
+        named = tuple(a for dim_axes in axes for a in dim_axes)
+        return all_slice(all_reduce(x, axes=named, monoid=monoid), axes=axes)
+    # One psum_scatter per split dimension: the first reduces over its axes and scatters
+    # dimension d; the next reduces those partial sums over its own axes, so after the
+    # last one every device holds the full sum over all axes, chunked on every dimension.
+    for dim, dim_axes in enumerate(axes):
+        if dim_axes:
+            _chunk(x, dim, dim_axes)
+            x = lax.psum_scatter(x, tuple(dim_axes), scatter_dimension=dim, tiled=True)
+    return x
+
+
+def all_to_all(x: Any, *, split_dim: int, concat_dim: int, axes: Sequence[str]) -> Any:
+    """Splits `split_dim` into one piece per device of `axes`, sends piece j to device j
+    and concatenates the received pieces along `concat_dim` in the senders' order."""
+    if not axes:
+        return x
+    _chunk(x, split_dim, axes)
+    return lax.all_to_all(x, tuple(axes), split_dim, concat_dim, tiled=True)
+
+
+def axis_index(*, axis: str) -> Any:
+    """The device's coordinate on a mesh axis."""
+    return lax.axis_index(axis)
+
+
+COLLECTIVES: dict[str, Callable[..., Any]] = {
+    "hlo.all_slice": all_slice,
+    "hlo.all_gather": all_gather,
+    "hlo.all_reduce": all_reduce,
+    "hlo.reduce_scatter": reduce_scatter,
+    "hlo.all_to_all": all_to_all,
+    "hlo.axis_index": axis_index,
+}

@@ -1,0 +1,112 @@
+"""Evaluation of a PartIR:HLO function on device-local arrays: the body of the shard_map.
+
+Ops run in program order on traced local arrays. Collectives go through `COLLECTIVES`;
+`tag` is the identity; primitives are re-bound with their localized public parameters.
+An op whose local computation depends on where its tile lies (params `_loops`) runs
+through its TMR entry, with the device's `lax.axis_index` coordinates (the results of the
+`hlo.axis_index` ops passed as its trailing operands) as loop indices: the same entries
+the sequential interpreter runs with Python ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from partir.core.tmr import LocalContext, OpView, lookup
+from partir.ir import Function, Op, TensorType, Value
+from partir.mesh import Mesh
+from partir.runtime.collectives import COLLECTIVES
+from partir.runtime.errors import ProgramError
+
+
+def run_local(fn: Function, mesh: Mesh, args: Sequence[Any]) -> list[Any]:
+    """The device-local results of `fn` on device-local `args`; call inside a shard_map
+    over `mesh`."""
+    env: dict[Value, Any] = dict(zip(fn.args, args, strict=True))
+    for op in fn.ops:
+        outs = _eval(op, env, mesh)
+        _check_results(op, outs)
+        env.update(zip(op.results, outs, strict=True))
+    return [env[v] for v in fn.results]
+
+
+def _public(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if not k.startswith("_")}
+
+
+def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
+    operands = [env[v] for v in op.operands]
+    collective = COLLECTIVES.get(op.name)
+    if collective is not None:
+        _check_axes(op, mesh)
+        try:
+            return [collective(*operands, **op.params)]
+        except ProgramError as e:
+            raise ProgramError(f"{op.name}: {e.message}", loc=op.loc) from e
+        except TypeError as e:
+            raise ProgramError(f"{op.name} has operands {[str(v.type) for v in op.operands]} "
+                               f"and params {op.params}, which do not fit it: {e}",
+                               loc=op.loc) from e
+    if op.name == "tag":
+        return operands
+    if "_loops" in op.params:
+        return _index_dependent(op, operands, mesh)
+    if op.name == "constant":
+        return [jnp.asarray(op.params["value"])]
+    if op.prim is None:
+        raise ProgramError(f"op {op.name!r} is neither a PartIR:HLO collective, a tag, a "
+                           f"constant nor a JAX primitive, so it cannot be executed",
+                           loc=op.loc)
+    outs = op.prim.bind(*operands, **_public(op.params))
+    return list(outs) if op.prim.multiple_results else [outs]
+
+
+def _index_dependent(op: Op, operands: list[Any], mesh: Mesh) -> list[Any]:
+    entry = lookup(op.name)
+    if entry is None or entry.apply is None:
+        raise ProgramError(f"op {op.name!r} depends on its tile's position (it has `_loops`) "
+                           f"but its TMR entry has no `apply` to compute it", loc=op.loc)
+    loops = op.params["_loops"]
+    split = len(op.operands) - len(loops)
+    local_operands, ranges = op.operands[:split], op.operands[split:]
+    index = {rv.type.axis: env_value for rv, env_value in zip(ranges, operands[split:],
+                                                               strict=True)}
+    in_global, out_global = op.params["_global_types"]
+    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
+                       axis_size=mesh.__getitem__)
+    view = OpView(op.name, _public(op.params), tuple(v.type for v in local_operands),
+                  tuple(v.type for v in op.results))
+    return list(entry.apply(view, op.prim, operands[:split], ctx))
+
+
+def _check_axes(op: Op, mesh: Mesh) -> None:
+    params = op.params
+    if "axis" in params:
+        named = [params["axis"]]
+    elif params.get("axes") and not isinstance(next(iter(params["axes"])), str):
+        named = [a for dim_axes in params["axes"] for a in dim_axes]  # axes per dimension
+    else:
+        named = list(params.get("axes", ()))
+    for axis in named:
+        if axis not in mesh:
+            raise ProgramError(f"{op.name} names axis {axis!r}, which is not in the mesh "
+                               f"{mesh}", loc=op.loc)
+
+
+def _check_results(op: Op, outs: list[Any]) -> None:
+    """An op's computed local results must have the types the program declares: a
+    mismatch means the program and the runtime disagree on an op's semantics."""
+    if len(outs) != len(op.results):
+        raise ProgramError(f"{op.name} computed {len(outs)} results, the program declares "
+                           f"{len(op.results)}", loc=op.loc)
+    for r, out in zip(op.results, outs, strict=True):
+        if not isinstance(r.type, TensorType):
+            continue
+        got = TensorType(tuple(np.shape(out)), np.dtype(out.dtype))
+        if got != TensorType(tuple(r.type.shape), np.dtype(r.type.dtype)):
+            raise ProgramError(f"{op.name} computes {got} on each device, the program "
+                               f"declares {r.type}", loc=op.loc)
