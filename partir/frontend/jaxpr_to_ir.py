@@ -58,8 +58,9 @@ class _Builder:
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
 
-    def constant(self, value: Any, loc: Location) -> Value:
-        arr = np.asarray(value)
+    def constant(self, value: Any, loc: Location, aval: Any) -> Value:
+        # Python scalars in literals are 64-bit; the traced type says what JAX computes in.
+        arr = np.asarray(value, dtype=aval.dtype)
         key = None
         if arr.ndim == 0:
             key = (arr.dtype.str, arr.tobytes())
@@ -78,13 +79,13 @@ class _Builder:
         location of the call."""
         env: dict[Any, Value] = {}
         for var, c in zip(jaxpr.constvars, consts, strict=True):
-            env[var] = self.constant(c, Location("<constant>", 0))
+            env[var] = self.constant(c, Location("<constant>", 0), var.aval)
         for var, a in zip(jaxpr.invars, args, strict=True):
             env[var] = a
 
         def read(atom: Any, loc: Location) -> Value:
             if isinstance(atom, jcore.Literal):
-                return self.constant(atom.val, loc)
+                return self.constant(atom.val, loc, atom.aval)
             return env[atom]
 
         for eqn in jaxpr.eqns:

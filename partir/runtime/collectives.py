@@ -92,7 +92,7 @@ def reduce_scatter(x: Any, *, axes: AxesPerDim, monoid: str) -> Any:
     # last one every device holds the full sum over all axes, chunked on every dimension.
     for dim, dim_axes in enumerate(axes):
         if dim_axes:
-            _chunk(x, dim, dim_axes)
+            _chunk(x, dim, dim_axes)  # an indivisible size fails here, with the axes named
             x = lax.psum_scatter(x, tuple(dim_axes), scatter_dimension=dim, tiled=True)
     return x
 
@@ -102,7 +102,7 @@ def all_to_all(x: Any, *, split_dim: int, concat_dim: int, axes: Sequence[str]) 
     and concatenates the received pieces along `concat_dim` in the senders' order."""
     if not axes:
         return x
-    _chunk(x, split_dim, axes)
+    _chunk(x, split_dim, axes)  # an indivisible size fails here, with the axes named
     return lax.all_to_all(x, tuple(axes), split_dim, concat_dim, tiled=True)
 
 

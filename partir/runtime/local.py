@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,6 +22,8 @@ from partir.ir import Function, Op, TensorType, Value
 from partir.mesh import Mesh
 from partir.runtime.collectives import COLLECTIVES
 from partir.runtime.errors import ProgramError
+
+_AXES_PER_DIM = ("hlo.all_slice", "hlo.all_gather", "hlo.reduce_scatter")
 
 
 def run_local(fn: Function, mesh: Mesh, args: Sequence[Any]) -> list[Any]:
@@ -73,8 +76,7 @@ def _index_dependent(op: Op, operands: list[Any], mesh: Mesh) -> list[Any]:
     loops = op.params["_loops"]
     split = len(op.operands) - len(loops)
     local_operands, ranges = op.operands[:split], op.operands[split:]
-    index = {rv.type.axis: env_value for rv, env_value in zip(ranges, operands[split:],
-                                                               strict=True)}
+    index = {rv.type.axis: i for rv, i in zip(ranges, operands[split:], strict=True)}
     in_global, out_global = op.params["_global_types"]
     ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
                        axis_size=mesh.__getitem__)
@@ -85,10 +87,10 @@ def _index_dependent(op: Op, operands: list[Any], mesh: Mesh) -> list[Any]:
 
 def _check_axes(op: Op, mesh: Mesh) -> None:
     params = op.params
-    if "axis" in params:
-        named = [params["axis"]]
-    elif params.get("axes") and not isinstance(next(iter(params["axes"])), str):
-        named = [a for dim_axes in params["axes"] for a in dim_axes]  # axes per dimension
+    if op.name == "hlo.axis_index":
+        named = [params.get("axis")]
+    elif op.name in _AXES_PER_DIM:
+        named = [a for dim_axes in params.get("axes", ()) for a in dim_axes]
     else:
         named = list(params.get("axes", ()))
     for axis in named:
@@ -107,6 +109,9 @@ def _check_results(op: Op, outs: list[Any]) -> None:
         if not isinstance(r.type, TensorType):
             continue
         got = TensorType(tuple(np.shape(out)), np.dtype(out.dtype))
-        if got != TensorType(tuple(r.type.shape), np.dtype(r.type.dtype)):
+        # A declared 64-bit type is what JAX computes in 32 bits when x64 is off (e.g.
+        # constants the frontend took from numpy float64 values).
+        declared = jax.dtypes.canonicalize_dtype(r.type.dtype)
+        if got != TensorType(tuple(r.type.shape), np.dtype(declared)):
             raise ProgramError(f"{op.name} computes {got} on each device, the program "
                                f"declares {r.type}", loc=op.loc)

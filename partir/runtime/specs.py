@@ -45,3 +45,9 @@ def global_type(local: TensorType, sharding: Sharding, mesh: Mapping[str, int]) 
     """The global array a device-local value tiles: each dimension times its axes' sizes."""
     return local.with_shape(tuple(n * math.prod(mesh[a] for a in axes)
                                   for n, axes in zip(local.shape, sharding, strict=True)))
+
+
+def format_sharding(sharding: Sharding) -> str:
+    """Shardy-style notation, as everywhere in partir: `[{"B"}, {}]`."""
+    return "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}"
+                           for axes in sharding) + "]"

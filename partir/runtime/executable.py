@@ -1,0 +1,172 @@
+"""A PartIR:HLO program as a JAX callable: `jax.jit(jax.shard_map(local_fn, ...))`.
+
+The program's values are device-local; its `in_shardings`/`out_shardings` say how the
+local arguments and results tile global arrays over the mesh. The executable takes and
+returns the global arrays: shard_map hands every device its tile and reassembles the
+results, so the program runs wherever JAX has devices, including across processes under
+`jax.distributed` (the mesh is built from `jax.devices()`, which then lists every
+process's devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from partir.ir import Function, TensorType
+from partir.mesh import Mesh
+from partir.runtime.errors import ArgumentError, DeviceCountError, ProgramError
+from partir.runtime.local import run_local
+from partir.runtime.specs import (
+    Sharding,
+    format_sharding,
+    global_type,
+    normalize,
+    partition_spec,
+)
+
+
+class Executable:
+    """Runs a PartIR:HLO program on a `jax.sharding.Mesh`.
+
+    `in_axes`/`out_axes` are the program's shardings (per dimension, the mesh axes major
+    to minor); `in_specs`/`out_specs` the `PartitionSpec`s of the flat global inputs and
+    outputs; `input_shardings`/`output_shardings` the matching `NamedSharding`s on
+    `jax_mesh`; `global_in_types`/`global_out_types` their global shapes and dtypes.
+    `fun` is the jitted function of already placed global arrays.
+    """
+
+    def __init__(self, fn: Function, mesh: Mesh, jax_mesh: jax.sharding.Mesh,
+                 in_shardings: Sequence[Sharding], out_shardings: Sequence[Sharding]) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.jax_mesh = jax_mesh
+        self.in_axes = tuple(in_shardings)
+        self.out_axes = tuple(out_shardings)
+        self.in_specs = tuple(partition_spec(s) for s in in_shardings)
+        self.out_specs = tuple(partition_spec(s) for s in out_shardings)
+        self.input_shardings = tuple(NamedSharding(jax_mesh, s) for s in self.in_specs)
+        self.output_shardings = tuple(NamedSharding(jax_mesh, s) for s in self.out_specs)
+        self.global_in_types = tuple(global_type(a.type, s, mesh)
+                                     for a, s in zip(fn.args, in_shardings, strict=True))
+        self.global_out_types = tuple(global_type(r.type, s, mesh)
+                                      for r, s in zip(fn.results, out_shardings, strict=True))
+
+        def local_fn(*args: Any) -> tuple[Any, ...]:
+            return tuple(run_local(fn, mesh, args))
+
+        # check_vma=False: whether a value is replicated over an axis is PartIR's typing
+        # (the out_shardings), which JAX's varying-axes inference cannot always see, e.g.
+        # a tiled all_gather's result is typed as varying although all devices hold it.
+        self.fun = jax.jit(jax.shard_map(local_fn, mesh=jax_mesh, in_specs=self.in_specs,
+                                         out_specs=self.out_specs, check_vma=False))
+
+    def __call__(self, *args: Any) -> list[jax.Array]:
+        """The program's global results on the global arguments."""
+        return list(self.fun(*self.place(*args)))
+
+    def lower(self, *args: Any) -> jax.stages.Lowered:
+        """The lowered program (`.compile()`, `.as_text()`, `.compile().memory_analysis()`)
+        for these arguments or, without any, for the program's global input types.
+        Arguments may be abstract (`jax.ShapeDtypeStruct`); none is transferred."""
+        if args:
+            self._check_count(args)
+            for i, x in enumerate(args):
+                self._check_arg(i, x)
+        abstract = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
+                    for t, s in zip(self.global_in_types, self.input_shardings, strict=True)]
+        return self.fun.lower(*abstract)
+
+    def place(self, *args: Any) -> list[Any]:
+        """The arguments checked against the program's inputs and laid out on the mesh:
+        arrays already sharded as the program needs pass through untouched, others are
+        transferred (or resharded) with `jax.device_put`."""
+        self._check_count(args)
+        return [self._place(i, x) for i, x in enumerate(args)]
+
+    def _place(self, i: int, x: Any) -> Any:
+        x = self._check_arg(i, x)
+        if isinstance(x, jax.core.Tracer):
+            # Under an outer jit the inner shard_map lays the value out itself.
+            return x
+        sharding = self.input_shardings[i]
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x
+        return jax.device_put(x, sharding)
+
+    def _check_count(self, args: Sequence[Any]) -> None:
+        if len(args) != len(self.fn.args):
+            raise ArgumentError(f"{self.fn.name} takes {len(self.fn.args)} arguments "
+                                f"({', '.join(self.fn.arg_names)}), got {len(args)}")
+
+    def _check_arg(self, i: int, x: Any) -> Any:
+        """x, as an array-like with a shape and dtype, if they are the input's."""
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            x = np.asarray(x)
+        # Host values take JAX's default dtypes (float64 -> float32 without x64) when
+        # transferred, as with jax.jit.
+        dtype = (x.dtype if isinstance(x, jax.Array | jax.ShapeDtypeStruct)
+                 else jax.dtypes.canonicalize_dtype(x.dtype))
+        got = TensorType(tuple(x.shape), np.dtype(dtype))
+        want = self.global_in_types[i]
+        if got != TensorType(want.shape, np.dtype(want.dtype)):
+            raise ArgumentError(
+                f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is {got}; the program "
+                f"expects the global {want} (device-local {self.fn.args[i].type} sharded "
+                f"{format_sharding(self.in_axes[i])})")
+        return x
+
+
+def build_callable(fn: Function, devices: Sequence[jax.Device] | None = None) -> Executable:
+    """The executable of a PartIR:HLO program on the first `mesh.size` of `devices`
+    (default: `jax.devices()`, every process's devices under `jax.distributed`), laid
+    out row-major over the mesh axes in order."""
+    mesh = fn.attributes.get("mesh")
+    if mesh is None:
+        raise ProgramError(f"function {fn.name} has no `mesh` attribute")
+    mesh = Mesh(mesh)
+    in_shardings = _shardings(fn, "in_shardings", fn.args, fn.arg_names, mesh)
+    out_shardings = _shardings(fn, "out_shardings", fn.results, _result_names(fn), mesh)
+    devices = list(jax.devices() if devices is None else devices)
+    if mesh.size > len(devices):
+        kind = f"{devices[0].platform} " if devices else ""
+        raise DeviceCountError(
+            f"the mesh {mesh} has {mesh.size} devices but only {len(devices)} {kind}"
+            f"devices are available to run {fn.name}. partir.partition partitions a "
+            f"program (IR, shardings, collectives, cost) without any devices. To run it, "
+            f"make {mesh.size} devices visible: on CPU, set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={mesh.size} before importing jax; "
+            f"across processes or hosts, call jax.distributed.initialize(...) in each one "
+            f"so that jax.devices() lists all of their devices")
+    grid = np.empty(len(devices), dtype=object)
+    grid[:] = devices
+    jax_mesh = jax.sharding.Mesh(grid[:mesh.size].reshape(tuple(mesh.values())),
+                                 mesh.axis_names)
+    return Executable(fn, mesh, jax_mesh, in_shardings, out_shardings)
+
+
+def _result_names(fn: Function) -> list[str]:
+    names = list(fn.result_names)
+    return [names[k] if k < len(names) else f"result {k}" for k in range(len(fn.results))]
+
+
+def _shardings(fn: Function, key: str, values: Sequence[Any], names: Sequence[str],
+               mesh: Mesh) -> list[Sharding]:
+    shardings = fn.attributes.get(key)
+    if shardings is None:
+        raise ProgramError(f"function {fn.name} has no `{key}` attribute")
+    shardings = list(shardings)
+    if len(shardings) != len(values):
+        raise ProgramError(f"function {fn.name} has {len(values)} "
+                           f"{'arguments' if key == 'in_shardings' else 'results'} but "
+                           f"{len(shardings)} {key}")
+    result = []
+    for v, name, s in zip(values, names, shardings, strict=True):
+        if not isinstance(v.type, TensorType):
+            raise ProgramError(f"{name!r} of {fn.name} has type {v.type}, not a tensor")
+        result.append(normalize(s, v.type, mesh, f"{name!r} of {fn.name}"))
+    return result
