@@ -1,6 +1,6 @@
 """partir: schedule-based SPMD partitioning of JAX programs (PartIR)."""
 
-from partir.api import CorePartition, core_partition
+from partir.api import CorePartition, PartitionedFunction, core_partition, jit, partition
 from partir.errors import (
     AlreadyTiledError,
     AxisNotInMeshError,
@@ -13,6 +13,7 @@ from partir.errors import (
 )
 from partir.frontend import tag
 from partir.mesh import Mesh
+from partir.metadata import Metadata
 from partir.program import Program
 from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 
@@ -30,10 +31,14 @@ __all__ = [
     "InvalidTacticError",
     "ManualPartition",
     "Mesh",
+    "Metadata",
     "PartitionError",
+    "PartitionedFunction",
     "Program",
     "TracingError",
     "UnknownInputError",
     "core_partition",
+    "jit",
+    "partition",
     "tag",
 ]

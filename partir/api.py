@@ -2,7 +2,8 @@
 
 `core_partition` traces a function, applies a schedule and gives the PartIR:Core program
 after every tactic, with the actions issued and the conflicts met, and runs it on the
-sequential interpreter.
+sequential interpreter. `partition` also lowers every tactic's program to PartIR:HLO and
+reports `Metadata` without devices; `jit` runs the partitioned program on local devices.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from partir.core.program import CoreProgram
 from partir.errors import TracingError
 from partir.frontend import TracedProgram, trace
 from partir.mesh import Mesh
+from partir.metadata import Metadata, TacticMetadata
+from partir.pipeline import Lowered, lower
+from partir.runtime import build_callable
+from partir.runtime.specs import partition_spec
 from partir.tactics import ManualPartition, TacticRecord, apply_schedule
 
 
@@ -83,3 +88,97 @@ def core_partition(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPart
     frontend_s = time.perf_counter() - start
     initial, records = apply_schedule(traced, mesh, list(schedule))
     return CorePartition(traced, mesh, initial, records, frontend_s)
+
+
+def _specs(shardings: Sequence, tree: Any) -> tuple:
+    specs = [partition_spec(tuple(tuple(a) for a in s)) for s in shardings]
+    out = jax.tree_util.tree_unflatten(tree, specs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _tactic_metadata(record: TacticRecord) -> TacticMetadata:
+    lowered = lower(record.program)
+    shardings = {name: [list(axes) for axes in s.dims]
+                 for name, s in {**record.program.input_shardings(),
+                                 **record.program.output_shardings()}.items()}
+    return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
+                          shardings, [c.to_json() for c in record.conflicts], record.notes,
+                          record.core_ir(), record.elapsed_s)
+
+
+def _partition(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition], args: tuple,
+               static_argnums: Sequence[int]) -> tuple[CorePartition, Metadata, Lowered]:
+    result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
+    tactics = [_tactic_metadata(r) for r in result.tactics]
+    final = lower(result.program)
+    meta = Metadata(
+        tactics=tactics,
+        in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree),
+        out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree),
+        core_ir=final.text("core"), spmd_ir=final.text("spmd"), hlo_ir=final.text("hlo"),
+        collectives=final.collectives)
+    return result, meta, final
+
+
+def partition(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition],
+              *args: Any, static_argnums: Sequence[int] = ()) -> Metadata:
+    """Partition `fn(*args)` without devices: arguments may be `jax.ShapeDtypeStruct`s and
+    the mesh may be larger than the local device count."""
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+    return _partition(fn, mesh, schedule, args, static_argnums)[1]
+
+
+class PartitionedFunction:
+    """`fn` partitioned by a schedule, compiled per argument signature like `jax.jit`:
+    the first call with new shapes traces, partitions, lowers and compiles."""
+
+    def __init__(self, fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition],
+                 metadata: Metadata, static_argnums: Sequence[int]) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.schedule = list(schedule)
+        self.metadata = metadata
+        self.static_argnums = tuple(static_argnums)
+        self._compiled: dict[Any, tuple[CorePartition, Any]] = {}
+
+    def _executable(self, args: tuple) -> tuple[CorePartition, Any]:
+        key = tuple(
+            a if i in self.static_argnums else jax.tree_util.tree_map(
+                lambda x: (tuple(np.shape(x)), str(getattr(x, "dtype", np.asarray(x).dtype))),
+                a)
+            for i, a in enumerate(args))
+        try:
+            hash(key)
+        except TypeError:
+            key = repr(key)
+        found = self._compiled.get(key)
+        if found is None:
+            result, meta, final = _partition(self.fn, self.mesh, self.schedule, args,
+                                             self.static_argnums)
+            executable = build_callable(final.hlo)
+            vars(self.metadata).update(vars(meta))
+            found = self._compiled[key] = (result, executable)
+        return found
+
+    def __call__(self, *args: Any) -> Any:
+        result, executable = self._executable(args)
+        outs = executable(*result.flatten_args(*args))
+        return jax.tree_util.tree_unflatten(result.traced.out_tree, outs)
+
+    def lower(self, *args: Any) -> Any:
+        """Like `jax.jit(...).lower`: `.compile()`, `.as_text()`, `memory_analysis()`."""
+        result, executable = self._executable(args)
+        lowered = executable.lower(*result.flatten_args(*args))
+        self.metadata.stablehlo = lowered.as_text()
+        return lowered
+
+
+def jit(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition], *,
+        static_argnums: Sequence[int] = ()) -> tuple[PartitionedFunction, Metadata]:
+    """`fn` partitioned by `schedule` on the local devices of `mesh`.
+
+    Returns the partitioned function and its `Metadata`, which is filled when the function
+    is first called or lowered (as `jax.jit` traces on first use)."""
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+    meta = Metadata()
+    return PartitionedFunction(fn, mesh, schedule, meta, static_argnums), meta

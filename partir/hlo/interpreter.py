@@ -1,0 +1,244 @@
+"""Reference interpreter of PartIR:HLO: simulates every device of the mesh.
+
+A value is one local array per device (devices are coordinate tuples in the mesh's axis
+order). Arguments are split per `in_shardings`; local ops run on each device; collectives
+combine the arrays of the devices that differ only on the axes they name; results are
+assembled per `out_shardings`, checking that devices meant to hold the same tile do.
+
+Devices holding the very same operand arrays compute a local op once and share the
+result: replicated computations cost one evaluation, not one per device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from partir.core.tmr import LocalContext, OpView, lookup
+from partir.hlo.ops import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_SLICE,
+    ALL_TO_ALL,
+    AXIS_INDEX,
+    REDUCE_SCATTER,
+    AxesPerDim,
+    flat_axes,
+)
+from partir.ir import Function, Op, RangeType, Value
+from partir.mesh import Mesh
+
+_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
+            "and": jnp.logical_and, "or": jnp.logical_or}
+
+Device = tuple[int, ...]
+Local = dict[Device, Any]  # device -> its local array (or coordinate, for axis_index)
+
+
+class HloInterpreterError(Exception):
+    pass
+
+
+class _Mesh:
+    """Device coordinates and the chunk a device holds of a dimension split over axes."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.position = {a: i for i, a in enumerate(mesh.axis_names)}
+        self.devices: list[Device] = list(itertools.product(*(range(n) for n in
+                                                              mesh.values())))
+
+    def coord(self, dev: Device, axis: str) -> int:
+        return dev[self.position[axis]]
+
+    def chunk_index(self, dev: Device, axes: Sequence[str]) -> int:
+        index = 0
+        for a in axes:  # major to minor
+            index = index * self.mesh[a] + self.coord(dev, a)
+        return index
+
+    def block(self, dev: Device, shape: Sequence[int], axes: AxesPerDim) -> tuple[slice, ...]:
+        """The chunk of an array of `shape` the device holds when each dimension is split
+        over its axes."""
+        out = []
+        for n, dim_axes in zip(shape, axes, strict=True):
+            size = n // math.prod(self.mesh[a] for a in dim_axes)
+            i = self.chunk_index(dev, dim_axes)
+            out.append(slice(i * size, (i + 1) * size))
+        return tuple(out)
+
+    def gathered_shape(self, shape: Sequence[int], axes: AxesPerDim) -> tuple[int, ...]:
+        """The shape of the array whose chunks of `shape` are split over `axes`."""
+        return tuple(n * math.prod(self.mesh[a] for a in dim_axes)
+                     for n, dim_axes in zip(shape, axes, strict=True))
+
+    def group(self, dev: Device, axes: Sequence[str]) -> list[Device]:
+        """The devices that differ from dev only on `axes`, in coordinate order."""
+        members = []
+        for coords in itertools.product(*(range(self.mesh[a]) for a in axes)):
+            d = list(dev)
+            for a, c in zip(axes, coords, strict=True):
+                d[self.position[a]] = c
+            members.append(tuple(d))
+        return members
+
+    def group_key(self, dev: Device, axes: Sequence[str]) -> Device:
+        named = {self.position[a] for a in axes}
+        return tuple(c for i, c in enumerate(dev) if i not in named)
+
+
+class HloInterpreter:
+    def __init__(self, fn: Function) -> None:
+        mesh = fn.attributes.get("mesh")
+        if not isinstance(mesh, Mapping):
+            raise HloInterpreterError(f"@{fn.name} needs its mesh in attributes['mesh']")
+        self.fn = fn
+        self.m = _Mesh(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
+        self.in_shardings = fn.attributes["in_shardings"]
+        self.out_shardings = fn.attributes["out_shardings"]
+
+    def __call__(self, *args: Any) -> list[Any]:
+        if len(args) != len(self.fn.args):
+            raise HloInterpreterError(f"expected {len(self.fn.args)} arguments, got {len(args)}")
+        env: dict[Value, Local] = {}
+        for a, x, sharding in zip(self.fn.args, args, self.in_shardings, strict=True):
+            x = np.asarray(x)
+            want = self.m.gathered_shape(a.type.shape, sharding)
+            if x.shape != want:
+                raise HloInterpreterError(f"argument %{a.name or a.id} must be a global array "
+                                          f"of shape {want}, got {x.shape}")
+            env[a] = self._split(x, sharding)
+        for op in self.fn.ops:
+            for r, local in zip(op.results, self._eval(op, env), strict=True):
+                env[r] = local
+        return [jnp.asarray(self._assemble(v, env[v], sharding))
+                for v, sharding in zip(self.fn.results, self.out_shardings, strict=True)]
+
+    def _split(self, x: np.ndarray, sharding: AxesPerDim) -> Local:
+        return {dev: x[self.m.block(dev, x.shape, sharding)] for dev in self.m.devices}
+
+    def _assemble(self, v: Value, local: Local, sharding: AxesPerDim) -> np.ndarray:
+        shape = self.m.gathered_shape(v.type.shape, sharding)
+        out = np.zeros(shape, np.dtype(v.type.dtype))
+        filled: dict[tuple, Any] = {}
+        for dev in self.m.devices:
+            block = self.m.block(dev, shape, sharding)
+            key = tuple((s.start, s.stop) for s in block)
+            x = np.asarray(local[dev])
+            if key not in filled:
+                out[block] = x
+                filled[key] = x
+            elif not np.array_equal(filled[key], x, equal_nan=x.dtype.kind in "fc"):
+                raise HloInterpreterError(
+                    f"result %{v.name or v.id} has sharding {sharding}, but devices holding "
+                    f"the same tile disagree (device {dev})")
+        return out
+
+    def _eval(self, op: Op, env: dict[Value, Local]) -> list[Local]:
+        x = env[op.operands[0]] if op.operands else None
+        if op.name == AXIS_INDEX:
+            return [{dev: self.m.coord(dev, op.params["axis"]) for dev in self.m.devices}]
+        if op.name == ALL_SLICE:
+            return [self._all_slice(x, op.params["axes"])]
+        if op.name == ALL_GATHER:
+            return [self._all_gather(x, op.params["axes"])]
+        if op.name == ALL_REDUCE:
+            return [self._all_reduce(x, op.params["axes"], op.params["monoid"])]
+        if op.name == REDUCE_SCATTER:
+            axes = op.params["axes"]
+            return [self._all_slice(self._all_reduce(x, flat_axes(axes), op.params["monoid"]),
+                                    axes)]
+        if op.name == ALL_TO_ALL:
+            rank = op.operands[0].type.rank
+            gather, slice_ = [()] * rank, [()] * rank
+            gather[op.params["concat_dim"]] = slice_[op.params["split_dim"]] = op.params["axes"]
+            return [self._all_slice(self._all_gather(x, tuple(gather)), tuple(slice_))]
+        if op.name.startswith("hlo."):
+            raise HloInterpreterError(f"unknown PartIR:HLO op {op.name}")
+        return self._local(op, env)
+
+    def _all_slice(self, x: Local, axes: AxesPerDim) -> Local:
+        return {dev: x[dev][self.m.block(dev, np.shape(x[dev]), axes)] for dev in self.m.devices}
+
+    def _all_gather(self, x: Local, axes: AxesPerDim) -> Local:
+        named = flat_axes(axes)
+        out: Local = {}
+        done: dict[Device, Any] = {}
+        for dev in self.m.devices:
+            key = self.m.group_key(dev, named)
+            if key not in done:
+                local = np.asarray(x[dev])
+                shape = self.m.gathered_shape(local.shape, axes)
+                full = np.zeros(shape, local.dtype)
+                for member in self.m.group(dev, named):
+                    full[self.m.block(member, shape, axes)] = np.asarray(x[member])
+                done[key] = full
+            out[dev] = done[key]
+        return out
+
+    def _all_reduce(self, x: Local, axes: Sequence[str], monoid: str) -> Local:
+        out: Local = {}
+        done: dict[Device, Any] = {}
+        for dev in self.m.devices:
+            key = self.m.group_key(dev, axes)
+            if key not in done:
+                parts = [x[member] for member in self.m.group(dev, axes)]
+                acc = parts[0]
+                for p in parts[1:]:  # in coordinate order, as a sequential loop would
+                    acc = _MONOIDS[monoid](acc, p)
+                done[key] = acc
+            out[dev] = done[key]
+        return out
+
+    def _local(self, op: Op, env: dict[Value, Local]) -> list[Local]:
+        outs: list[Local] = [{} for _ in op.results]
+        memo: dict[tuple, list[Any]] = {}
+        for dev in self.m.devices:
+            operands = [env[v][dev] for v in op.operands]
+            # Coordinates compare by value, arrays by identity (env keeps them alive).
+            key = tuple(("coord", a) if isinstance(a, int) else ("array", id(a))
+                        for a in operands)
+            if key not in memo:
+                memo[key] = _eval_local(op, operands)
+            for out, r in zip(outs, memo[key], strict=True):
+                out[dev] = r
+        return outs
+
+
+def _eval_local(op: Op, operands: list[Any]) -> list[Any]:
+    """A primitive, `constant` or `tag` on one device's operands."""
+    if op.name == "tag":
+        return [operands[0]]
+    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+    loops = op.params.get("_loops")
+    if loops is None:
+        if op.name == "constant":
+            return [jnp.asarray(op.params["value"])]
+        outs = op.prim.bind(*operands, **params)
+        return list(outs) if op.prim.multiple_results else [outs]
+    # An index-dependent op: its trailing operands are the device's coordinates on the
+    # axes of the loops it came from, which the TMR entry turns into tile offsets.
+    split = len(op.operands) - len(loops)
+    ranges = op.operands[split:]
+    if not all(isinstance(r.type, RangeType) for r in ranges):
+        raise HloInterpreterError(f"{op.name} at {op.loc} needs {len(loops)} trailing "
+                                  "axis_index operands")
+    index = {r.type.axis: c for r, c in zip(ranges, operands[split:], strict=True)}
+    sizes = {r.type.axis: r.type.size for r in ranges}
+    in_global, out_global = op.params["_global_types"]
+    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
+                       axis_size=sizes.__getitem__)
+    view = OpView(op.name, params, tuple(v.type for v in op.operands[:split]),
+                  tuple(v.type for v in op.results))
+    return list(lookup(op.name).apply(view, op.prim, operands[:split], ctx))
+
+
+def interpret_hlo(fn: Function, *args: Any) -> list[Any]:
+    """Run a PartIR:HLO function on global arguments (split per its in_shardings) on a
+    simulated mesh; returns its global results (assembled per its out_shardings)."""
+    return HloInterpreter(fn)(*args)

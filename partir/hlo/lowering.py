@@ -1,0 +1,190 @@
+"""PartIR:SPMD -> PartIR:HLO (paper, section 6 and App. C, "Lowering redistribution and
+tile_reduce instructions").
+
+A value of type mu becomes the device-local tensor L(mu) each device holds; devices the
+type does not distinguish hold equal tensors. Then:
+- an `execute` is flattened: every device runs the body once, with the body's ranges
+  bound to the device's coordinates. `slice d x[r]` becomes `all_slice` of x on d over
+  r's axis, and a range operand of an index-dependent primitive becomes `axis_index`;
+- `tile_reduce [#sum<a>]` is an `all_reduce <a>`; `#tile` and `any` change the type only:
+  the devices already hold the tiles (resp. equal values) the new type describes;
+- `redistribute` from mu1 to mu2 is one all_gather/all_slice pair through the common
+  type: per dimension, the leading axes both types share stay, the other axes of mu1 are
+  gathered and those of mu2 sliced. Axes are major to minor and `#tile` prepends its axis,
+  so the axes that differ are the trailing ones, the only ones a gather can undo;
+- ops outside executes run on every device on the whole (replicated) tensors.
+Arguments start replicated and results end replicated (`in_shardings`/`out_shardings`
+all `()`); the fusion passes then make them device-local where they can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from partir.core.actions import Sum
+from partir.core.dialect import SLICE
+from partir.hlo.ops import (
+    AxesPerDim,
+    make_all_gather,
+    make_all_reduce,
+    make_all_slice,
+    make_axis_index,
+)
+from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Type, Value
+from partir.mesh import Mesh
+from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
+from partir.spmd.types import DTensorType
+
+
+class HloLoweringError(Exception):
+    """The SPMD program has no PartIR:HLO counterpart (e.g. it returns a stacked value)."""
+
+
+def _dtensor(t: Type) -> DTensorType:
+    # A tensor outside an execute is dtensor<{}, [n,...]> (EqTM).
+    return t if isinstance(t, DTensorType) else DTensorType.of(t)
+
+
+def _dims_axes(t: DTensorType) -> AxesPerDim:
+    return tuple(axes for axes, _ in t.dims)
+
+
+def redistribution(src: DTensorType, dst: DTensorType) -> tuple[AxesPerDim, AxesPerDim]:
+    """The axes to gather, then to slice, per dimension, to turn src into dst: all but the
+    longest common prefix of each dimension's axes."""
+    gather, slice_ = [], []
+    for a1, a2 in zip(_dims_axes(src), _dims_axes(dst), strict=True):
+        k = 0
+        while k < min(len(a1), len(a2)) and a1[k] == a2[k]:
+            k += 1
+        gather.append(a1[k:])
+        slice_.append(a2[k:])
+    return tuple(gather), tuple(slice_)
+
+
+def lower_spmd_to_hlo(fn: Function) -> Function:
+    """The device-local PartIR:HLO program of an SPMD function."""
+    mesh = fn.attributes.get("mesh")
+    if not isinstance(mesh, Mapping):
+        raise HloLoweringError(f"@{fn.name} needs its mesh in attributes['mesh'], got {mesh!r}")
+    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh)).run()
+
+
+class _Lowering:
+    def __init__(self, fn: Function, mesh: Mesh) -> None:
+        self.fn = fn
+        self.mesh = mesh
+        self.out: list[Op] = []
+        self.env: dict[Value, Value] = {}  # SPMD value -> its device-local HLO value
+
+    def run(self) -> Function:
+        args = []
+        for a in self.fn.args:
+            t = _dtensor(a.type)
+            if t.axes:
+                raise HloLoweringError(f"argument %{a.name} of type {t} is not a global tensor")
+            args.append(Value(t.local_type(self.mesh), a.name))
+        self.env.update(zip(self.fn.args, args, strict=True))
+        for op in self.fn.ops:
+            if op.name == EXECUTE:
+                self.execute(op)
+            elif op.name == TILE_REDUCE:
+                self.tile_reduce(op)
+            elif op.name == REDISTRIBUTE:
+                (x,), (r,) = op.operands, op.results
+                self.env[r] = self.redistribute(self.env[x], _dtensor(x.type), _dtensor(r.type),
+                                                r.name, op.loc)
+            else:
+                self.top_level(op)
+        results = []
+        for v in self.fn.results:
+            t = _dtensor(v.type)
+            if t.stacked:
+                raise HloLoweringError(f"result %{v.name} of type {t} has stacked axes: it has "
+                                       "no global value to return")
+            replicated = DTensorType((), tuple(((), n) for n in t.sizes), t.dtype)
+            results.append(self.redistribute(self.env[v], t, replicated, v.name,
+                                             UNKNOWN_LOCATION))
+        attributes = {**self.fn.attributes, "mesh": self.mesh,
+                      "in_shardings": tuple(((),) * a.type.rank for a in args),
+                      "out_shardings": tuple(((),) * r.type.rank for r in results)}
+        return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
+                        attributes)
+
+    def clone(self, op: Op, sub: Mapping[Value, Value]) -> Op:
+        """op on the device-local values, with device-local result types."""
+        results = [Value(_dtensor(r.type).local_type(self.mesh), r.name) for r in op.results]
+        new = Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
+                 prim=op.prim)
+        self.out.append(new)
+        return new
+
+    def top_level(self, op: Op) -> None:
+        """An op outside executes runs on whole tensors, which every device holds."""
+        for v in op.operands:
+            if _dtensor(v.type).axes:
+                raise HloLoweringError(f"{op.name} at {op.loc} runs outside an execute on "
+                                       f"%{v.name or v.id} of type {v.type}, which is not the "
+                                       "same on every device")
+        self.env.update(zip(op.results, self.clone(op, self.env).results, strict=True))
+
+    def execute(self, op: Op) -> None:
+        axes = op.params["axes"]
+        region = op.regions[0]
+        ranges, locals_ = region.args[:len(axes)], region.args[len(axes):]
+        sub: dict[Value, Value] = {}
+        for x, y in zip(op.operands, locals_, strict=True):
+            local = self.env[x]
+            if local.type != y.type:
+                raise HloLoweringError(f"execute local %{y.name} has type {y.type} but its "
+                                       f"operand's local tensor is {local.type}")
+            sub[y] = local
+        # The coordinates are read only by index-dependent primitives, so an axis_index is
+        # emitted at its first use: slices become all_slice, which finds them itself.
+        index: dict[Value, Value] = {}
+        for body_op in region.ops:
+            if body_op.name == SLICE:
+                x, r = body_op.operands
+                axes_per_dim = [()] * x.type.rank
+                axes_per_dim[body_op.params["dim"]] = (r.type.axis,)
+                sliced = make_all_slice(sub[x], axes_per_dim, self.mesh, body_op.results[0].name,
+                                        body_op.loc)
+                self.out.append(sliced)
+                sub[body_op.results[0]] = sliced.results[0]
+                continue
+            for v in body_op.operands:
+                if v in ranges and v not in index:
+                    made = make_axis_index(v.type.axis, self.mesh, v.name)
+                    self.out.append(made)
+                    index[v] = sub[v] = made.results[0]
+            new = self.clone(body_op, sub)
+            sub.update(zip(body_op.results, new.results, strict=True))
+        for r, y in zip(op.results, region.yields, strict=True):
+            self.env[r] = sub[y]
+
+    def tile_reduce(self, op: Op) -> None:
+        (x,), (r,) = op.operands, op.results
+        action = op.params["action"]
+        if isinstance(action, Sum):
+            reduced = make_all_reduce(self.env[x], (op.params["axis"],), action.monoid, r.name,
+                                      op.loc)
+            self.out.append(reduced)
+            self.env[r] = reduced.results[0]
+        else:
+            # #tile: the local tensors stacked on the axis are already the tiles of the
+            # dimension; any: they are already equal. Only the SPMD type changes.
+            self.env[r] = self.env[x]
+
+    def redistribute(self, x: Value, src: DTensorType, dst: DTensorType, name: str | None,
+                     loc: Location) -> Value:
+        gather, slice_ = redistribution(src, dst)
+        if any(gather):
+            op = make_all_gather(x, gather, self.mesh, name, loc)
+            self.out.append(op)
+            x = op.results[0]
+        if any(slice_):
+            op = make_all_slice(x, slice_, self.mesh, name, loc)
+            self.out.append(op)
+            x = op.results[0]
+        return x
+

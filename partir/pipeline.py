@@ -1,0 +1,31 @@
+"""Lowering a Core program through the stack: Core -> SPMD -> HLO (optimized)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partir.core.materialize import materialize
+from partir.core.program import CoreProgram
+from partir.hlo import count_collectives, lower_spmd_to_hlo, optimize
+from partir.ir import Function, print_function
+from partir.spmd import lower_core_to_spmd
+
+
+@dataclass(frozen=True)
+class Lowered:
+    core: Function
+    spmd: Function
+    hlo: Function
+
+    @property
+    def collectives(self) -> dict[str, int]:
+        return count_collectives(self.hlo)
+
+    def text(self, level: str) -> str:
+        return print_function({"core": self.core, "spmd": self.spmd, "hlo": self.hlo}[level])
+
+
+def lower(program: CoreProgram) -> Lowered:
+    core = materialize(program)
+    spmd = lower_core_to_spmd(core, program.mesh)
+    return Lowered(core, spmd, optimize(lower_spmd_to_hlo(spmd)))
