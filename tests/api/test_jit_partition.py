@@ -4,18 +4,14 @@ metadata reports what each tactic did."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 import partir
+from examples.mlp.model import example_args, mlp
 from partir.runtime import DeviceCountError
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mlp"))
-from model import example_args, mlp  # noqa: E402
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 BP = partir.ManualPartition({"x": 0}, axis="batch", name="BP")
