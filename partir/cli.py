@@ -5,6 +5,11 @@
                                         the PartIR:Core program after tactic N (default:
                                         the last; 0 is the traced program)
     partir partition FILE --json        the per-tactic records as JSON
+    partir partition FILE --ir spmd|hlo [--after N]
+                                        the program lowered to PartIR:SPMD or PartIR:HLO
+    partir run FILE [--steps N]         run the partitioned program on the local devices,
+                                        check it against the unpartitioned function and
+                                        report the step time
 
 FILE is a schedule file (`*.partir.py`, see `partir.schedule_file`). Bad schedule files
 and bad tactics are reported as `partir: error: ...` with exit status 2.
@@ -22,20 +27,23 @@ from typing import Any
 from partir.api import CorePartition
 from partir.core.program import Sharding
 from partir.errors import PartitionError
+from partir.pipeline import lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
 from partir.tactics import TacticRecord
 
 # Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
 MAX_SHOWN = 12
+# The table's collective columns: AG, AR, RS, A2A.
+_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.after is not None and args.ir is None:
+    if args.command == "partition" and args.after is not None and args.ir is None:
         parser.error("--after needs --ir")
     try:
-        return _partition(args)
+        return _partition(args) if args.command == "partition" else _run(args)
     except PartitionError as e:
         return _fail(str(e))
 
@@ -55,13 +63,21 @@ def _parser() -> argparse.ArgumentParser:
                     "and report, per tactic, the actions, conflicts, sharded inputs and time.")
     partition.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
     output = partition.add_mutually_exclusive_group()
-    output.add_argument("--ir", choices=["core"],
+    output.add_argument("--ir", choices=["core", "spmd", "hlo"],
                         help="print the program in this IR instead of the report")
     output.add_argument("--json", action="store_true",
                         help="print the per-tactic records as JSON instead of the report")
     partition.add_argument("--after", type=int, metavar="N",
                            help="with --ir: the program after tactic N (1-based; 0 is the "
                                 "traced program; default: the last tactic)")
+    run = commands.add_parser(
+        "run", help="run the partitioned program on the local devices",
+        description="Partition the schedule file's program, run it on the local devices "
+                    "(8 virtual CPU devices when there is no accelerator), compare it with "
+                    "the unpartitioned function and report the step time.")
+    run.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
+    run.add_argument("--steps", type=int, default=10, metavar="N",
+                     help="timed steps after the first (compiling) one (default 10)")
     return parser
 
 
@@ -72,7 +88,13 @@ def _partition(args: argparse.Namespace) -> int:
         if args.after is not None and not 0 <= args.after <= len(result.tactics):
             return _fail(f"--after {args.after}: the schedule has {len(result.tactics)} "
                          f"tactics (0 is the traced program)")
-        print(result.core_ir(after=args.after))
+        if args.ir == "core":
+            print(result.core_ir(after=args.after))
+        else:
+            program = result.initial if args.after == 0 else (
+                result.tactics[-1 if args.after is None else args.after - 1].program
+                if result.tactics else result.initial)
+            print(lower(program).text(args.ir))
     elif args.json:
         print(json.dumps(_json(schedule_file, result), indent=2))
     else:
@@ -99,13 +121,16 @@ def _report(schedule_file: ScheduleFile, result: CorePartition) -> str:
              f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms", ""]
     shardings = [(t.program.input_shardings(), t.program.output_shardings())
                  for t in result.tactics]
-    header = ("#", "tactic", "axis", "actions", "conflicts", "sharded inputs", "time (ms)")
+    header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "conflicts",
+              "sharded inputs", "time (ms)")
     rows = [header]
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
-        rows.append((str(i), t.name, t.axis, str(_value_actions(t)), _conflict_counts(t),
+        counts = lower(t.program).collectives
+        rows.append((str(i), t.name, t.axis, str(_value_actions(t)),
+                     *(str(counts[k]) for k in _COLLECTIVES), _conflict_counts(t),
                      f"{len(_sharded(inputs))} of {len(inputs)}", f"{t.elapsed_s * 1e3:.1f}"))
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    numeric = {0, 3, 6}  # right-aligned columns
+    numeric = {0, 3, 4, 5, 6, 7, 10}  # right-aligned columns
     for row in rows:
         cells = [cell.rjust(w) if c in numeric else cell.ljust(w)
                  for c, (cell, w) in enumerate(zip(row, widths, strict=True))]
@@ -142,8 +167,74 @@ def _json(schedule_file: ScheduleFile, result: CorePartition) -> dict[str, Any]:
             "notes": t.notes,
             "input_shardings": {n: str(s) for n, s in t.program.input_shardings().items()},
             "output_shardings": {n: str(s) for n, s in t.program.output_shardings().items()},
+            "collectives": lower(t.program).collectives,
             "elapsed_s": t.elapsed_s,
             "propagation_s": t.propagation_s,
         })
     return {"file": schedule_file.path, "function": result.traced.function.name,
             "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "tactics": tactics}
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Without an accelerator, run on 8 virtual CPU devices; this must precede JAX's backend
+    # initialisation, which happens on first use below.
+    import os
+    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_force_host_platform_device_count=8").strip()
+    import time
+
+    import jax
+    import numpy as np
+
+    import partir
+
+    schedule_file = load_schedule_file(args.file)
+    program = schedule_file.program
+    inputs = _concrete_inputs(program.args)
+    fn, meta = partir.jit(program.fn, schedule_file.mesh, schedule_file.schedule,
+                          static_argnums=program.static_argnums)
+    print(f"{schedule_file.path}: {len(jax.devices())} {jax.devices()[0].platform} devices, "
+          f"mesh {schedule_file.mesh}")
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*inputs))
+    print(f"partitioned and compiled in {time.perf_counter() - start:.2f} s; collectives "
+          + ", ".join(f"{k} {v}" for k, v in meta.collectives.items() if v))
+    want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
+    worst = max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                 for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True)
+                 if np.size(a)), default=0.0)
+    ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in
+             zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True))
+    print(f"check against the unpartitioned function: max |error| {worst:.2e} "
+          f"{'OK' if ok else 'MISMATCH'}")
+    times = []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        times.append(time.perf_counter() - start)
+        done = (step + 1) * 30 // args.steps
+        print(f"\r[{'#' * done}{' ' * (30 - done)}] {step + 1}/{args.steps}", end="",
+              flush=True)
+    if times:
+        print(f"\nstep time: median {np.median(times) * 1e3:.2f} ms, "
+              f"min {min(times) * 1e3:.2f} ms over {len(times)} steps")
+    return 0 if ok else 1
+
+
+def _concrete_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The example arguments, with abstract leaves replaced by seeded random values
+    (integers in [0, 2) so that they are valid indices)."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def make(x: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if np.issubdtype(x.dtype, np.integer):
+            return rng.integers(0, 2, size=x.shape).astype(x.dtype)
+        return rng.normal(size=x.shape).astype(x.dtype)
+
+    return tuple(jax.tree.map(make, a) for a in args)

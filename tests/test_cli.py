@@ -13,7 +13,8 @@ import pytest
 from partir.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-BP_MP_Z3 = str(ROOT / "examples" / "mlp" / "bp_mp_z3.partir.py")
+EXAMPLES = ROOT / "examples" / "mlp"
+BP_MP_Z3 = str(EXAMPLES / "bp_mp_z3.partir.py")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -113,3 +114,25 @@ def test_console_script():
                           capture_output=True, text=True, env={**os.environ}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert '[1] BP: tile<%x,0,"batch">; propagate' in proc.stdout
+
+
+def test_table_counts_collectives_per_tactic(capsys):
+    assert main(["partition", str(EXAMPLES / "bp_mp_z3.partir.py")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("#"))
+    assert header.split()[4:8] == ["AG", "AR", "RS", "A2A"]
+    rows = {line.split()[1]: line.split()[4:8] for line in lines if line[:1].isdigit()}
+    assert rows == {"BP": ["0", "0", "0", "0"], "MP": ["0", "1", "0", "0"],
+                    "Z3": ["2", "1", "0", "0"]}
+
+
+def test_ir_hlo_of_the_es_schedule(capsys):
+    assert main(["partition", str(EXAMPLES / "es.partir.py"), "--ir", "hlo"]) == 0
+    out = capsys.readouterr().out
+    assert "reduce_scatter" in out and 'all_gather [{}, {"model"}] %x' in out
+
+
+def test_run_checks_and_times_the_partitioned_program(capsys):
+    assert main(["run", str(EXAMPLES / "bp_mp_z3.partir.py"), "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "step time" in out and "3/3" in out
