@@ -28,13 +28,13 @@ def test_table_lists_each_tactic(capsys):
     assert code == 0 and err == ""
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  tactic"))
-    assert lines[header].split() == ["#", "tactic", "axis", "actions", "conflicts", "sharded",
-                                     "inputs", "time", "(ms)"]
+    assert lines[header].split() == ["#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A",
+                                     "conflicts", "sharded", "inputs", "time", "(ms)"]
     rows = [line.split() for line in lines[header + 1:header + 4]]
     assert [row[:4] for row in rows] == [["1", "BP", "batch", "1"], ["2", "MP", "model", "1"],
                                          ["3", "Z3", "batch", "2"]]
     assert [" ".join(row[-4:-1]) for row in rows] == ["1 of 3", "3 of 3", "3 of 3"]
-    assert rows[0][4] == "none" and " ".join(rows[2][4:6]) == "2 axis_in_scope"
+    assert rows[0][8] == "none" and " ".join(rows[2][8:10]) == "2 axis_in_scope"
     # Then what each tactic did, with the inputs it left sharded.
     assert '[3] Z3: tile<%w1,0,"batch">; tile<%w2,1,"batch">; propagate' in lines
     z3 = out[out.index("[3] Z3"):]
@@ -61,12 +61,12 @@ def test_after_out_of_range(capsys):
                   "program)\n"
 
 
-def test_after_needs_ir_and_only_core_ir_exists(capsys):
-    for argv in (["--after", "1"], ["--ir", "spmd"], ["--ir", "core", "--json"]):
+def test_after_needs_ir_and_ir_is_a_known_level(capsys):
+    for argv in (["--after", "1"], ["--ir", "mhlo"], ["--ir", "core", "--json"]):
         with pytest.raises(SystemExit) as e:
             main(["partition", BP_MP_Z3, *argv])
         assert e.value.code == 2
-    assert "invalid choice: 'spmd'" in capsys.readouterr().err
+    assert "invalid choice: 'mhlo'" in capsys.readouterr().err
 
 
 def test_json_records(capsys):
