@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
 from partir.hlo import count_collectives, lower_spmd_to_hlo, optimize
+from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
 from partir.spmd import lower_core_to_spmd
 
@@ -22,7 +23,9 @@ class Lowered:
         return count_collectives(self.hlo)
 
     def text(self, level: str) -> str:
-        return print_function({"core": self.core, "spmd": self.spmd, "hlo": self.hlo}[level])
+        if level == "hlo":
+            return print_hlo(self.hlo)
+        return print_function({"core": self.core, "spmd": self.spmd}[level])
 
 
 def lower(program: CoreProgram) -> Lowered:
