@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
+from partir.gcpause import paused_gc
 from partir.hlo import count_collectives, lower_spmd_to_hlo, optimize
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
@@ -29,6 +30,7 @@ class Lowered:
 
 
 def lower(program: CoreProgram) -> Lowered:
-    core = materialize(program)
-    spmd = lower_core_to_spmd(core, program.mesh)
-    return Lowered(core, spmd, optimize(lower_spmd_to_hlo(spmd)))
+    with paused_gc():
+        core = materialize(program)
+        spmd = lower_core_to_spmd(core, program.mesh)
+        return Lowered(core, spmd, optimize(lower_spmd_to_hlo(spmd)))
