@@ -24,6 +24,7 @@ concatenating axis sequences:
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -76,11 +77,19 @@ class _Rewriter:
     def __init__(self, fn: Function) -> None:
         self.fn = fn
         self.mesh = fn.attributes["mesh"]
-        self.producer = {r: op for op in fn.ops for r in op.results}
-        self.uses = Counter(v for op in fn.ops for v in op.operands)
-        self.uses.update(fn.results)
         self.sub: dict[Value, Value] = {}
         self.out: list[Op] = []
+
+    # Built on first use: most sweeps over a large function never match a pattern.
+    @functools.cached_property
+    def producer(self) -> dict[Value, Op]:
+        return {r: op for op in self.fn.ops for r in op.results}
+
+    @functools.cached_property
+    def uses(self) -> Counter:
+        uses = Counter(v for op in self.fn.ops for v in op.operands)
+        uses.update(self.fn.results)
+        return uses
 
     def value(self, v: Value) -> Value:
         return self.sub.get(v, v)
@@ -101,9 +110,9 @@ class _Rewriter:
         return op.results[0]
 
     def keep(self, op: Op) -> None:
-        operands = [self.value(v) for v in op.operands]
-        if any(a is not b for a, b in zip(operands, op.operands, strict=True)):
-            op = replace(op, operands=operands)
+        sub = self.sub
+        if sub and any(v in sub for v in op.operands):
+            op = replace(op, operands=[sub.get(v, v) for v in op.operands])
         self.out.append(op)
 
     def function(self, args: list[Value] | None = None, **attributes: object) -> Function:
