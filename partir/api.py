@@ -139,7 +139,8 @@ class PartitionedFunction:
         self.schedule = list(schedule)
         self.metadata = metadata
         self.static_argnums = tuple(static_argnums)
-        self._compiled: dict[Any, tuple[CorePartition, Any]] = {}
+        self._compiled: dict[Any, tuple[CorePartition, Any, Metadata]] = {}
+        self._last: Any = None
 
     def _executable(self, args: tuple) -> tuple[CorePartition, Any]:
         key = tuple(
@@ -155,10 +156,11 @@ class PartitionedFunction:
         if found is None:
             result, meta, final = _partition(self.fn, self.mesh, self.schedule, args,
                                              self.static_argnums)
-            executable = build_callable(final.hlo)
-            vars(self.metadata).update(vars(meta))
-            found = self._compiled[key] = (result, executable)
-        return found
+            found = self._compiled[key] = (result, build_callable(final.hlo), meta)
+        if key != self._last:  # the metadata describes the signature last used
+            vars(self.metadata).update(vars(found[2]))
+            self._last = key
+        return found[0], found[1]
 
     def __call__(self, *args: Any) -> Any:
         result, executable = self._executable(args)

@@ -70,7 +70,7 @@ class CoreModule:
             self._output_index[v].append(r)
         for idx, op in enumerate(fn.ops):
             cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
-                         op.params, op.loc, op.prim, order=(idx, 0, 0, 0))
+                         op.params, op.loc, op.prim, order=(idx,))
             self.ops.append(cop)
             self._index(cop)
 
@@ -114,10 +114,11 @@ class CoreModule:
         """Insert `kind` (a `tile` or `atomic` loop) on `value` and make the given uses and
         function outputs read its result instead."""
         p = self.producer.get(value)
-        base, sub = (self.by_uid[p[0]].order[0], p[1]) if p else (-1, self.args.index(value))
+        # right after the value's definition: its producer, or the arguments before all ops
+        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self.args.index(value))
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
-                    order=(base, 1, sub, -next(self._seq)))
+                    order=(*after, next(self._seq)))
         bisect.insort(self.ops, op, key=lambda o: o.order)
         self.nests[op.uid] = nest
         self._index(op)

@@ -37,10 +37,9 @@ class CoreOp:
     params: Mapping[str, Any]
     loc: Location
     prim: Any = None
-    # program position: (index, 0, 0, 0) for traced ops; (producer index, 1, result or
-    # argument index, -n) for the n-th identity op on a value, so identities follow the
-    # value's definition in program order and newer ones precede the older ones they feed
-    order: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # program position: (index,) for traced ops; an identity op on a value extends the
+    # position of the value's definition, so it sorts after it and before the next op
+    order: tuple[int, ...] = (0,)
 
     @property
     def is_identity(self) -> bool:
@@ -141,34 +140,38 @@ class CoreProgram:
         """How each input is used: the slicing shared by all its uses, per dim.
 
         An input's sharding is what its uses agree on (an input used both sliced and whole
-        is replicated in that respect); a value tiling loop slices its operand too.
+        is replicated in that respect). Value tiling loops are looked through to the last
+        one on each chain, whose nest repeats the slicing of the earlier ones.
         """
-        uses: dict[Value, list[Sharding]] = defaultdict(list)
+        uses: dict[Value, list[tuple[CoreOp, int]]] = defaultdict(list)
         for op in self.ops:
-            nest = self.nest(op)
             for i, v in enumerate(op.operands):
+                uses[v].append((op, i))
+
+        def slicings(v: Value) -> list[tuple[tuple[str, ...], ...]]:
+            out = []
+            for op, i in uses.get(v, ()):
+                if op.is_identity and any(u.is_identity for u, _ in uses.get(op.results[0], ())):
+                    out += slicings(op.results[0])
+                    continue
                 dims: list[list[str]] = [[] for _ in range(v.type.rank)]
-                for lp in nest:
+                for lp in self.nest(op):
                     if lp.operands[i] is not None:
                         dims[lp.operands[i]].append(lp.axis)
-                uses[v].append(Sharding(tuple(tuple(d) for d in dims)))
-        out = {}
+                out.append(tuple(tuple(d) for d in dims))
+            return out
+
+        result = {}
         for a in self.args:
-            us = uses.get(a, [])
-            if not us:
-                out[a.name] = Sharding(tuple(() for _ in a.type.shape))
-                continue
-            common = []
-            for d in range(a.type.rank):
-                axes = us[0].dims[d]
-                for u in us[1:]:
+            common = [tuple(axes) for axes in (slicings(a) or [((),) * a.type.rank])[0]]
+            for dims in slicings(a)[1:]:
+                for d, axes in enumerate(dims):
                     n = 0
-                    while n < min(len(axes), len(u.dims[d])) and axes[n] == u.dims[d][n]:
+                    while n < min(len(common[d]), len(axes)) and common[d][n] == axes[n]:
                         n += 1
-                    axes = axes[:n]
-                common.append(tuple(axes))
-            out[a.name] = Sharding(tuple(common))
-        return out
+                    common[d] = common[d][:n]
+            result[a.name] = Sharding(tuple(common))
+        return result
 
     def output_shardings(self) -> dict[str, Sharding]:
         return {n: self.sharding(v) for n, v in zip(self.result_names, self.results,

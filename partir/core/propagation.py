@@ -106,7 +106,7 @@ class Propagator:
         self.m = module
         self.axes = list(module.mesh.axis_names)
         self.sizes = dict(module.mesh)
-        self._queue: list[tuple[tuple[int, int, int, int], int]] = []
+        self._queue: list[tuple[tuple[int, ...], int]] = []
         self._queued: set[int] = set()
         self._decisions: dict[tuple, object] = {}
         self._params_keys: dict[int, tuple | None] = {}

@@ -4,6 +4,10 @@ Both insert an identity loop on the value and make its uses read the loop's resu
 that already slice the value (after earlier tactics) get a *deep* loop nest that repeats
 their slicing before the new axis (appendix B), so the new tiling refines the old one and
 never undoes it; uses with different slicing contexts get one loop nest each.
+
+Identity loops earlier actions put on the value are looked through: the new loop goes
+between them and the ops that compute with the value, so what it asks (a tiling, or
+staying replicated) reaches those ops directly.
 """
 
 from __future__ import annotations
@@ -16,13 +20,21 @@ from partir.errors import AlreadyTiledError, DimensionOutOfRangeError, Indivisib
 from partir.ir import Location, Value
 
 
-def _use_contexts(m: CoreModule, value: Value) -> dict[tuple, tuple[list, list]]:
-    groups: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
-    for uid, i in m.uses.get(value, ()):
-        groups[m.slicing(uid, i)][0].append((uid, i))
-    for r in m.output_positions(value):
-        groups[()][1].append(r)
-    return dict(sorted(groups.items(), key=lambda kv: len(kv[0])))
+def _use_contexts(m: CoreModule, value: Value
+                  ) -> dict[tuple[Value, tuple], tuple[list, list]]:
+    """The uses (and output positions) of the value, through the identity loops of
+    earlier actions on it, grouped by the value they read and how they slice it."""
+    groups: dict[tuple[Value, tuple], tuple[list, list]] = defaultdict(lambda: ([], []))
+    chain = [value]
+    for v in chain:
+        for uid, i in m.uses.get(v, ()):
+            if m.by_uid[uid].is_identity:
+                chain.append(m.by_uid[uid].results[0])
+            else:
+                groups[(v, m.slicing(uid, i))][0].append((uid, i))
+        for r in m.output_positions(v):
+            groups[(v, ())][1].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: len(kv[0][1])))
 
 
 def _context_loops(ctx: tuple[tuple[str, int], ...]) -> tuple[Loop, ...]:
@@ -40,7 +52,7 @@ def local_dim_size(m: CoreModule, value: Value, dim: int,
 
 def sharded_dims(m: CoreModule, value: Value) -> set[int]:
     """Dimensions some use of the value already slices."""
-    return {d for ctx in _use_contexts(m, value) for _, d in ctx}
+    return {d for _, ctx in _use_contexts(m, value) for _, d in ctx}
 
 
 def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
@@ -56,7 +68,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
     n = m.mesh[axis]
     _claim(m, value, axis, f"tiled on dimension {dim}", label, tactic, loc)
     seeds: list[int] = []
-    for ctx, (uses, outputs) in _use_contexts(m, value).items():
+    for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
         if any(a == axis for a, _ in ctx):
             continue  # this use is already sliced on the axis by earlier propagation
         size = local_dim_size(m, value, dim, ctx)
@@ -67,7 +79,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
                 f"cannot tile {label} dimension {dim} of size {size}{where} on axis "
                 f"{axis!r} of size {n}: {n} does not divide {size}", tactic=tactic, loc=loc)
         nest = (*_context_loops(ctx), Loop(axis, (Tile(dim),), (dim,)))
-        op = m.insert_identity("tile", value, nest, uses, outputs, _loc_of(m, value))
+        op = m.insert_identity("tile", source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     producer = m.producer.get(value)
     if producer is not None:  # backward propagation starts at the value's definition
@@ -80,11 +92,11 @@ def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
     """Apply atomic<value, axis>: keep the value replicated on the axis."""
     _claim(m, value, axis, "kept replicated", label, tactic, loc)
     seeds: list[int] = []
-    for ctx, (uses, outputs) in _use_contexts(m, value).items():
+    for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
         if any(a == axis for a, _ in ctx):
             continue
         nest = (*_context_loops(ctx), Loop(axis, (ANY,), (None,)))
-        op = m.insert_identity("atomic", value, nest, uses, outputs, _loc_of(m, value))
+        op = m.insert_identity("atomic", source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     return seeds
 
