@@ -26,19 +26,34 @@ class NestInfo:
     __slots__ = ("loops", "replicated", "slices", "tiles")
 
     def __init__(self, nest: Nest, n_operands: int, n_results: int) -> None:
-        self.loops: dict[str, Loop] = {lp.axis: lp for lp in nest}
+        self.loops: dict[str, Loop] = {}
         self.tiles: list[dict[int, list[str]]] = [{} for _ in range(n_results)]
         self.replicated: list[list[str]] = [[] for _ in range(n_results)]
         self.slices: list[dict[int, list[str]]] = [{} for _ in range(n_operands)]
         for lp in nest:
-            for k, a in enumerate(lp.results):
-                if type(a) is Tile:
-                    self.tiles[k].setdefault(a.dim, []).append(lp.axis)
-                elif type(a) is AnyAction:
-                    self.replicated[k].append(lp.axis)
-            for i, d in enumerate(lp.operands):
-                if d is not None:
-                    self.slices[i].setdefault(d, []).append(lp.axis)
+            self._add(lp)
+
+    def _add(self, lp: Loop) -> None:
+        self.loops[lp.axis] = lp
+        for k, a in enumerate(lp.results):
+            if type(a) is Tile:
+                self.tiles[k][a.dim] = [*self.tiles[k].get(a.dim, ()), lp.axis]
+            elif type(a) is AnyAction:
+                self.replicated[k] = [*self.replicated[k], lp.axis]
+        for i, d in enumerate(lp.operands):
+            if d is not None:
+                self.slices[i][d] = [*self.slices[i].get(d, ()), lp.axis]
+
+    def extended(self, lp: Loop) -> NestInfo:
+        """The index of this nest with one more (inner) loop; this one is left as is,
+        since snapshots and other ops may share it."""
+        new = NestInfo.__new__(NestInfo)
+        new.loops = dict(self.loops)
+        new.tiles = [dict(t) for t in self.tiles]
+        new.replicated = list(self.replicated)
+        new.slices = [dict(s) for s in self.slices]
+        new._add(lp)
+        return new
 
 
 @functools.cache
@@ -103,10 +118,8 @@ class CoreModule:
 
     # -- rewrites ------------------------------------------------------------------------
     def add_loop(self, uid: int, loop: Loop) -> None:
-        nest = (*self.nests.get(uid, ()), loop)
-        self.nests[uid] = nest
-        op = self.by_uid[uid]
-        self.info[uid] = NestInfo(nest, len(op.operands), len(op.results))
+        self.nests[uid] = (*self.nests.get(uid, ()), loop)
+        self.info[uid] = self.info[uid].extended(loop)
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],

@@ -70,7 +70,9 @@ def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]
 def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Tiling of a value (result k of its producer) beyond what use i of the consumer
     slices away."""
-    if not producer.tiles[k] and not producer.replicated[k]:
+    tiles = producer.tiles[k]
+    # The common case, a value used exactly as it is tiled, leaves nothing to adopt.
+    if not producer.replicated[k] and (not tiles or tiles == consumer.slices[i]):
         return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
@@ -87,7 +89,8 @@ def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _E
 
 def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
     """Slicing of a value by use i of a consumer beyond what its producer tiles."""
-    if not consumer.slices[i]:
+    slices = consumer.slices[i]
+    if not slices or slices == producer.tiles[k]:
         return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
@@ -162,21 +165,29 @@ class Propagator:
                         for cuid, i in self.m.uses.get(r, ())])
         return out
 
-    def _view(self, op: CoreOp) -> OpView:
+    def _local_shapes(self, op: CoreOp) -> tuple[tuple, tuple]:
         info = self.m.info[op.uid]
-        return OpView(op.name, op.params,
-                      tuple(self._divide(v.type, info.slices[i])
-                            for i, v in enumerate(op.operands)),
-                      tuple(self._divide(v.type, info.tiles[k]) for k, v in enumerate(op.results)))
+        return (tuple(self._divide(v.type.shape, info.slices[i])
+                      for i, v in enumerate(op.operands)),
+                tuple(self._divide(v.type.shape, info.tiles[k])
+                      for k, v in enumerate(op.results)))
 
-    def _divide(self, t: TensorType, axes_by_dim: dict[int, list[str]]) -> TensorType:
+    def _divide(self, shape: tuple[int, ...], axes_by_dim: dict[int, list[str]]
+                ) -> tuple[int, ...]:
         if not axes_by_dim:
-            return t
-        shape = list(t.shape)
+            return shape
+        local = list(shape)
         for d, axes in axes_by_dim.items():
             for a in axes:
-                shape[d] //= self.sizes[a]
-        return TensorType(tuple(shape), t.dtype)
+                local[d] //= self.sizes[a]
+        return tuple(local)
+
+    def _view(self, op: CoreOp, in_shapes: tuple, out_shapes: tuple) -> OpView:
+        return OpView(op.name, op.params,
+                      tuple(TensorType(s, v.type.dtype)
+                            for s, v in zip(in_shapes, op.operands, strict=True)),
+                      tuple(TensorType(s, v.type.dtype)
+                            for s, v in zip(out_shapes, op.results, strict=True)))
 
     def _divisible(self, m: TileMapping, view: OpView, n: int) -> bool:
         for d, t in zip(m.operands, view.in_types, strict=True):
@@ -194,17 +205,18 @@ class Propagator:
             self._conflict(op, axis, UNSUPPORTED, (),
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
-        view = self._view(op)
+        in_shapes, out_shapes = self._local_shapes(op)
         n = self.sizes[axis]
-        # Decisions depend only on the op's kind, parameters, local types and the request;
-        # the layers of a model repeat them, so they are remembered.
+        # Decisions depend only on the op's kind, parameters and dtypes, its local shapes
+        # and the request; the layers of a model repeat them, so they are remembered.
         params_key = self._params_key(op)
         key = None if params_key is None else (
-            op.name, params_key, view.in_types, view.out_types, tuple(operand_dims),
+            op.name, params_key, in_shapes, out_shapes, tuple(operand_dims),
             tuple(sorted(pinned)), tuple(result_dims), n)
         decision = self._decisions.get(key) if key is not None else None
         if decision is None:
-            decision = self._decide(entry, view, n, operand_dims, pinned, result_dims)
+            decision = self._decide(entry, self._view(op, in_shapes, out_shapes), n,
+                                    operand_dims, pinned, result_dims)
             if key is not None:
                 self._decisions[key] = decision
         if isinstance(decision, TileMapping):
@@ -218,7 +230,8 @@ class Propagator:
         key = self._params_keys.get(op.uid, False)
         if key is False:
             try:
-                key = tuple(sorted(op.params.items()))
+                key = (tuple(sorted(op.params.items())),
+                       tuple(v.type.dtype for v in (*op.operands, *op.results)))
                 hash(key)
             except TypeError:  # e.g. array-valued constants: not worth remembering
                 key = None
