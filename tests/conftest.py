@@ -4,3 +4,22 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_inputs():
+    """Inputs of the tiny transformer training step (examples/transformer), made once."""
+    from examples.transformer import model
+    return model.make_inputs(model.TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_expected(tiny_inputs):
+    """The unpartitioned training step's result on `tiny_inputs`."""
+    import jax
+
+    from examples.transformer import model
+    return jax.jit(model.train_step)(*tiny_inputs)

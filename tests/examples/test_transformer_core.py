@@ -17,16 +17,6 @@ LAYERS = range(CFG.layers)
 OPT = ("params", "opt_state/0/mu", "opt_state/0/nu")
 
 
-@pytest.fixture(scope="module")
-def inputs():
-    return model.make_inputs(CFG)
-
-
-@pytest.fixture(scope="module")
-def expected(inputs):
-    return jax.jit(model.train_step)(*inputs)
-
-
 @functools.cache
 def partition(schedule: tuple[str, ...]) -> partir.CorePartition:
     # Partitioning only needs shapes; the abstract inputs make that explicit.
@@ -59,8 +49,8 @@ def test_t32_has_289_parameter_tensors():
     assert batch["tokens"].shape == (48, model.T32.seq)
 
 
-def test_tiny_train_step_decreases_loss(inputs):
-    params, opt_state, batch = inputs
+def test_tiny_train_step_decreases_loss(tiny_inputs):
+    params, opt_state, batch = tiny_inputs
     step = jax.jit(model.train_step)
     _, _, first = step(params, opt_state, batch)
     for _ in range(5):
@@ -75,7 +65,7 @@ ZERO3 = {"ln1_bias": 0, "ln1_scale": 0, "ln2_bias": 0, "ln2_scale": 0, "w_down":
          "w_qkv": 0, "w_up": 0}
 
 
-def test_bp_mp_z3_actions_and_results(inputs, expected):
+def test_bp_mp_z3_actions_and_results(tiny_inputs, tiny_expected):
     res = partition(("BP", "MP", "Z3"))
     assert res.unsupported == []
     assert [t.name for t in res.tactics] == ["BP", "MP", "Z3"]
@@ -104,15 +94,15 @@ def test_bp_mp_z3_actions_and_results(inputs, expected):
     assert {c.kind for c in z3.conflicts} <= {AXIS_IN_SCOPE}, [str(c) for c in z3.conflicts]
 
     for after in range(1, 4):
-        assert_tree_close(res.interpret(*inputs, after=after), expected)
+        assert_tree_close(res.interpret(*tiny_inputs, after=after), tiny_expected)
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
-def test_named_schedule_preserves_results(name, inputs, expected):
+def test_named_schedule_preserves_results(name, tiny_inputs, tiny_expected):
     res = partition(tuple(name.split("+")))
     assert [t.name for t in res.tactics] == [t.name for t in SCHEDULES[name]]
     assert res.unsupported == []
-    assert_tree_close(res.interpret(*inputs), expected)
+    assert_tree_close(res.interpret(*tiny_inputs), tiny_expected)
 
 
 def test_bp_mp_shardings():

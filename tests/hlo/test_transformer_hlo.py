@@ -34,21 +34,11 @@ def hlo(schedule: str) -> tuple[partir.CorePartition, Function]:
     return res, fn
 
 
-@pytest.fixture(scope="module")
-def inputs():
-    return model.make_inputs(CFG)
-
-
-@pytest.fixture(scope="module")
-def expected(inputs):
-    return jax.jit(model.train_step)(*inputs)
-
-
 @pytest.mark.parametrize("name", list(schedules.SCHEDULES))
-def test_schedule_computes_the_training_step(name, inputs, expected):
+def test_schedule_computes_the_training_step(name, tiny_inputs, tiny_expected):
     res, fn = hlo(name)
-    outs = interpret_hlo(fn, *res.flatten_args(*inputs))
-    assert_tree_close(jax.tree_util.tree_unflatten(res.traced.out_tree, outs), expected)
+    outs = interpret_hlo(fn, *res.flatten_args(*tiny_inputs))
+    assert_tree_close(jax.tree_util.tree_unflatten(res.traced.out_tree, outs), tiny_expected)
 
 
 def _counts(name: str) -> tuple[int, int, int, int]:
@@ -84,7 +74,7 @@ def test_zero_turns_the_sharded_gradients_reductions_into_reduce_scatters(zero):
                                           ("BP+MP", (0, 418, 0, 0))])
 def test_t32_counts_match_the_paper(name, counts):
     """Table 2's T32 rows for BP, MP and BP+MP, on the paper's {batch: 16, model: 2} mesh
-    (abstract inputs: nothing is allocated)."""
+    (abstract tiny_inputs: nothing is allocated)."""
     mesh = partir.Mesh({"batch": 16, "model": 2})
     res = partir.core_partition(model.train_step, mesh, schedules.SCHEDULES[name],
                                 *model.abstract_inputs(model.T32))
