@@ -32,15 +32,12 @@ from partir.hlo.ops import (
     make_all_reduce,
     make_all_slice,
 )
-from partir.ir import Function, Op, TensorType, Value
+from partir.ir import Function, Op, Value
 from partir.mesh import Mesh
+from tests.listings import F32
+from tests.listings import f32 as _t
 
-F32 = np.dtype("float32")
 MESH = Mesh({"a": 2, "b": 2, "c": 2})
-
-
-def _t(*shape: int) -> TensorType:
-    return TensorType(shape, F32)
 
 
 def function(args, ops, results, in_shardings=None, out_shardings=None) -> Function:

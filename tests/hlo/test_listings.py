@@ -18,7 +18,6 @@ Each expected listing is the paper's text with these edits only:
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
@@ -43,29 +42,15 @@ from partir.hlo.ops import (
     make_all_to_all,
     make_reduce_scatter,
 )
-from partir.ir import Function, Op, RangeType, TensorType, Value, verify
+from partir.ir import Function, Op, RangeType, Value, verify
 from partir.ir.printer import Printer
 from partir.mesh import Mesh
 from partir.spmd import lower_core_to_spmd
-from tests.core.golden.test_paper_listings import normalize
+from tests.listings import F32, same_listing
+from tests.listings import f32 as _t
+from tests.listings import matmul_op as _matmul
 
-F32 = np.dtype("float32")
 MESH = Mesh({"B": 4, "M": 2})
-
-
-def same_listing(a: str, b: str) -> bool:
-    return normalize(" ".join(a.split())) == normalize(" ".join(b.split()))
-
-
-def _t(*shape: int) -> TensorType:
-    return TensorType(shape, F32)
-
-
-def _matmul(a: Value, b: Value, name: str) -> Op:
-    eqn = jax.make_jaxpr(jnp.matmul)(jax.ShapeDtypeStruct(a.type.shape, F32),
-                                     jax.ShapeDtypeStruct(b.type.shape, F32)).eqns[0]
-    out = Value(_t(a.type.shape[0], b.type.shape[1]), name)
-    return Op("dot_general", [a, b], [out], dict(eqn.params), prim=eqn.primitive)
 
 
 # --- section 6: lst:core-lowering -> lst:core-lowering-mhlo(-optimized) ---------------------

@@ -24,18 +24,15 @@ from partir.hlo.ops import (
     make_axis_index,
     make_reduce_scatter,
 )
-from partir.ir import Function, Op, RangeType, TensorType, Value, VerificationError, verify
+from partir.ir import Function, Op, RangeType, Value, VerificationError, verify
 from partir.ir.printer import Printer
 from partir.mesh import Mesh
 from partir.spmd.ops import make_execute
 from partir.spmd.types import DTensorType
+from tests.listings import F32
+from tests.listings import f32 as _t
 
-F32 = np.dtype("float32")
 MESH = Mesh({"a": 2, "b": 4})
-
-
-def _t(*shape: int) -> TensorType:
-    return TensorType(shape, F32)
 
 
 def function(op: Op, in_sharding, out_sharding) -> Function:

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from partir.core.actions import Tile
@@ -9,18 +8,12 @@ from partir.ir import (
     Function,
     Op,
     RangeType,
-    TensorType,
     Value,
     VerificationError,
     print_function,
     verify,
 )
-
-F32 = np.dtype("float32")
-
-
-def _t(*shape):
-    return TensorType(shape, F32)
+from tests.listings import f32 as _t
 
 
 def test_printer_uses_the_paper_syntax():

@@ -17,22 +17,21 @@ Listings are compared with whitespace runs collapsed, so alignment does not matt
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from partir.core.actions import Sum, Tile
 from partir.core.dialect import make_loop, make_slice
 from partir.core.interpreter import interpret
-from partir.ir import Function, Op, RangeType, TensorType, Value, print_function, verify
+from partir.ir import Function, Op, RangeType, Value, print_function, verify
 from partir.ir.printer import Printer
 from partir.mesh import Mesh
 from partir.spmd import DTensorType, interpret_spmd, lower_core_to_spmd
 from partir.spmd.ops import make_execute
-from tests.core.golden.test_paper_listings import normalize
+from tests.listings import F32, same_listing
+from tests.listings import f32 as _t
+from tests.listings import matmul_op as _matmul
 
-F32 = np.dtype("float32")
 MESH = Mesh({"a": 4, "b": 2})
 
 SPMD_TILED_CHAIN_MATMUL = """\
@@ -67,21 +66,6 @@ EXECUTE_EXAMPLE = """\
   %s = add(%y1, %y2) : tensor<64x4xf32>
   yield %s : tensor<64x4xf32>
 } : dtensor<{"a","b"}, [64,4]>"""
-
-
-def same_listing(a: str, b: str) -> bool:
-    return normalize(" ".join(a.split())) == normalize(" ".join(b.split()))
-
-
-def _t(*shape: int) -> TensorType:
-    return TensorType(shape, F32)
-
-
-def _matmul(a: Value, b: Value, name: str) -> Op:
-    eqn = jax.make_jaxpr(jnp.matmul)(jax.ShapeDtypeStruct(a.type.shape, F32),
-                                     jax.ShapeDtypeStruct(b.type.shape, F32)).eqns[0]
-    out = Value(_t(a.type.shape[0], b.type.shape[1]), name)
-    return Op("dot_general", [a, b], [out], dict(eqn.params), prim=eqn.primitive)
 
 
 def core_tiled_chain_matmul() -> Function:

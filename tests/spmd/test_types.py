@@ -15,13 +15,10 @@ from partir.mesh import Mesh
 from partir.spmd import DTensorType, SpmdInterpreterError, interpret_spmd
 from partir.spmd.interpreter import SpmdInterpreter
 from partir.spmd.ops import make_execute, make_redistribute, make_tile_reduce, tile_reduce_type
+from tests.listings import F32
+from tests.listings import f32 as _t
 
-F32 = np.dtype("float32")
 MESH = Mesh({"a": 4, "b": 2})
-
-
-def _t(*shape: int) -> TensorType:
-    return TensorType(shape, F32)
 
 
 def _d(stacked: tuple[str, ...], *dims: tuple[tuple[str, ...], int] | int,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,14 +11,7 @@ from partir.core.materialize import materialize
 from partir.ir import verify
 from tests.core.golden import scenarios
 from tests.core.golden.expected import EXPECTED
-
-_NAME = re.compile(r'%(?:"[^"]*"|[\w.$-]+)')
-
-
-def normalize(text: str) -> str:
-    """Rename values to %v0, %v1... in order of first appearance."""
-    names: dict[str, str] = {}
-    return _NAME.sub(lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), text)
+from tests.listings import normalize
 
 
 @pytest.mark.parametrize("name", sorted(scenarios.SCENARIOS))
