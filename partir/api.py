@@ -43,11 +43,16 @@ class CorePartition:
     def program(self) -> CoreProgram:
         return self.tactics[-1].program if self.tactics else self.initial
 
+    def program_after(self, after: int | None = None) -> CoreProgram:
+        """The Core program after tactic `after` (1-based; 0 is the traced program;
+        default: the last)."""
+        if after is None:
+            return self.program
+        return self.initial if after == 0 else self.tactics[after - 1].program
+
     def core_ir(self, after: int | None = None) -> str:
         """Core IR after tactic `after` (1-based; 0 is the traced program; default: last)."""
-        prog = self.program if after is None else (
-            self.initial if after == 0 else self.tactics[after - 1].program)
-        return print_core(prog)
+        return print_core(self.program_after(after))
 
     @property
     def conflicts(self) -> list[Conflict]:
@@ -72,9 +77,7 @@ class CorePartition:
 
     def interpret(self, *args: Any, after: int | None = None) -> Any:
         """Run the Core program (after tactic `after`) on the sequential interpreter."""
-        prog = self.program if after is None else (
-            self.initial if after == 0 else self.tactics[after - 1].program)
-        outs = interpret(materialize(prog), *self.flatten_args(*args))
+        outs = interpret(materialize(self.program_after(after)), *self.flatten_args(*args))
         return jax.tree_util.tree_unflatten(self.traced.out_tree, outs)
 
 

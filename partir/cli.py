@@ -91,10 +91,7 @@ def _partition(args: argparse.Namespace) -> int:
         if args.ir == "core":
             print(result.core_ir(after=args.after))
         else:
-            program = result.initial if args.after == 0 else (
-                result.tactics[-1 if args.after is None else args.after - 1].program
-                if result.tactics else result.initial)
-            print(lower(program).text(args.ir))
+            print(lower(result.program_after(args.after)).text(args.ir))
     elif args.json:
         print(json.dumps(_json(schedule_file, result), indent=2))
     else:

@@ -9,28 +9,24 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import partir
 from partir.errors import InvalidTacticError, UnknownInputError
+from partir.frontend.source import is_user_file
 from partir.ir import Location, Value
 from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, _Form
-
-_PARTIR_DIR = os.path.dirname(os.path.abspath(partir.__file__)) + os.sep
 
 InputValue = int | _Form | Callable[[str, tuple[int, ...]], Any]
 
 
 def caller_location() -> Location:
-    """The first stack frame outside partir (and generated code such as dataclass
-    `__init__`s): where the user wrote the tactic."""
+    """The first stack frame in the user's code (not partir's, JAX's or generated code
+    such as dataclass `__init__`s): where the user wrote the tactic."""
     frame = inspect.currentframe()
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.abspath(filename).startswith(_PARTIR_DIR):
+        if is_user_file(frame.f_code.co_filename):
             return Location(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return Location("<unknown>", 0)
