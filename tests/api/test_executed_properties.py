@@ -32,12 +32,7 @@ from tests.core.program_strategies import (
     programs,
     schedules,
 )
-from tests.core.test_properties import (
-    EXPECTED_ERRORS,
-    REPLICATED_TWICE,
-    STATIC_SLICE,
-    _assert_same,
-)
+from tests.oracles import EXPECTED_ERRORS, REPLICATED_TWICE, STATIC_SLICE, assert_same
 
 DEVICES = 8
 # Each accepted case traces, partitions, lowers and compiles one XLA executable (about
@@ -120,5 +115,5 @@ def test_jit_executes_like_the_function(pc: PartitionCase):
     event(f"mesh of {math.prod(pc.mesh.values())} devices")
     event("collectives" if any(meta.collectives.values()) else "no collectives")
     expected = case.expected()
-    _assert_same(out, expected, "partir.jit")
+    assert_same(out, expected, "partir.jit")
     _check_metadata(meta, pc, len(jax.tree_util.tree_leaves(expected)))

@@ -26,7 +26,7 @@ import pytest
 
 import partir
 from partir.schedule_file import load_schedule_file
-from tests.core.test_properties import _assert_same
+from tests.oracles import assert_same
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "mlp"
 SCHEDULE_FILES = sorted(p.name for p in EXAMPLES.glob("*.partir.py"))
@@ -114,7 +114,7 @@ def test_executed_schedule_equals_the_function(executed):
     name, sf, out, _ = executed
     assert len(jax.devices()) >= sf.mesh.size == 8
     expected = sf.program.fn(*sf.program.args)
-    _assert_same(out, expected, name)
+    assert_same(out, expected, name)
 
 
 def test_collectives_per_tactic_are_the_papers(executed):

@@ -12,18 +12,13 @@ examples pin cases these tests found.
 
 from __future__ import annotations
 
-import jax
-import numpy as np
 from hypothesis import HealthCheck, event, example, given, note, reject, settings
 
 import partir
 from partir.core.materialize import materialize
 from partir.ir import verify
-from tests.core.program_strategies import PartitionCase, partition_cases, program_case
-
-# Errors a random schedule may legitimately raise: it can name a dimension the axis does
-# not divide, or tile (or replicate) the same input twice on one axis.
-EXPECTED_ERRORS = (partir.IndivisibleDimensionError, partir.AlreadyTiledError)
+from tests.core.program_strategies import PartitionCase, partition_cases
+from tests.oracles import EXPECTED_ERRORS, REPLICATED_TWICE, STATIC_SLICE, assert_same
 
 # About 0.2 s per interpreted case and 10 ms per partition-only case on 2 cores: ~100 s.
 INTERPRET_EXAMPLES = 520
@@ -31,38 +26,6 @@ PARTITION_EXAMPLES = 800
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])
-RTOL = ATOL = 1e-4
-
-# The JAX `slice` primitive was taken for the Core `slice` op by the printer and the
-# interpreter.
-STATIC_SLICE = PartitionCase(
-    program_case({"x0": (4,)}, [("v0", "-x0"), ("v1", "v0[0:1]")]), {"a": 2},
-    (partir.ManualPartition({"x0": partir.REPLICATED}, axis="a"),))
-# Keeping an input replicated on two axes ordered the second identity loop after the
-# first, which reads its result.
-REPLICATED_TWICE = PartitionCase(
-    program_case({"x0": (4,)}, [("v0", "-x0")]), {"a": 2, "b": 2},
-    (partir.ManualPartition({"x0": partir.REPLICATED}, axis="b"),
-     partir.ManualPartition({"x0": partir.REPLICATED}, axis="a")))
-
-
-def _assert_same(actual, expected, what: str) -> None:
-    a_leaves, a_tree = jax.tree_util.tree_flatten(actual)
-    e_leaves, e_tree = jax.tree_util.tree_flatten(expected)
-    assert a_tree == e_tree, f"{what}: output structure {a_tree} != {e_tree}"
-    for k, (a, e) in enumerate(zip(a_leaves, e_leaves, strict=True)):
-        a, e = np.asarray(a), np.asarray(e)
-        assert a.shape == e.shape, f"{what}, output {k}: shape {a.shape} != {e.shape}"
-        assert a.dtype == e.dtype, f"{what}, output {k}: dtype {a.dtype} != {e.dtype}"
-        if np.issubdtype(e.dtype, np.floating):
-            # Sums may be reassociated: allow for cancellation against the output's scale.
-            finite = np.abs(e[np.isfinite(e)])
-            scale = max(1.0, float(finite.max())) if finite.size else 1.0
-            np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL * scale,
-                                       err_msg=f"{what}, output {k}")
-        else:
-            np.testing.assert_array_equal(a, e, err_msg=f"{what}, output {k}")
-
 
 @settings(SETTINGS, max_examples=INTERPRET_EXAMPLES)
 @given(pc=partition_cases())
@@ -84,7 +47,7 @@ def test_interpreter_matches_function_after_every_tactic(pc: PartitionCase):
         verify(materialize(res.tactics[i - 1].program))
         # The last tactic's program is the final one: check it through the default too.
         after = None if i == len(schedule) else i
-        _assert_same(res.interpret(*case.args, after=after), expected, f"after tactic {i}")
+        assert_same(res.interpret(*case.args, after=after), expected, f"after tactic {i}")
 
 
 @settings(SETTINGS, max_examples=PARTITION_EXAMPLES)

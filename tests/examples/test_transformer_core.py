@@ -11,6 +11,7 @@ import partir
 from examples.transformer import model, schedules
 from examples.transformer.schedules import BP, EMB, MP, SCHEDULES, Z3
 from partir.core.conflicts import AXIS_IN_SCOPE
+from tests.oracles import assert_tree_close
 
 CFG = model.TINY
 LAYERS = range(CFG.layers)
@@ -23,18 +24,6 @@ def partition(schedule: tuple[str, ...]) -> partir.CorePartition:
     return partir.core_partition(model.train_step, schedules.MESH,
                                  [getattr(schedules, t) for t in schedule],
                                  *model.abstract_inputs(CFG))
-
-
-def assert_tree_close(actual, expected):
-    actual_leaves, actual_tree = jax.tree_util.tree_flatten_with_path(actual)
-    assert actual_tree == jax.tree_util.tree_structure(expected)
-    wrong = []
-    for (path, a), e in zip(actual_leaves, jax.tree.leaves(expected), strict=True):
-        a, e = np.asarray(a), np.asarray(e)
-        if a.shape != e.shape or not np.allclose(a, e, rtol=1e-4, atol=1e-5):
-            err = np.abs(a - e).max() if a.shape == e.shape else f"shape {a.shape}"
-            wrong.append(f"{jax.tree_util.keystr(path)}: {err}")
-    assert not wrong, f"{len(wrong)} outputs differ: {wrong[:10]}"
 
 
 def test_t32_has_289_parameter_tensors():

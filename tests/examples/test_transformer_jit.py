@@ -7,7 +7,7 @@ import pytest
 
 import partir
 from examples.transformer import model, schedules
-from tests.examples.test_transformer_core import assert_tree_close
+from tests.oracles import assert_tree_close
 
 
 @pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))

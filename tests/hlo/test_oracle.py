@@ -18,7 +18,7 @@ from partir.hlo.printing import print_hlo
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from tests.core.golden import scenarios
 from tests.core.program_strategies import PartitionCase, partition_cases
-from tests.core.test_properties import EXPECTED_ERRORS, _assert_same
+from tests.oracles import EXPECTED_ERRORS, assert_same
 from tests.spmd.test_oracle import SCHEDULE, _inputs, _scenario_program
 
 EXAMPLES = 100
@@ -79,8 +79,8 @@ def test_hlo_interpreter_matches_function(pc: PartitionCase):
     event(", ".join(k for k, n in counts.items() if n) or "no collectives")
     args = res.flatten_args(*case.args)
     expected = tuple(case.expected())
-    _assert_same(tuple(interpret_hlo(hlo, *args)), expected, "HLO interpreter")
-    _assert_same(tuple(interpret_hlo(opt, *args)), expected, "HLO interpreter, optimized")
+    assert_same(tuple(interpret_hlo(hlo, *args)), expected, "HLO interpreter")
+    assert_same(tuple(interpret_hlo(opt, *args)), expected, "HLO interpreter, optimized")
 
 
 def test_hlo_agrees_with_spmd_interpreter_on_a_stacked_program():

@@ -16,7 +16,8 @@ from partir.core.materialize import materialize
 from partir.hlo import count_collectives, interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
 from partir.ir import Function
 from partir.spmd import lower_core_to_spmd
-from tests.examples.test_transformer_core import assert_tree_close, partition
+from tests.examples.test_transformer_core import partition
+from tests.oracles import assert_tree_close
 
 CFG = model.TINY
 PARAMS = 9 * CFG.layers + 1  # 9 per block and the (tied) embedding

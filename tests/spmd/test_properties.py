@@ -15,7 +15,7 @@ from partir.ir import print_function, verify
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from partir.spmd.ops import EXECUTE
 from tests.core.program_strategies import PartitionCase, partition_cases
-from tests.core.test_properties import EXPECTED_ERRORS, _assert_same
+from tests.oracles import EXPECTED_ERRORS, assert_same
 
 EXAMPLES = 100
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
@@ -37,4 +37,4 @@ def test_spmd_interpreter_matches_function(pc: PartitionCase):
     depth = max((len(op.params["axes"]) for op in spmd.ops if op.name == EXECUTE), default=0)
     event(f"executes span up to {depth} axes")
     outs = interpret_spmd(spmd, *res.flatten_args(*case.args))
-    _assert_same(tuple(outs), tuple(case.expected()), "SPMD interpreter")
+    assert_same(tuple(outs), tuple(case.expected()), "SPMD interpreter")

@@ -7,7 +7,8 @@ from examples.transformer import model, schedules
 from partir.core.materialize import materialize
 from partir.ir import verify
 from partir.spmd import interpret_spmd, lower_core_to_spmd
-from tests.examples.test_transformer_core import assert_tree_close, partition
+from tests.examples.test_transformer_core import partition
+from tests.oracles import assert_tree_close
 
 
 def test_bp_mp_z3_emb_lowering_preserves_results():
