@@ -1,0 +1,167 @@
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+
+import {
+  CONFIG_SECTION,
+  DOCUMENT_SELECTOR,
+  formatCollectiveCounts,
+  initializationOptions,
+  isScheduleFile,
+  type LensInfo,
+  parseCollectiveCounts,
+  parseIrResult,
+  parseRunJobArgs,
+  parseShowIrArgs,
+  RESTART_COMMAND,
+  RUN_JOB_COMMAND,
+  sameUri,
+  SHOW_IR_COMMAND,
+  tacticChoices,
+} from "../../src/protocol";
+
+const uri = "file:///w/examples/mlp/bp_mp_z3.partir.py";
+
+describe("command arguments", () => {
+  it("parses partir.showIr arguments", () => {
+    assert.equal(parseShowIrArgs([]), undefined);
+    assert.deepEqual(parseShowIrArgs([{ uri }]), { uri });
+    assert.deepEqual(parseShowIrArgs([{ uri, tactic: 2, level: "hlo" }]), { uri, tactic: 2, level: "hlo" });
+    assert.deepEqual(parseShowIrArgs([{ uri, tactic: 0, level: null }]), { uri, tactic: 0 });
+  });
+
+  it("rejects bad partir.showIr arguments", () => {
+    assert.throws(() => parseShowIrArgs([uri, 2, "core"]), /partir\.showIr: expected \[\{uri, tactic, level\}\]/);
+    assert.throws(() => parseShowIrArgs([{ uri, tactic: "2" }]), /"tactic" must be an integer >= 0/);
+    assert.throws(() => parseShowIrArgs([{ uri, tactic: 1, level: "stablehlo" }]), /"level" must be one of/);
+    assert.throws(() => parseShowIrArgs([{ tactic: 1 }]), /"uri"/);
+  });
+
+  it("parses partir.runJob arguments", () => {
+    assert.equal(parseRunJobArgs([]), undefined);
+    assert.deepEqual(parseRunJobArgs([{ uri }]), { uri });
+    assert.deepEqual(parseRunJobArgs([{ uri, steps: 5 }]), { uri, steps: 5 });
+    assert.throws(() => parseRunJobArgs([{ uri, steps: 0 }]), /"steps" must be an integer >= 1/);
+    assert.throws(() => parseRunJobArgs(["x"]), /partir\.runJob: expected \[\{uri, steps\}\]/);
+  });
+
+  it("validates the partir/ir result", () => {
+    assert.deepEqual(parseIrResult({ text: "func @main" }), { text: "func @main" });
+    assert.throws(() => parseIrResult({ ir: "x" }), /must be \{text: string\}/);
+    assert.throws(() => parseIrResult(null), /must be \{text: string\}/);
+  });
+});
+
+describe("initializationOptions", () => {
+  it("fills defaults and normalises", () => {
+    assert.deepEqual(initializationOptions({}), { collectiveMarkersInModel: false, debounceMs: 300 });
+    assert.deepEqual(initializationOptions({ collectiveMarkersInModel: true, debounceMs: 120.4 }), {
+      collectiveMarkersInModel: true,
+      debounceMs: 120,
+    });
+    assert.deepEqual(initializationOptions({ collectiveMarkersInModel: "yes", debounceMs: -5 }), {
+      collectiveMarkersInModel: false,
+      debounceMs: 0,
+    });
+  });
+});
+
+describe("lens titles", () => {
+  it("reads collective counts", () => {
+    assert.deepEqual(parseCollectiveCounts("+AG 2 +AR 1 +RS 0 +A2A 0 · 1.2 ms · 3.4 MiB/device"), {
+      all_gather: 2,
+      all_reduce: 1,
+      reduce_scatter: 0,
+      all_to_all: 0,
+    });
+    assert.deepEqual(parseCollectiveCounts("Z3: +AG 12"), { all_gather: 12 });
+    assert.deepEqual(parseCollectiveCounts("Show IR after this tactic"), {});
+    assert.throws(() => parseCollectiveCounts("+AG 1 +AG 2"), /names \+AG twice/);
+  });
+
+  it("writes what it reads", () => {
+    const counts = { all_gather: 2, all_reduce: 1, reduce_scatter: 0, all_to_all: 4 };
+    assert.equal(formatCollectiveCounts(counts), "+AG 2 +AR 1 +RS 0 +A2A 4");
+    assert.deepEqual(parseCollectiveCounts(formatCollectiveCounts(counts)), counts);
+  });
+});
+
+describe("tacticChoices", () => {
+  const lens = (line: number, title: string, command?: string, args?: unknown[]): LensInfo => ({
+    line,
+    title,
+    ...(command === undefined ? {} : { command }),
+    ...(args === undefined ? {} : { arguments: args }),
+  });
+
+  it("lists the traced program and each tactic with its summary", () => {
+    const lenses = [
+      lens(16, "+AG 0 +AR 1 +RS 0 +A2A 0", ""),
+      lens(16, "Show IR after this tactic", SHOW_IR_COMMAND, [{ uri, tactic: 2 }]),
+      lens(16, "Run partitioned job", RUN_JOB_COMMAND, [{ uri }]),
+      lens(14, "+AG 0 +AR 0 +RS 0 +A2A 0", ""),
+      lens(14, "Show IR after this tactic", SHOW_IR_COMMAND, [{ uri, tactic: 1 }]),
+      lens(14, "Show HLO", SHOW_IR_COMMAND, [{ uri, tactic: 1, level: "hlo" }]),
+      lens(3, "other file", SHOW_IR_COMMAND, [{ uri: "file:///w/other.partir.py", tactic: 5 }]),
+      lens(4, "malformed", SHOW_IR_COMMAND, ["x"]),
+    ];
+    assert.deepEqual(tacticChoices(uri, lenses), [
+      { tactic: 0, label: "Traced program (before tactic 1)" },
+      { tactic: 1, label: "After tactic 1 (line 15)", detail: "+AG 0 +AR 0 +RS 0 +A2A 0" },
+      { tactic: 2, label: "After tactic 2 (line 17)", detail: "+AG 0 +AR 1 +RS 0 +A2A 0" },
+    ]);
+  });
+
+  it("offers only the traced program without lenses", () => {
+    assert.deepEqual(tacticChoices(uri, []), [{ tactic: 0, label: "Traced program (before tactic 1)" }]);
+  });
+
+  it("matches URIs up to percent-encoding", () => {
+    assert.ok(sameUri("file:///a/b%20c.partir.py", "file:///a/b c.partir.py"));
+    assert.ok(!sameUri("file:///a/b.partir.py", "file:///a/c.partir.py"));
+  });
+});
+
+describe("schedule files", () => {
+  it("recognises *.partir.py only", () => {
+    assert.ok(isScheduleFile("/w/examples/mlp/bp.partir.py"));
+    assert.ok(isScheduleFile("file:///w/bp.partir.py"));
+    assert.ok(!isScheduleFile("/w/examples/mlp/model.py"));
+    assert.ok(!isScheduleFile("/w/x.partir.pyc"));
+  });
+});
+
+describe("package.json", () => {
+  // out/test/unit -> the extension directory
+  const pkg = JSON.parse(readFileSync(join(__dirname, "..", "..", "..", "package.json"), "utf8")) as {
+    main: string;
+    activationEvents: string[];
+    contributes: { commands: { command: string }[]; configuration: { properties: Record<string, { default: unknown }> } };
+  };
+
+  it("contributes the commands the extension registers", () => {
+    assert.deepEqual(pkg.contributes.commands.map((c) => c.command).sort(), [RESTART_COMMAND, RUN_JOB_COMMAND, SHOW_IR_COMMAND].sort());
+  });
+
+  it("contributes the settings the extension reads, with defaults the code agrees with", () => {
+    const props = pkg.contributes.configuration.properties;
+    assert.deepEqual(Object.keys(props).sort(), ["collectiveMarkersInModel", "debounceMs", "pythonPath", "serverCommand"].map((k) => `${CONFIG_SECTION}.${k}`).sort());
+    assert.deepEqual(
+      initializationOptions({
+        collectiveMarkersInModel: props["partir.collectiveMarkersInModel"]?.default,
+        debounceMs: props["partir.debounceMs"]?.default,
+      }),
+      initializationOptions({}),
+    );
+  });
+
+  it("activates on schedule files without claiming a language for them", () => {
+    assert.ok(pkg.activationEvents.includes("workspaceContains:**/*.partir.py"));
+    assert.ok(pkg.activationEvents.includes("onLanguage:python"));
+    assert.equal((pkg.contributes as { languages?: unknown }).languages, undefined);
+    assert.deepEqual(DOCUMENT_SELECTOR[0], { scheme: "file", language: "python", pattern: "**/*.partir.py" });
+    assert.ok(DOCUMENT_SELECTOR.every((s) => s.language === "python" && s.scheme === "file"));
+    assert.equal(pkg.main, "./dist/extension.js");
+  });
+});
