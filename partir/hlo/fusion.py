@@ -16,7 +16,8 @@ concatenating axis sequences:
 - all_slice({s: A}) . all_gather({c: A}) = all_to_all(s, c, A) for dimensions s != c;
 - all_slice(S) . all_reduce(R) = reduce_scatter(S) when S names only axes of R; a slice
   over axes outside R commutes with the reduction (the devices reduced together slice
-  alike), so it can go first and shrink what is reduced;
+  alike), so it can go first and shrink what is reduced; so does a slice of a
+  reduce_scatter on other dimensions;
 - all_reduce(a) + all_reduce(b) = all_reduce(a + b) for the reduction's own monoid, and
   likewise for reduce_scatter (XLA's AllReduceReassociate): gradients a weight receives
   from two uses (a tied embedding) are reduced once.
@@ -24,15 +25,17 @@ concatenating axis sequences:
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from itertools import chain
 
 from partir.hlo.ops import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_SLICE,
+    AXIS_INDEX,
+    COLLECTIVES,
     REDUCE_SCATTER,
     AxesPerDim,
     flat_axes,
@@ -71,71 +74,130 @@ def _concat(a: AxesPerDim, b: AxesPerDim) -> AxesPerDim:
 
 
 class _Rewriter:
-    """One sweep over a function's ops: patterns match the input function, replacements
-    are emitted in place, and later ops read the replacements."""
+    """One sweep over a function's ops, in order. Each op is seen with its operands
+    already replaced by what earlier rewrites made of them, so a pattern matches the
+    current program: a gather merged earlier in the sweep can be cancelled by a slice
+    later in it. The producer of every value and the number of live uses are kept up to
+    date, and an op whose last use is rewritten away dies at once (and so may its
+    operands' producers), so that single-use conditions hold for the program as it is
+    now, not as it was when the sweep began."""
 
-    def __init__(self, fn: Function) -> None:
+    def __init__(self, fn: Function, patterns: Sequence[Pattern] = ()) -> None:
         self.fn = fn
         self.mesh = fn.attributes["mesh"]
+        self.rewrites: dict[str, list[Rewrite]] = {}
+        for pattern in patterns:
+            for name in pattern.op_names:
+                self.rewrites.setdefault(name, []).append(pattern.rewrite)
         self.sub: dict[Value, Value] = {}
         self.out: list[Op] = []
-
-    # Built on first use: most sweeps over a large function never match a pattern.
-    @functools.cached_property
-    def producer(self) -> dict[Value, Op]:
-        return {r: op for op in self.fn.ops for r in op.results}
-
-    @functools.cached_property
-    def uses(self) -> Counter:
-        uses = Counter(v for op in self.fn.ops for v in op.operands)
-        uses.update(self.fn.results)
-        return uses
+        self.dead: set[Op] = set()
+        self.seen: dict[tuple, Op] = {}  # kept HLO ops by kind, operands and parameters
+        self.producer: dict[Value, Op] = {}
+        self.uses: Counter = Counter(chain.from_iterable(op.operands for op in fn.ops))
+        self.uses.update(fn.results)
 
     def value(self, v: Value) -> Value:
         return self.sub.get(v, v)
 
     def source(self, v: Value, name: str, single_use: bool = False) -> Op | None:
-        """The op named `name` of the input function that defines v, unless this sweep
-        already replaced v (the next sweep will look again) or, with `single_use`, v has
-        other uses."""
+        """The live op named `name` that defines v (None for an argument or another
+        kind), and with `single_use` only if v has no other use."""
         op = self.producer.get(v)
-        if op is None or op.name != name or v in self.sub:
+        if op is None or op.name != name or op in self.dead:
             return None
         if single_use and self.uses[v] != 1:
             return None
         return op
 
     def emit(self, op: Op) -> Value:
-        self.out.append(op)
-        return op.results[0]
+        """Add an op a rewrite made, itself rewritten first if a pattern matches it (a
+        merged slice may cancel a gather), and return the value standing for its
+        result."""
+        self.uses.update(op.operands)
+        new = self.rewrite(op)
+        if new is None:
+            self.append(op)
+            return op.results[0]
+        return new
 
-    def keep(self, op: Op) -> None:
+    def rewrite(self, op: Op) -> Value | None:
+        """The first pattern for op's kind that rewrites it, with op then dropped."""
+        for rewrite in self.rewrites.get(op.name, ()):
+            new = rewrite(self, op)
+            if new is not None:
+                self.substitute(op, new)
+                return new
+        return None
+
+    def append(self, op: Op) -> None:
+        self.out.append(op)
+        for r in op.results:
+            self.producer[r] = op
+
+    def current(self, op: Op) -> Op:
+        """`op` reading the replacements of its operands."""
         sub = self.sub
         if sub and any(v in sub for v in op.operands):
-            op = replace(op, operands=[sub.get(v, v) for v in op.operands])
-        self.out.append(op)
+            return replace(op, operands=[sub.get(v, v) for v in op.operands])
+        return op
+
+    def keep(self, op: Op) -> None:
+        self.append(self.current(op))
+
+    def substitute(self, op: Op, new: Value) -> None:
+        """`op` (already current) is dropped: its single result becomes `new`, computed
+        by ops emitted before this call."""
+        old = op.results[0]
+        self.sub[old] = new
+        self.uses[new] += self.uses.pop(old, 0)
+        self._release(op.operands)
+
+    def _release(self, operands: Sequence[Value]) -> None:
+        """One use fewer of each operand; producers left without uses die."""
+        stack = list(operands)
+        while stack:
+            v = stack.pop()
+            self.uses[v] -= 1
+            if self.uses[v]:
+                continue
+            op = self.producer.get(v)
+            if op is not None and op not in self.dead and not any(
+                    self.uses[r] for r in op.results):
+                self.dead.add(op)
+                stack.extend(op.operands)
 
     def function(self, args: list[Value] | None = None, **attributes: object) -> Function:
-        return replace(self.fn, args=self.fn.args if args is None else args, ops=self.out,
+        dead = self.dead
+        ops = [op for op in self.out if op not in dead] if dead else self.out
+        return replace(self.fn, args=self.fn.args if args is None else args, ops=ops,
                        results=[self.value(v) for v in self.fn.results],
                        attributes={**self.fn.attributes, **attributes})
 
 
-# A rewrite looks at one op of the input function and returns the value replacing its
-# (single) result, having emitted the ops computing it, or None to keep the op.
-Rewrite = Callable[[_Rewriter, Op], Value | None]
+# A rewrite looks at one (current) op and returns the value replacing its single result,
+# having emitted the ops computing it, or None to leave the op to the next rewrite.
+Rewrite = Callable[["_Rewriter", Op], Value | None]
 
 
-def _sweep(fn: Function, rewrite: Rewrite) -> Function:
-    rw = _Rewriter(fn)
+@dataclass(frozen=True)
+class Pattern:
+    """A rewrite and the kinds of op it looks at."""
+
+    op_names: tuple[str, ...]
+    rewrite: Rewrite
+
+
+def _sweep(fn: Function, patterns: Sequence[Pattern]) -> Function:
+    rw = _Rewriter(fn, patterns)
+    kinds = rw.rewrites
     changed = False
     for op in fn.ops:
-        new = rewrite(rw, op)
-        if new is None:
-            rw.keep(op)
-        else:
-            rw.sub[op.results[0]] = new
+        op = rw.current(op)
+        if op.name in kinds and rw.rewrite(op) is not None:
             changed = True
+        else:
+            rw.append(op)
     return rw.function() if changed else fn
 
 
@@ -149,29 +211,32 @@ def _merge(rw: _Rewriter, op: Op) -> Value | None:
         inner = rw.source(x, ALL_SLICE)
         if inner:
             axes = _concat(inner.params["axes"], op.params["axes"])
-            return rw.emit(make_all_slice(rw.value(inner.operands[0]), axes, rw.mesh,
+            return rw.emit(make_all_slice(inner.operands[0], axes, rw.mesh,
                                           op.results[0].name, op.loc))
     elif op.name == ALL_GATHER:
         inner = rw.source(x, ALL_GATHER, single_use=True)
         if inner:
             axes = _concat(op.params["axes"], inner.params["axes"])
-            return rw.emit(make_all_gather(rw.value(inner.operands[0]), axes, rw.mesh,
+            return rw.emit(make_all_gather(inner.operands[0], axes, rw.mesh,
                                            op.results[0].name, op.loc))
     elif op.name == ALL_REDUCE:
         inner = rw.source(x, ALL_REDUCE, single_use=True)
         if inner and inner.params["monoid"] == op.params["monoid"]:
             named = set(inner.params["axes"]) | set(op.params["axes"])
             axes = tuple(a for a in rw.mesh if a in named)
-            return rw.emit(make_all_reduce(rw.value(inner.operands[0]), axes,
+            return rw.emit(make_all_reduce(inner.operands[0], axes,
                                            op.params["monoid"], op.results[0].name, op.loc))
     return None
+
+
+_MERGE = Pattern((ALL_SLICE, ALL_GATHER, ALL_REDUCE), _merge)
 
 
 def merge_collectives(fn: Function) -> Function:
     """One collective for a chain of two of the same kind: all_slice(all_slice(x)),
     all_gather(all_gather(x)) and all_reduce(all_reduce(x)) of one monoid. Gathers and
     reductions merge only when the inner one has no other use, lest it be done twice."""
-    return _sweep(fn, _merge)
+    return _sweep(fn, (_MERGE,))
 
 
 def _cancel(rw: _Rewriter, op: Op) -> Value | None:
@@ -185,7 +250,7 @@ def _cancel(rw: _Rewriter, op: Op) -> Value | None:
     if not any(common):
         return None
     g, s = _drop(g, common), _drop(s, common)
-    x = rw.value(gather.operands[0])
+    x = gather.operands[0]
     name = op.results[0].name
     if any(g):
         if rw.uses[op.operands[0]] != 1:
@@ -196,11 +261,14 @@ def _cancel(rw: _Rewriter, op: Op) -> Value | None:
     return x
 
 
+_CANCEL = Pattern((ALL_SLICE,), _cancel)
+
+
 def cancel_gather_slice(fn: Function) -> Function:
     """all_slice(all_gather(x)) -> x where the axes agree; where only leading axes agree,
     a smaller gather and slice of the other axes (then only if nothing else uses the
     gather)."""
-    return _sweep(fn, _cancel)
+    return _sweep(fn, (_CANCEL,))
 
 
 def _all_to_all(rw: _Rewriter, op: Op) -> Value | None:
@@ -221,7 +289,7 @@ def _all_to_all(rw: _Rewriter, op: Op) -> Value | None:
     if not k:
         return None
     name = op.results[0].name
-    x = rw.emit(make_all_to_all(rw.value(gather.operands[0]), d, c, s[d][:k], rw.mesh, name,
+    x = rw.emit(make_all_to_all(gather.operands[0], d, c, s[d][:k], rw.mesh, name,
                                 op.loc))
     rank = len(g)
     if len(g[c]) > k:
@@ -233,10 +301,13 @@ def _all_to_all(rw: _Rewriter, op: Op) -> Value | None:
     return x
 
 
+_ALL_TO_ALL = Pattern((ALL_SLICE,), _all_to_all)
+
+
 def fuse_all_to_all(fn: Function) -> Function:
     """all_slice on one dimension of all_gather on another over the same axes ->
     all_to_all. The gather must have no other use."""
-    return _sweep(fn, _all_to_all)
+    return _sweep(fn, (_ALL_TO_ALL,))
 
 
 def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
@@ -256,7 +327,7 @@ def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
         before.append(axes[:k])
         scatter.append(axes[k:])
     name, monoid = op.results[0].name, reduce.params["monoid"]
-    x = rw.value(reduce.operands[0])
+    x = reduce.operands[0]
     if any(before):
         x = rw.emit(make_all_slice(x, before, rw.mesh, name, op.loc))
     rest = tuple(a for a in reduced if a not in flat_axes(tuple(scatter)))
@@ -267,11 +338,42 @@ def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
     return x
 
 
+_REDUCE_SCATTER_FUSION = Pattern((ALL_SLICE,), _reduce_scatter)
+
+
 def fuse_reduce_scatter(fn: Function) -> Function:
     """all_slice(all_reduce(x)) -> reduce_scatter(x) over the sliced axes that are
     reduced; sliced axes that are not reduced slice x before the reduction. The
     all_reduce must have no other use."""
-    return _sweep(fn, _reduce_scatter)
+    return _sweep(fn, (_REDUCE_SCATTER_FUSION,))
+
+
+def _slice_first(rw: _Rewriter, op: Op) -> Value | None:
+    if op.name != ALL_SLICE:
+        return None
+    scatter = rw.source(op.operands[0], REDUCE_SCATTER, single_use=True)
+    if scatter is None:
+        return None
+    s, r = op.params["axes"], scatter.params["axes"]
+    # Only on other dimensions than the scatter's: on the same one the slice's axes
+    # would become major to the scatter's.
+    if any(a and b for a, b in zip(s, r, strict=True)) or set(flat_axes(s)) & set(
+            flat_axes(r)):
+        return None
+    x = rw.emit(make_all_slice(scatter.operands[0], s, rw.mesh, op.results[0].name, op.loc))
+    return rw.emit(make_reduce_scatter(x, r, rw.mesh, scatter.params["monoid"],
+                                       op.results[0].name, scatter.loc))
+
+
+_SLICE_FIRST = Pattern((ALL_SLICE,), _slice_first)
+
+
+def slice_before_reduce_scatter(fn: Function) -> Function:
+    """all_slice(reduce_scatter(x)) -> reduce_scatter(all_slice(x)) when the slice is on
+    other dimensions and over other axes than the scatter: the devices reduced together
+    slice alike, so the slice commutes and shrinks what is reduced (and may cancel a
+    gather that x comes from). The reduce_scatter must have no other use."""
+    return _sweep(fn, (_SLICE_FIRST,))
 
 
 # The elementwise primitives that combine two values with each monoid; `add_any` is how
@@ -297,7 +399,7 @@ def _reassociate(rw: _Rewriter, op: Op) -> Value | None:
         if (ra is None or rb is None or ra is rb or ra.params["monoid"] != monoid
                 or _reduction(ra) != _reduction(rb)):
             continue
-        x, y = rw.value(ra.operands[0]), rw.value(rb.operands[0])
+        x, y = ra.operands[0], rb.operands[0]
         if x.type != y.type:
             return None
         name = op.results[0].name
@@ -308,29 +410,35 @@ def _reassociate(rw: _Rewriter, op: Op) -> Value | None:
     return None
 
 
+_REASSOCIATE = Pattern(tuple(_MONOID_OPS), _reassociate)
+
+
 def reassociate_reductions(fn: Function) -> Function:
     """all_reduce(a) + all_reduce(b) -> all_reduce(a + b), and the same for
     reduce_scatter and for the other monoids (max, min, and, or), when the two reductions
     are alike and have no other use."""
-    return _sweep(fn, _reassociate)
+    return _sweep(fn, (_REASSOCIATE,))
+
+
+def _cse(rw: _Rewriter, op: Op) -> Value | None:
+    # Last of the rewrites: an op that reaches it is kept unless it repeats a kept one.
+    if not op.name.startswith("hlo."):
+        return None
+    key = (op.name, tuple(op.operands), tuple(sorted(op.params.items())))
+    first = rw.seen.get(key)
+    if first is not None and first not in rw.dead:
+        return first.results[0]
+    rw.seen[key] = op
+    return None
+
+
+_CSE = Pattern((*COLLECTIVES, AXIS_INDEX), _cse)
 
 
 def cse(fn: Function) -> Function:
     """One op for identical HLO ops (same kind, operands and parameters): collectives
     and axis indices are pure, and the lowering emits one per execute."""
-    seen: dict[tuple, Value] = {}
-
-    def rewrite(rw: _Rewriter, op: Op) -> Value | None:
-        if not op.name.startswith("hlo."):
-            return None
-        key = (op.name, tuple(rw.value(v) for v in op.operands),
-               tuple(sorted(op.params.items())))
-        if key in seen:
-            return seen[key]
-        seen[key] = op.results[0]
-        return None
-
-    return _sweep(fn, rewrite)
+    return _sweep(fn, (_CSE,))
 
 
 def localize_arguments(fn: Function) -> Function:
@@ -429,19 +537,19 @@ def schedule_by_demand(fn: Function) -> Function:
     return replace(fn, ops=order)
 
 
-PASSES: tuple[Callable[[Function], Function], ...] = (
-    dce, cse, merge_collectives, cancel_gather_slice, reassociate_reductions,
-    fuse_reduce_scatter, fuse_all_to_all, localize_arguments, localize_results)
+# Every local rewrite, tried in this order on each op of one sweep. CSE comes last: an op
+# it records is one that stays.
+LOCAL_PATTERNS: tuple[Pattern, ...] = (
+    _MERGE, _CANCEL, _REASSOCIATE, _REDUCE_SCATTER_FUSION, _SLICE_FIRST, _ALL_TO_ALL, _CSE)
 
 
 def optimize(fn: Function) -> Function:
-    """The fusion passes in a fixed order, repeated until none rewrites anything (each
-    rewrite removes a collective or moves work before a reduction, so this ends), then
-    the ops ordered by demand."""
+    """The local rewrites in one sweep, then the argument and result localization,
+    repeated until nothing changes (each rewrite removes a collective or moves work
+    before a reduction, so this ends), then the ops ordered by demand. A sweep sees the
+    rewrites made earlier in it, so a second round mostly confirms the first."""
     while True:
         start = fn
-        for p in PASSES:
-            fn = p(fn)
+        fn = localize_results(localize_arguments(_sweep(cse(dce(fn)), LOCAL_PATTERNS)))
         if fn is start:
             return schedule_by_demand(fn)
-

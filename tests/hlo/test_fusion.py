@@ -21,6 +21,7 @@ from partir.hlo.fusion import (
     merge_collectives,
     reassociate_reductions,
     schedule_by_demand,
+    slice_before_reduce_scatter,
 )
 from partir.hlo.ops import (
     ALL_GATHER,
@@ -31,6 +32,7 @@ from partir.hlo.ops import (
     make_all_gather,
     make_all_reduce,
     make_all_slice,
+    make_reduce_scatter,
 )
 from partir.ir import Function, Op, Value
 from partir.mesh import Mesh
@@ -80,7 +82,7 @@ def test_passes_return_their_input_when_nothing_applies():
     fn = function([x], [op], op.results)
     for p in (cancel_gather_slice, cse, dce, fuse_all_to_all, fuse_reduce_scatter,
               localize_arguments, localize_results, merge_collectives, reassociate_reductions,
-              schedule_by_demand):
+              schedule_by_demand, slice_before_reduce_scatter):
         assert p(fn) is fn, p.__name__
     assert optimize(fn) is fn
 
@@ -200,6 +202,38 @@ def test_no_reduce_scatter_when_a_reduced_axis_is_major_to_a_sliced_one():
     shared = function([x], [r, s2], [s2.results[0], r.results[0]],
                       out_shardings=((("a",), ()), ((), ())))
     assert fuse_reduce_scatter(shared) is shared
+
+
+def test_slice_of_a_reduce_scatter_on_another_dim_goes_first():
+    x = Value(_t(8, 4), "x")
+    rs = make_reduce_scatter(x, (("a",), ()), MESH)
+    s = make_all_slice(rs.results[0], ((), ("b",)), MESH)
+    fn = function([x], [rs, s], s.results, out_shardings=((("a",), ("b",)),))
+    out = dce(slice_before_reduce_scatter(fn))
+    assert [(op.name, op.params["axes"]) for op in out.ops] == [
+        (ALL_SLICE, ((), ("b",))), (REDUCE_SCATTER, (("a",), ()))]
+    assert_same(fn, out)
+    # on the scatter's dimension the slice's axis would become major: no rewrite
+    same_dim = make_all_slice(rs.results[0], (("b",), ()), MESH)
+    kept = function([x], [rs, same_dim], same_dim.results, out_shardings=((("a", "b"), ()),))
+    assert slice_before_reduce_scatter(kept) is kept
+
+
+def test_one_sweep_sees_its_own_rewrites():
+    """slice_model(slice_batch(all_reduce_batch(gather_model(x)))): the inner slice fuses
+    with the reduction, then the outer slice goes before the reduce_scatter and cancels
+    the gather, all in one round: what a tied embedding's gradient lowers to."""
+    x = Value(_t(8, 2), "x")
+    g = make_all_gather(x, ((), ("b",)), MESH)
+    r = make_all_reduce(g.results[0], ("a",))
+    s1 = make_all_slice(r.results[0], (("a",), ()), MESH)
+    s2 = make_all_slice(s1.results[0], ((), ("b",)), MESH)
+    fn = function([x], [g, r, s1, s2], s2.results, (((), ("b",)),),
+                  ((("a",), ("b",)),))
+    out = optimize(fn)
+    assert [(op.name, op.params["axes"]) for op in out.ops] == [
+        (REDUCE_SCATTER, (("a",), ()))], print_hlo(out)
+    assert_same(fn, out)
 
 
 @pytest.mark.parametrize("prim, monoid", [(lax.add_p, "add"), (lax.max_p, "max")])
