@@ -7,9 +7,14 @@
     partir partition FILE --json        the per-tactic records as JSON
     partir partition FILE --ir spmd|hlo [--after N]
                                         the program lowered to PartIR:SPMD or PartIR:HLO
+    partir partition FILE --device h100 the simulator's cost columns for this device spec
+                                        (default: cpu; see partir.sim.registered_devices)
     partir run FILE [--steps N]         run the partitioned program on the local devices,
                                         check it against the unpartitioned function and
                                         report the step time
+    partir daemon start|stop|status [--workspace DIR]
+                                        the compiler daemon of a workspace (default: the
+                                        current directory), see `partir_daemon`
 
 FILE is a schedule file (`*.partir.py`, see `partir.schedule_file`). Bad schedule files
 and bad tactics are reported as `partir: error: ...` with exit status 2.
@@ -29,6 +34,7 @@ from partir.core.program import Sharding
 from partir.errors import PartitionError
 from partir.pipeline import lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
+from partir.sim import DEFAULT_DEVICE, Cost, get_device, registered_devices, simulate
 from partir.tactics import TacticRecord
 
 # Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
@@ -42,6 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "partition" and args.after is not None and args.ir is None:
         parser.error("--after needs --ir")
+    if args.command == "daemon":
+        return _daemon(args)
+    if args.command == "lsp":
+        from lsp.server import main as lsp_main
+
+        return lsp_main()
     try:
         return _partition(args) if args.command == "partition" else _run(args)
     except PartitionError as e:
@@ -70,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     partition.add_argument("--after", type=int, metavar="N",
                            help="with --ir: the program after tactic N (1-based; 0 is the "
                                 "traced program; default: the last tactic)")
+    partition.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
+                           help="device spec of the estimated cost columns (default "
+                                f"{DEFAULT_DEVICE}; one of {', '.join(registered_devices())})")
     run = commands.add_parser(
         "run", help="run the partitioned program on the local devices",
         description="Partition the schedule file's program, run it on the local devices "
@@ -78,10 +93,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
     run.add_argument("--steps", type=int, default=10, metavar="N",
                      help="timed steps after the first (compiling) one (default 10)")
+    daemon = commands.add_parser(
+        "daemon", help="start, stop or show the compiler daemon of a workspace",
+        description="The compiler daemon keeps traces and per-tactic results cached for "
+                    "editors and tools (see partir_daemon).")
+    daemon.add_argument("action", choices=["start", "stop", "status"])
+    daemon.add_argument("--workspace", default=".", metavar="DIR",
+                        help="the workspace the daemon serves (default: the current "
+                             "directory)")
+    daemon.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                        help="with start: exit after S seconds without clients or jobs")
+    commands.add_parser(
+        "lsp", help="run the language server over stdio (editors start it)",
+        description="The PartIR language server over stdio: diagnostics, hovers, code lenses "
+                    "and inlay hints for schedule files, computed by the workspace's daemon "
+                    "(see lsp/README.md).")
     return parser
 
 
 def _partition(args: argparse.Namespace) -> int:
+    device = get_device(args.device)  # an unknown name fails before any work
     schedule_file = load_schedule_file(args.file)
     result = schedule_file.program.core_partition(schedule_file.mesh, schedule_file.schedule)
     if args.ir is not None:
@@ -93,9 +124,9 @@ def _partition(args: argparse.Namespace) -> int:
         else:
             print(lower(result.program_after(args.after)).text(args.ir))
     elif args.json:
-        print(json.dumps(_json(schedule_file, result), indent=2))
+        print(json.dumps(_json(schedule_file, result, device.name), indent=2))
     else:
-        print(_report(schedule_file, result))
+        print(_report(schedule_file, result, device.name))
     return 0
 
 
@@ -113,25 +144,52 @@ def _sharded(shardings: dict[str, Sharding]) -> list[tuple[str, str]]:
     return [(n, str(s)) for n, s in shardings.items() if any(s.dims) or s.partial]
 
 
-def _report(schedule_file: ScheduleFile, result: CorePartition) -> str:
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _flops(n: float) -> str:
+    for unit in ("", "K", "M", "G", "T"):
+        if n < 1000 or unit == "T":
+            return f"{n:.0f}" if not unit else f"{n:.1f}{unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _report(schedule_file: ScheduleFile, result: CorePartition,
+            device: str = DEFAULT_DEVICE) -> str:
     lines = [f"{schedule_file.path}: {result.traced.function.name} on mesh {result.mesh}, "
              f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms", ""]
     shardings = [(t.program.input_shardings(), t.program.output_shardings())
                  for t in result.tactics]
     header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "conflicts",
-              "sharded inputs", "time (ms)")
+              "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
-        counts = lower(t.program).collectives
+        lowered = lower(t.program)
+        counts = lowered.collectives
+        cost: Cost = simulate(lowered.hlo, device)
         rows.append((str(i), t.name, t.axis, str(_value_actions(t)),
                      *(str(counts[k]) for k in _COLLECTIVES), _conflict_counts(t),
-                     f"{len(_sharded(inputs))} of {len(inputs)}", f"{t.elapsed_s * 1e3:.1f}"))
+                     f"{len(_sharded(inputs))} of {len(inputs)}", f"{t.elapsed_s * 1e3:.1f}",
+                     _flops(cost.flops), _seconds(cost.step_time_s),
+                     _bytes(cost.peak_memory_bytes)))
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
-    numeric = {0, 3, 4, 5, 6, 7, 10}  # right-aligned columns
+    numeric = {0, 3, 4, 5, 6, 7, 10, 11, 12, 13}  # right-aligned columns
     for row in rows:
         cells = [cell.rjust(w) if c in numeric else cell.ljust(w)
                  for c, (cell, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
+    lines.append(f"(estimated per device on {device}: step time = compute + communication, "
+                 "peak memory = arguments + results + live temporaries)")
     for i, (t, (inputs, outputs)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
         lines += ["", f"[{i}] {t.name}: " + "; ".join(t.actions)]
         lines += [f"    conflict: {c}" for c in t.conflicts]
@@ -149,7 +207,8 @@ def _report(schedule_file: ScheduleFile, result: CorePartition) -> str:
     return "\n".join(lines)
 
 
-def _json(schedule_file: ScheduleFile, result: CorePartition) -> dict[str, Any]:
+def _json(schedule_file: ScheduleFile, result: CorePartition,
+          device: str = DEFAULT_DEVICE) -> dict[str, Any]:
     tactics = []
     for i, (t, source) in enumerate(zip(result.tactics, schedule_file.tactics, strict=True),
                                     1):
@@ -164,7 +223,8 @@ def _json(schedule_file: ScheduleFile, result: CorePartition) -> dict[str, Any]:
             "notes": t.notes,
             "input_shardings": {n: str(s) for n, s in t.program.input_shardings().items()},
             "output_shardings": {n: str(s) for n, s in t.program.output_shardings().items()},
-            "collectives": lower(t.program).collectives,
+            "collectives": (lowered := lower(t.program)).collectives,
+            "cost": simulate(lowered.hlo, device).to_json(),
             "elapsed_s": t.elapsed_s,
             "propagation_s": t.propagation_s,
         })
@@ -235,3 +295,37 @@ def _concrete_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
         return rng.normal(size=x.shape).astype(x.dtype)
 
     return tuple(jax.tree.map(make, a) for a in args)
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    # Imported here: the other commands do not need the daemon's package.
+    from partir_daemon.client import DaemonError, daemon_status, start_daemon, stop_daemon
+    from partir_daemon.protocol import DaemonConfig
+
+    try:
+        if args.action == "status":
+            status = daemon_status(args.workspace)
+            if status is None:
+                print(f"no partir daemon is running for {args.workspace}")
+                return 1
+            print(json.dumps(status, indent=2))
+        elif args.action == "start":
+            running = daemon_status(args.workspace)
+            if running is not None:
+                print(f"a partir daemon is already running for {running['workspace']}: "
+                      f"pid {running['pid']}, socket {running['socket']}")
+                return 0
+            config = DaemonConfig()
+            if args.idle_timeout is not None:
+                config.idle_timeout_s = args.idle_timeout
+            status = start_daemon(args.workspace, config)
+            print(f"started the partir daemon for {status['workspace']}: pid "
+                  f"{status['pid']}, socket {status['socket']}, log {status['log']}")
+        else:
+            if not stop_daemon(args.workspace):
+                print(f"no partir daemon is running for {args.workspace}")
+                return 1
+            print(f"stopped the partir daemon for {args.workspace}")
+    except (DaemonError, OSError) as e:
+        return _fail(str(e))
+    return 0

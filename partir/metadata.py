@@ -10,6 +10,8 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from partir.sim import Cost
+
 
 @dataclass
 class TacticMetadata:
@@ -22,6 +24,7 @@ class TacticMetadata:
     notes: list[str]
     core_ir: str
     elapsed_s: float
+    cost: Cost | None = None  # the simulator's estimate for the program after this tactic
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Metadata:
     hlo_ir: str = ""
     stablehlo: str | None = None  # text of the executable module, once it is lowered
     collectives: dict[str, int] = field(default_factory=dict)
+    cost: Cost | None = None  # the simulator's estimate for the final program
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

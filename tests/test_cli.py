@@ -29,11 +29,19 @@ def test_table_lists_each_tactic(capsys):
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  tactic"))
     assert lines[header].split() == ["#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A",
-                                     "conflicts", "sharded", "inputs", "time", "(ms)"]
+                                     "conflicts", "sharded", "inputs", "time", "(ms)",
+                                     "FLOP/dev", "est.", "step", "peak", "mem/dev"]
     rows = [line.split() for line in lines[header + 1:header + 4]]
     assert [row[:4] for row in rows] == [["1", "BP", "batch", "1"], ["2", "MP", "model", "1"],
                                          ["3", "Z3", "batch", "2"]]
-    assert [" ".join(row[-4:-1]) for row in rows] == ["1 of 3", "3 of 3", "3 of 3"]
+    assert [" ".join(row[-9:-6]) for row in rows] == ["1 of 3", "3 of 3", "3 of 3"]
+    # The simulator's estimates per device (cpu spec): BP over 4 devices computes a quarter
+    # of the [256, 8] x [8, 16] and [256, 16] x [16, 8] matmuls and the relu,
+    # (2 * 256 * 8 * 16 * 2 + 256 * 16) / 4 = 33792 FLOPs; MP halves that again.
+    assert [row[-5] for row in rows] == ["33.8K", "16.9K", "16.9K"]
+    assert all(row[-4].replace(".", "").isdigit() and row[-3] == "ms" for row in rows)
+    assert all(row[-1] in ("B", "KiB", "MiB") for row in rows)
+    assert "estimated per device on cpu" in out
     assert rows[0][8] == "none" and " ".join(rows[2][8:10]) == "2 axis_in_scope"
     # Then what each tactic did, with the inputs it left sharded.
     assert '[3] Z3: tile<%w1,0,"batch">; tile<%w2,1,"batch">; propagate' in lines
@@ -84,6 +92,17 @@ def test_json_records(capsys):
     assert conflict["kind"] == "axis_in_scope" and conflict["op"] == "dot_general"
     assert conflict["loc"]["file"].endswith("model.py") and conflict["loc"]["line"] > 0
     assert all(t["elapsed_s"] >= t["propagation_s"] >= 0 for t in data["tactics"])
+    assert bp["cost"]["device"] == "cpu" and bp["cost"]["flops"] == 2 * mp["cost"]["flops"]
+    assert mp["cost"]["bytes_moved"]["all_reduce"] > 0 == bp["cost"]["bytes_moved"]["all_reduce"]
+
+
+def test_device_option_selects_the_spec(capsys):
+    code, out, _ = run(capsys, "partition", BP_MP_Z3, "--json", "--device", "h100")
+    assert code == 0
+    assert {t["cost"]["device"] for t in json.loads(out)["tactics"]} == {"H100-80GB"}
+    code, out, err = run(capsys, "partition", BP_MP_Z3, "--device", "tpu-v9")
+    assert code == 2 and out == ""
+    assert "unknown device 'tpu-v9'" in err and "H100-80GB" in err
 
 
 def test_error_in_schedule_file_exits_2_with_file_and_line(capsys, tmp_path):

@@ -78,7 +78,7 @@ class CoreModule:
         self.uses: dict[Value, list[tuple[int, int]]] = defaultdict(list)
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
-        self._seq = itertools.count(1)
+        self._seq = 1  # the last part of the next identity op's `order`
         self.info: dict[int, NestInfo] = {}  # every op's nest, indexed
         self._output_index: dict[Value, list[int]] = defaultdict(list)
         for r, v in enumerate(self.results):
@@ -116,6 +116,31 @@ class CoreModule:
         return CoreProgram(self.name, self.mesh, tuple(self.args), tuple(self.ops),
                            dict(self.nests), tuple(self.results), tuple(self.result_names))
 
+    def fork(self) -> CoreModule:
+        """An independent copy to continue rewriting from this state (the daemon resumes
+        an edited schedule from the state after the last unchanged tactic). Ops, values,
+        nests and `NestInfo`s are never mutated in place, so they are shared; every
+        container a rewrite mutates is copied, including the per-value use lists."""
+        new = CoreModule.__new__(CoreModule)
+        new.mesh = self.mesh
+        new.name = self.name
+        new.args = list(self.args)
+        new.results = list(self.results)
+        new.result_names = list(self.result_names)
+        new.tags = {k: list(v) for k, v in self.tags.items()}
+        new.ops = list(self.ops)
+        new.by_uid = dict(self.by_uid)
+        new.nests = dict(self.nests)
+        new.producer = dict(self.producer)
+        new.uses = defaultdict(list, {v: list(u) for v, u in self.uses.items()})
+        new.conflicts = dict(self.conflicts)
+        new.acted = dict(self.acted)
+        new._seq = self._seq
+        new.info = dict(self.info)
+        new._output_index = defaultdict(list, {v: list(r) for v, r in
+                                               self._output_index.items()})
+        return new
+
     # -- rewrites ------------------------------------------------------------------------
     def add_loop(self, uid: int, loop: Loop) -> None:
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
@@ -131,7 +156,8 @@ class CoreModule:
         after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self.args.index(value))
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
-                    order=(*after, next(self._seq)))
+                    order=(*after, self._seq))
+        self._seq += 1
         bisect.insort(self.ops, op, key=lambda o: o.order)
         self.nests[op.uid] = nest
         self._index(op)

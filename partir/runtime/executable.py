@@ -41,7 +41,8 @@ class Executable:
     """
 
     def __init__(self, fn: Function, mesh: Mesh, jax_mesh: jax.sharding.Mesh,
-                 in_shardings: Sequence[Sharding], out_shardings: Sequence[Sharding]) -> None:
+                 in_shardings: Sequence[Sharding], out_shardings: Sequence[Sharding],
+                 **jit_options: Any) -> None:
         self.fn = fn
         self.mesh = mesh
         self.jax_mesh = jax_mesh
@@ -63,7 +64,8 @@ class Executable:
         # (the out_shardings), which JAX's varying-axes inference cannot always see, e.g.
         # a tiled all_gather's result is typed as varying although all devices hold it.
         self.fun = jax.jit(jax.shard_map(local_fn, mesh=jax_mesh, in_specs=self.in_specs,
-                                         out_specs=self.out_specs, check_vma=False))
+                                         out_specs=self.out_specs, check_vma=False),
+                           **jit_options)
 
     def __call__(self, *args: Any) -> list[jax.Array]:
         """The program's global results on the global arguments."""
@@ -121,10 +123,12 @@ class Executable:
         return x
 
 
-def build_callable(fn: Function, devices: Sequence[jax.Device] | None = None) -> Executable:
+def build_callable(fn: Function, devices: Sequence[jax.Device] | None = None,
+                   **jit_options: Any) -> Executable:
     """The executable of a PartIR:HLO program on the first `mesh.size` of `devices`
     (default: `jax.devices()`, every process's devices under `jax.distributed`), laid
-    out row-major over the mesh axes in order."""
+    out row-major over the mesh axes in order. `jit_options` go to `jax.jit`
+    (`donate_argnums` counts the program's flat arguments)."""
     mesh = fn.attributes.get("mesh")
     if mesh is None:
         raise ProgramError(f"function {fn.name} has no `mesh` attribute")
@@ -146,7 +150,7 @@ def build_callable(fn: Function, devices: Sequence[jax.Device] | None = None) ->
     grid[:] = devices
     jax_mesh = jax.sharding.Mesh(grid[:mesh.size].reshape(tuple(mesh.values())),
                                  mesh.axis_names)
-    return Executable(fn, mesh, jax_mesh, in_shardings, out_shardings)
+    return Executable(fn, mesh, jax_mesh, in_shardings, out_shardings, **jit_options)
 
 
 def _result_names(fn: Function) -> list[str]:

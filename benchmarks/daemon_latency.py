@@ -1,0 +1,170 @@
+"""Daemon latency on the 32-layer transformer step (paper's T32) with BP+MP+Z3.
+
+Measured side by side in one run, through a real daemon and its client (end to end, as
+the language server sees it), on a private copy of examples/transformer:
+
+- cold: the first partition of the schedule file (the compiler process is already up,
+  JAX imported, after a warm-up partition of another, tiny, program);
+- warm: the same request again, with no change (load the schedule file, everything else
+  from the cache);
+- edit of the last tactic: the schedule's last tactic replaced by a different one (each
+  repeat a new one, so none is in the cache): tactics 1..n-1 are reused, only the last is
+  applied and lowered for its collective counts.
+
+Targets (issue 5): the edit of the last tactic within 15% of the cold time and under 1 s.
+
+    python benchmarks/daemon_latency.py [--repeat 3] [--batch-axis 16] [--model-axis 2]
+        [--layers 32]
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from partir_daemon import protocol as P  # noqa: E402
+from partir_daemon.client import DaemonClient  # noqa: E402
+
+SCHEDULE = '''\
+import dataclasses
+
+import model
+from schedules import BP, MP, Z3
+
+import partir
+
+config = dataclasses.replace(model.T32, layers={layers})
+program = partir.Program(model.train_step, *model.abstract_inputs(config))
+mesh = {{"batch": {batch}, "model": {model_axis}}}
+schedule = [
+    BP,
+    MP,
+    {last},
+]
+'''
+Z3_TEXT = "Z3"
+# Edited last tactics: ZeRO-2 and ZeRO-3 variants under new names, so that each edit is a
+# tactic the daemon has not applied yet.
+EDITS = [
+    'partir.ManualPartition({{"params": partir.REPLICATED, '
+    '"opt_state": partir.FIRST_DIVISIBLE_DIM}}, axis="batch", name="Z2-edit{k}")',
+    'partir.ManualPartition({{"params": partir.FIRST_DIVISIBLE_DIM, '
+    '"opt_state": partir.FIRST_DIVISIBLE_DIM}}, axis="batch", name="Z3-edit{k}")',
+]
+
+
+def timed(client: DaemonClient, path: str, text: str, version: int
+          ) -> tuple[float, P.PartitionResult]:
+    start = time.perf_counter()
+    result = client.partition(path, text, version=version, timeout=1800)
+    elapsed = time.perf_counter() - start
+    if not result.ok:
+        raise SystemExit(f"partition failed: {result.diagnostics}")
+    return elapsed, result
+
+
+def describe(result: P.PartitionResult) -> str:
+    t = result.timings
+    return (f"reused {result.reused or '-'}, applied {result.reapplied or '-'}, trace "
+            f"{'cached' if result.trace and result.trace.cached else 'traced'}; in the "
+            f"compiler: load {t.load_s:.3f}s, trace {t.trace_s:.3f}s, tactics "
+            f"{t.tactics_s:.3f}s, collectives {t.metadata_s:.3f}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch-axis", type=int, default=16)
+    parser.add_argument("--model-axis", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=32)
+    args = parser.parse_args()
+
+    workspace = Path(tempfile.mkdtemp(prefix="partir-bench-"))
+    runtime = Path(tempfile.mkdtemp(prefix="partir-bench-run-"))
+    runtime.chmod(0o700)
+    for name in ("model.py", "schedules.py"):
+        shutil.copy(ROOT / "examples" / "transformer" / name, workspace / name)
+    shutil.copytree(ROOT / "examples" / "mlp", workspace / "mlp")
+    path = str(workspace / "t32.partir.py")
+
+    def text(last: str) -> str:
+        return SCHEDULE.format(layers=args.layers, batch=args.batch_axis,
+                               model_axis=args.model_axis, last=last)
+
+    Path(path).write_text(text(Z3_TEXT))
+    config = P.DaemonConfig(idle_timeout_s=600, compile_timeout_s=3600,
+                            load_timeout_s=300)
+    client = DaemonClient.connect(workspace, config=config, runtime_dir=runtime,
+                                  timeout=3600)
+    try:
+        # Start the compiler process and import JAX and partir on a tiny program.
+        client.partition("mlp/bp_mp_z3.partir.py")
+        version = 0
+        cold, warm, edit = [], [], []
+        details = {}
+        for r in range(args.repeat):
+            # A fresh compiler process for each cold run: nothing cached.
+            if r:
+                client.request("shutdown", P.ShutdownParams())
+                client.close()
+                time.sleep(0.5)
+                client = DaemonClient.connect(workspace, config=config,
+                                              runtime_dir=runtime, timeout=3600)
+                client.partition("mlp/bp_mp_z3.partir.py")
+            version += 1
+            t, res = timed(client, path, text(Z3_TEXT), version)
+            cold.append(t)
+            details["cold"] = res
+            version += 1
+            t, res = timed(client, path, text(Z3_TEXT), version)
+            warm.append(t)
+            details["warm"] = res
+            version += 1
+            last = EDITS[r % len(EDITS)].format(k=r)
+            t, res = timed(client, path, text(last), version)
+            edit.append(t)
+            details["edit"] = res
+            assert res.reused == [1, 2] and res.reapplied == [3], res.reused
+        stats = client.cache_stats()
+    finally:
+        client.request("shutdown", P.ShutdownParams())
+        client.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+    result = details["cold"]
+    print(f"T32 train step ({args.layers} layers), BP+MP+Z3 on mesh "
+          f"{{batch: {args.batch_axis}, model: {args.model_axis}}}: {result.trace.ops} traced "
+          f"ops; median of {args.repeat} run(s), end to end through the daemon socket")
+    rows = [("cold partition", cold, details["cold"]),
+            ("warm partition, no change", warm, details["warm"]),
+            ("after editing the last tactic", edit, details["edit"])]
+    width = max(len(r[0]) for r in rows)
+    for label, times, res in rows:
+        print(f"  {label:{width}}  {statistics.median(times):8.3f}s  (min {min(times):.3f}s)"
+              f"  {describe(res)}")
+    c, w, e = (statistics.median(x) for x in (cold, warm, edit))
+    print(f"warm / cold: {w / c:.1%}")
+    verdict = "met" if e / c <= 0.15 and e < 1.0 else "NOT met"
+    print(f"last-tactic edit / cold: {e / c:.1%} and {e:.3f}s (target <= 15% and < 1 s: "
+          f"{verdict})")
+    t = details["edit"].timings
+    print(f"  of the edit: applying the tactic {t.tactics_s:.3f}s ({t.tactics_s / c:.1%} of "
+          f"cold), lowering + simulating it for its metadata {t.metadata_s:.3f}s, loading "
+          f"the schedule file {t.load_s:.3f}s")
+    print(f"cache: {stats.traces} trace(s), {stats.states} states, {stats.held_ops} ops held; "
+          f"state hits {stats.state_hits}, misses {stats.state_misses}")
+
+
+if __name__ == "__main__":
+    main()

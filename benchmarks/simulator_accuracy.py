@@ -1,0 +1,149 @@
+"""The simulator's estimates next to what XLA reports and what the step measures, side by
+side on the 8 local CPU devices, for the small transformer (examples/transformer,
+model.TINY) under every schedule of examples/transformer/schedules.py.
+
+Per schedule:
+* peak memory per device: the simulator's estimate (`Metadata.cost`, device "cpu") and
+  XLA's `compiled.memory_analysis()` argument + output + temp sizes, and their ratio;
+* step time: the estimate and the measured time of the compiled step on arguments
+  already placed on the devices (the minimum over `--steps` runs after a warm-up, the
+  schedules taking turns in `--rounds` rounds).
+
+Then the Spearman rank correlation of estimated and measured step times (targets: memory
+within 15% per schedule, Spearman >= 0.8).
+
+    python benchmarks/simulator_accuracy.py [--steps 60] [--rounds 6] [--device cpu]
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax
+
+import partir
+from examples.transformer import model, schedules
+
+MEMORY_TARGET = 0.15
+SPEARMAN_TARGET = 0.8
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks; ties get the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rho: the Pearson correlation of the ranks."""
+    rx, ry = ranks(x), ranks(y)
+    n = len(rx)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / (vx * vy) ** 0.5
+
+
+def compile_step(fn: partir.PartitionedFunction, inputs: tuple) -> tuple[object, list]:
+    """The compiled step and its arguments placed on the devices."""
+    compiled = fn.lower(*inputs).compile()
+    placed = [jax.device_put(x, s) for x, s in
+              zip(jax.tree.leaves(inputs), compiled.input_shardings[0], strict=True)]
+    jax.block_until_ready(compiled(*placed))  # warm-up
+    return compiled, placed
+
+
+def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[float]:
+    """The minimum time of each compiled step. The machine is shared, so the steps take
+    turns, `rounds` times `runs // rounds` runs each: a burst of load from elsewhere
+    then slows every schedule's runs alike instead of one schedule's."""
+    best = [float("inf")] * len(steps)
+    for _ in range(rounds):
+        for k, (compiled, placed) in enumerate(steps):
+            for _ in range(max(1, runs // rounds)):
+                start = time.perf_counter()
+                jax.block_until_ready(compiled(*placed))
+                best[k] = min(best[k], time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60,
+                        help="timed runs per schedule (default 60)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="the schedules take turns this many times (default 6)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+
+    cfg = model.TINY
+    inputs = model.make_inputs(cfg)
+    metas, stats, steps = [], [], []
+    for schedule in schedules.SCHEDULES.values():
+        metas.append(partir.partition(model.train_step, schedules.MESH, schedule, *inputs,
+                                      device=args.device))
+        fn, _ = partir.jit(model.train_step, schedules.MESH, schedule)
+        steps.append(compile_step(fn, inputs))
+        stats.append(steps[-1][0].memory_analysis())
+    measured = measure(steps, args.steps, args.rounds)
+    rows = []
+    for name, meta, st, t in zip(schedules.SCHEDULES, metas, stats, measured, strict=True):
+        xla = st.argument_size_in_bytes + st.output_size_in_bytes + st.temp_size_in_bytes
+        rows.append((name, meta.cost, xla, st, t))
+
+    print(f"small transformer {cfg} on mesh {schedules.MESH}; jax {jax.__version__}, "
+          f"{len(jax.devices())} {jax.devices()[0].platform} devices, {os.cpu_count()} cores; "
+          f"device spec {rows[0][1].device!r}; min of {args.steps} runs per schedule in "
+          f"{args.rounds} interleaved rounds")
+    print()
+    header = (f"{'schedule':14}  {'est. mem':>9}  {'XLA mem':>9}  {'(arg/out/temp KiB)':>19}  "
+              f"{'error':>7}  {'est. step':>9}  {'(comp/comm)':>13}  {'measured':>9}  "
+              f"{'GFLOP':>6}")
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for name, cost, xla, stats, measured in rows:
+        error = cost.peak_memory_bytes / xla - 1
+        worst = max(worst, abs(error))
+        parts = "/".join(f"{b / 1024:.0f}" for b in (stats.argument_size_in_bytes,
+                                                     stats.output_size_in_bytes,
+                                                     stats.temp_size_in_bytes))
+        print(f"{name:14}  {cost.peak_memory_bytes / 1024:>7.0f}Ki  {xla / 1024:>7.0f}Ki  "
+              f"{parts:>19}  {error:>+7.1%}  {cost.step_time_s * 1e3:>7.2f}ms  "
+              f"{cost.compute_time_s * 1e3:>5.2f}/{cost.communication_time_s * 1e3:<6.2f}  "
+              f"{measured * 1e3:>7.2f}ms  {cost.flops / 1e9:>6.3f}")
+    rho = spearman([r[1].step_time_s for r in rows], [r[4] for r in rows])
+    print()
+    print(f"peak memory: worst |error| {worst:.1%} (target <= {MEMORY_TARGET:.0%}: "
+          f"{'met' if worst <= MEMORY_TARGET else 'NOT met'})")
+    print(f"step time: Spearman rank correlation {rho:.3f} (target >= {SPEARMAN_TARGET}: "
+          f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'})")
+    print("estimated ranks: " + ", ".join(
+        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[1].step_time_s for r in rows]),
+                                          strict=True)))
+    print("measured ranks:  " + ", ".join(
+        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[4] for r in rows]), strict=True)))
+
+
+if __name__ == "__main__":
+    main()

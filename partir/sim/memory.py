@@ -1,0 +1,280 @@
+"""Which values of a device-local program get a buffer, and the peak bytes per device.
+
+Fusion heuristic (what XLA's fusion passes do to elementwise chains, simplified):
+* reshapes, squeezes, `tag`s and other FREE ops are bitcasts: their result is their
+  operand's buffer;
+* the result of a fusible producer (elementwise op, broadcast, iota, scalar constant,
+  transpose, slice, pad, concatenate, all_slice) gets no buffer when every consumer is
+  fusible too (those producers, or a reduction) and either there is one consumer (an
+  elementwise chain fuses into one loop) or the producer is cheap (XLA duplicates cheap
+  producers into every consumer rather than store them; it does not duplicate
+  transcendentals such as exp, log, tanh, rsqrt). The fused consumer then reads the
+  buffers the fused producers read;
+* everything else is materialized: matmuls, gathers, scatters, collectives, values used
+  by several consumers or by a non-fusible one, and the program's results.
+
+Live ranges. XLA allocates the arguments, the results and one pool of temporaries before
+the program runs, so
+
+    peak = arguments + results + peak of the live temporaries,
+
+which is what `compiled.memory_analysis()` reports as argument + output + temp sizes
+(without donation). A temporary is live from the op that writes it to the last op that
+reads it (directly or through fused producers), in program order. An op's result may
+reuse the buffer of an operand of the same size whose last read is that op, when the op
+is fusible (XLA's in-place buffer sharing for elementwise users). Constants are part of
+the executable, not temporaries. Ops whose results nobody reads are dead code, which XLA
+removes: they cost nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from partir.ir import Function, TensorType, Value
+from partir.sim.cost import (
+    FUSIBLE_CONSUMERS,
+    FUSIBLE_PRODUCERS,
+    UNKNOWN_RULE,
+    Kind,
+    lookup_cost,
+)
+
+# (elements, bytes) of a value's type.
+SizesFn = Callable[[object], tuple[int, int]]
+
+
+def size_table() -> SizesFn:
+    """A memoized (elements, bytes) of a type: programs repeat a few types many times."""
+    cache: dict[object, tuple[int, int]] = {}
+
+    def sizes(t: object) -> tuple[int, int]:
+        found = cache.get(t)
+        if found is None:
+            if isinstance(t, TensorType):
+                n = 1
+                for d in t.shape:
+                    n *= d
+                found = (n, n * np.dtype(t.dtype).itemsize)
+            else:  # a range (axis_index): one int32 coordinate
+                found = (1, 4)
+            cache[t] = found
+        return found
+
+    return sizes
+
+
+@dataclass
+class BufferPlan:
+    """What the fusion heuristic and the live-range analysis found, per op index."""
+
+    kinds: list[Kind]  # per op
+    live: list[bool]  # per op: False for dead ops and FREE ops (no kernel)
+    kernel: list[bool]  # per op: it launches a kernel (a materialized fusion root)
+    op_bytes: list[int]  # per op: bytes of the buffers it reads and writes
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int  # peak of the live temporaries
+    peak_op: int  # index of the op at which the temporaries peak (-1: none)
+    # With explain=True: (bytes, index of the op writing it) of the temporaries at the peak.
+    at_peak: list[tuple[int, int]]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes
+
+
+def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
+                 explain: bool = False) -> BufferPlan:
+    """The buffer plan of `fn`; `explain` also lists the temporaries live at the peak."""
+    sizes = sizes or size_table()
+    ops = fn.ops
+    n_ops = len(ops)
+    rules = [lookup_cost(op.name) or UNKNOWN_RULE for op in ops]
+    kinds = [rule.kind for rule in rules]
+
+    # Pass 1: buffers (FREE results are their operand's buffer) and their consumers' kinds.
+    root: dict[Value, Value] = {}
+    producer: dict[Value, int] = {}
+    consumers: dict[Value, list[Kind]] = {}
+    for i, op in enumerate(ops):
+        kind = kinds[i]
+        if kind is Kind.FREE and op.operands and isinstance(op.operands[0].type, TensorType):
+            base = op.operands[0]
+            base = root.get(base, base)
+            for r in op.results:
+                root[r] = base
+            continue
+        for r in op.results:
+            producer[r] = i
+        for u in op.operands:
+            consumers.setdefault(root.get(u, u), []).append(kind)
+
+    outputs = {root.get(v, v) for v in fn.results}
+
+    def fused(v: Value) -> bool:
+        i = producer.get(v)
+        if i is None or v in outputs:
+            return False
+        users = consumers.get(v)
+        if not users or kinds[i] not in FUSIBLE_PRODUCERS:
+            return False
+        if not all(k in FUSIBLE_CONSUMERS for k in users):
+            return False
+        return len(users) == 1 or not rules[i].expensive
+
+    # Pass 2: per op, the materialized buffers it reads (through fused producers), the
+    # bytes it moves, and the last reader of every buffer.
+    reads: list[tuple[Value, ...]] = [()] * n_ops
+    sources: dict[Value, tuple[Value, ...]] = {}  # fused value -> buffers it reads
+    last_read: dict[Value, int] = {}
+    live = [False] * n_ops
+    kernel = [False] * n_ops
+    op_bytes = [0] * n_ops
+    for i, op in enumerate(ops):
+        kind = kinds[i]
+        if kind is Kind.FREE or not any(r in consumers or r in outputs for r in op.results):
+            continue
+        live[i] = True
+        direct = 0
+        read: list[Value] = []
+        for u in op.operands:
+            b = root.get(u, u)
+            src = sources.get(b)
+            if src is None:
+                read.append(b)
+                direct += sizes(b.type)[1]
+            else:
+                read.extend(src)
+        written = 0
+        for r in op.results:
+            if fused(r):
+                sources[r] = tuple(dict.fromkeys(read))
+            else:
+                written += sizes(r.type)[1]
+                kernel[i] = True
+        op_bytes[i] = direct + written
+        reads[i] = tuple(read)
+        for b in read:
+            last_read[b] = i
+
+    # Pass 3: the temporaries live in program order.
+    outputs_at = {producer.get(v, n_ops): v for v in outputs}  # op writing it (or the end)
+    scan = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
+                 outputs_at, sizes)
+    peak, peak_op = scan.run()
+    at_peak: list[tuple[int, int]] = []
+    if explain and peak_op >= 0:
+        again = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
+                      outputs_at, sizes)
+        again.run(stop_at=peak_op)
+        at_peak = sorted(((sizes(b.type)[1], j) for b, j in again.holder.items()
+                          if again.placed.get(b) is None), reverse=True)
+    argument_bytes = sum(sizes(a.type)[1] for a in fn.args)
+    output_bytes = sum(sizes(v.type)[1] for v in outputs)
+    return BufferPlan(kinds, live, kernel, op_bytes, argument_bytes, output_bytes, peak,
+                      peak_op, at_peak)
+
+
+class _Scan:
+    """Walks the kernels in program order, allocating and freeing temporaries.
+
+    XLA allocates the results before the run, and its buffer assignment places a
+    temporary in a result's allocation that is not written yet when the temporary dies
+    before that write (the live ranges do not overlap). So a new temporary first goes to
+    such a result allocation with room for it (the roomiest one, kept in a heap), and
+    only otherwise to the temporaries' pool, whose peak is the reported temp bytes.
+    """
+
+    def __init__(self, ops: list, kinds: list[Kind], kernel: list[bool],
+                 reads: list[tuple[Value, ...]], last_read: dict[Value, int],
+                 sources: dict[Value, tuple[Value, ...]], consumers: dict[Value, list[Kind]],
+                 outputs: set[Value], outputs_at: dict[int, Value], sizes: SizesFn) -> None:
+        self.ops, self.kinds, self.kernel, self.reads = ops, kinds, kernel, reads
+        self.last_read, self.sources, self.consumers = last_read, sources, consumers
+        self.outputs, self.outputs_at, self.sizes = outputs, outputs_at, sizes
+        self.holder: dict[Value, int] = {}  # live temporary -> op that wrote it
+        self.placed: dict[Value, int | None] = {}  # temporary -> result allocation or pool
+        # Result allocations not yet written: index of the writing op -> free bytes.
+        self.room = {w: sizes(v.type)[1] for w, v in outputs_at.items()}
+        self.heap = [(-room, w) for w, room in self.room.items()]
+        heapq.heapify(self.heap)
+
+    def _place(self, nbytes: int, until: int) -> int | None:
+        """A result allocation (its writer's index) free until after `until` with room for
+        `nbytes`, taking the room; None if there is none."""
+        skipped = []
+        found = None
+        while self.heap:
+            neg, w = self.heap[0]
+            room = self.room.get(w)
+            if room is None or -neg != room:  # written already, or a stale entry
+                heapq.heappop(self.heap)
+                continue
+            if room < nbytes:
+                break
+            heapq.heappop(self.heap)
+            if w > until:
+                found = w
+                self.room[w] = room - nbytes
+                heapq.heappush(self.heap, (nbytes - room, w))
+                break
+            skipped.append((neg, w))
+        for entry in skipped:
+            heapq.heappush(self.heap, entry)
+        return found
+
+    def _release(self, b: Value) -> int:
+        """Free a temporary; the bytes the pool gets back."""
+        del self.holder[b]
+        w = self.placed.pop(b)
+        nbytes = self.sizes(b.type)[1]
+        if w is None:
+            return nbytes
+        if w in self.room:
+            self.room[w] += nbytes
+            heapq.heappush(self.heap, (-self.room[w], w))
+        return 0
+
+    def run(self, stop_at: int | None = None) -> tuple[int, int]:
+        current = peak = 0
+        peak_op = -1
+        sizes, holder, placed = self.sizes, self.holder, self.placed
+        for i, op in enumerate(self.ops):
+            if i in self.outputs_at:
+                self.room.pop(i, None)  # its result is written now
+            if not self.kernel[i]:
+                continue
+            # A list in read order, not a set: the donor choice must not depend on hashes.
+            dying = [b for b in dict.fromkeys(self.reads[i])
+                     if self.last_read.get(b) == i and b in holder]
+            for r in op.results:
+                if r in self.sources or r in self.outputs or r not in self.consumers \
+                        or op.name == "constant":
+                    continue
+                nbytes = sizes(r.type)[1]
+                if self.kinds[i] in FUSIBLE_PRODUCERS:
+                    donor = next((b for b in dying if sizes(b.type)[1] == nbytes), None)
+                    if donor is not None and (placed[donor] is None or
+                                              placed[donor] > self.last_read.get(r, i)):
+                        # In place: the result takes the operand's buffer.
+                        dying.remove(donor)
+                        del holder[donor]
+                        holder[r] = i
+                        placed[r] = placed.pop(donor)
+                        continue
+                holder[r] = i
+                placed[r] = where = self._place(nbytes, self.last_read.get(r, i))
+                if where is None:
+                    current += nbytes
+            if current > peak:
+                peak, peak_op = current, i
+            if i == stop_at:
+                break
+            for b in dying:
+                current -= self._release(b)
+        return peak, peak_op

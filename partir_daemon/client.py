@@ -1,0 +1,450 @@
+"""The daemon's client: connect to (or start) the daemon of a workspace and call its
+methods. Used by `partir daemon ...`, the language server and the tests.
+
+    from partir_daemon.client import DaemonClient
+
+    with DaemonClient.connect("/path/to/workspace", on_progress=print) as client:
+        result = client.partition("examples/mlp/bp_mp_z3.partir.py")   # PartitionResult
+        for t in result.tactics:
+            print(t.index, t.name, t.reused, t.metadata["collectives"])
+        text = client.ir("examples/mlp/bp_mp_z3.partir.py", level="hlo", after=2).text
+        job = client.run("examples/mlp/bp_mp_z3.partir.py", steps=5)
+        job = client.wait_job(job.id)                                  # JobInfo
+
+API:
+- `DaemonClient.connect(workspace, autostart=True, config=None, timeout=120.0,
+  on_progress=None, on_notification=None)`: connects to the workspace's daemon, starting
+  one (detached, logging to `<workspace>/.partir/daemon.log`) when none runs and
+  `autostart` is set. `timeout` is the default per-request timeout in seconds (None: wait
+  forever); every method also takes `timeout=`.
+- One method per RPC: `partition`, `ir`, `explain`, `run`, `jobs`, `job`, `cancel`,
+  `cache_stats`, `status`, `shutdown`; each returns the result dataclass of
+  `partir_daemon.protocol`. `request_future(method, params)` sends without waiting and
+  returns a `concurrent.futures.Future` (for asyncio: `asyncio.wrap_future`), and
+  `cancel_request(id)` cancels a request in flight. The client is thread-safe.
+- `on_progress(ProgressParams)` receives `$/progress` notifications (partition phases and
+  tactics, job steps); `on_notification(method, params_dict)` every other notification
+  (`partir/invalidated`). Both are called on the client's reader thread.
+- Errors: `DaemonNotRunning` (no daemon and no auto-start, or it failed to start),
+  `DaemonConnectionLost` (the daemon crashed or exited while a request was pending),
+  `InsecureDaemonSocket` (the socket belongs to another user or others can access it),
+  `RequestError` (a JSON-RPC error; `RequestCancelled` for a superseded or cancelled
+  request), `RequestTimeout`. All derive from `DaemonError`.
+
+Module functions: `start_daemon`, `stop_daemon`, `daemon_status` (`partir daemon ...`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from partir_daemon import protocol as P
+from partir_daemon.paths import (
+    DaemonPaths,
+    InsecurePathError,
+    check_private_dir,
+    check_socket,
+    ensure_private_dir,
+    pid_alive,
+    read_status,
+)
+
+
+class DaemonError(Exception):
+    """Base class of the client's errors."""
+
+
+class DaemonNotRunning(DaemonError):
+    """No daemon serves the workspace (and none was started, or it failed to start)."""
+
+
+class DaemonConnectionLost(DaemonError):
+    """The connection closed while requests were pending: the daemon crashed or exited."""
+
+
+class InsecureDaemonSocket(DaemonError):
+    """The socket belongs to another user or has loose permissions: refused."""
+
+
+class RequestTimeout(DaemonError):
+    """No response within the timeout (the request is cancelled in the daemon)."""
+
+
+class RequestError(DaemonError):
+    """The daemon answered with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{message} (JSON-RPC error {code})")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class RequestCancelled(RequestError):
+    """The request was cancelled: superseded by a newer revision of its document, or by
+    `cancel_request`."""
+
+
+ProgressCallback = Callable[[P.ProgressParams], None]
+NotificationCallback = Callable[[str, Any], None]
+
+
+def _package_root() -> str:
+    # The directory holding `partir_daemon/` (and `partir/`), for child processes started
+    # with `-m`: they must import this copy even when it is not installed.
+    return str(Path(__file__).resolve().parents[1])
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    root = _package_root()
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env.update(extra or {})
+    return env
+
+
+def _connect_socket(paths: DaemonPaths) -> socket.socket:
+    """A connected socket, after checking its ownership and mode. Raises
+    FileNotFoundError/ConnectionRefusedError when nothing listens there."""
+    try:
+        if paths.dir.exists():
+            check_private_dir(paths.dir)
+        check_socket(paths.socket)
+    except InsecurePathError as e:
+        raise InsecureDaemonSocket(str(e)) from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(paths.socket))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def start_daemon(workspace: str | os.PathLike[str], config: P.DaemonConfig | None = None, *,
+                 runtime_dir: Path | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    """Start the workspace's daemon (detached from this process) and wait until it
+    accepts connections; returns its status file. If one is already running, returns its
+    status instead (the new process refuses to start and exits)."""
+    paths = DaemonPaths.of(workspace, runtime_dir)
+    ensure_private_dir(paths.dir)
+    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    config = config or P.DaemonConfig()
+    cmd = [sys.executable, "-m", "partir_daemon.server", "--workspace", str(paths.workspace),
+           "--runtime-dir", str(paths.dir), "--detach", *config.to_args()]
+    # The daemon forks into the background (a new session, so that the terminal's Ctrl-C
+    # spares it) and logs to its file; the process started here exits at once (status 3
+    # when another daemon holds the workspace) and is reaped below.
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            env=child_env(), cwd=str(paths.workspace))
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise DaemonNotRunning(f"the daemon did not start within {timeout:.0f} s") from None
+    if proc.returncode not in (0, 3):  # 3: another daemon serves it: connect to that one
+        raise DaemonNotRunning(f"the daemon failed to start (status {proc.returncode}): "
+                               f"{err.decode(errors='replace').strip()[-2000:]}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(paths)
+        if status and pid_alive(int(status.get("pid", 0))):
+            try:
+                _connect_socket(paths).close()
+                return status
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+        time.sleep(0.05)
+    raise DaemonNotRunning(f"the daemon did not start within {timeout:.0f} s; see {paths.log}")
+
+
+def daemon_status(workspace: str | os.PathLike[str], *,
+                  runtime_dir: Path | None = None) -> dict[str, Any] | None:
+    """The status file of the workspace's daemon if that daemon is alive, else None."""
+    paths = DaemonPaths.of(workspace, runtime_dir)
+    status = read_status(paths)
+    if status and pid_alive(int(status.get("pid", 0))):
+        return status
+    return None
+
+
+def stop_daemon(workspace: str | os.PathLike[str], *, runtime_dir: Path | None = None,
+                timeout: float = 15.0) -> bool:
+    """Ask the workspace's daemon to shut down (SIGTERM if it does not answer); wait until
+    it is gone. Returns False when no daemon was running."""
+    status = daemon_status(workspace, runtime_dir=runtime_dir)
+    if status is None:
+        return False
+    pid = int(status["pid"])
+    try:
+        with DaemonClient.connect(workspace, autostart=False, runtime_dir=runtime_dir,
+                                  timeout=timeout) as client:
+            client.shutdown()
+    except DaemonError:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+class DaemonClient:
+    def __init__(self, sock: socket.socket, paths: DaemonPaths, *, timeout: float | None,
+                 on_progress: ProgressCallback | None = None,
+                 on_notification: NotificationCallback | None = None) -> None:
+        self.paths = paths
+        self.timeout = timeout
+        self.on_progress = on_progress
+        self.on_notification = on_notification
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[int | str, tuple[str, concurrent.futures.Future]] = {}
+        self._pending_lock = threading.Lock()
+        self._closed = False
+        self._lost: str | None = None
+        self._reader = threading.Thread(target=self._read_loop, name="partir-daemon-client",
+                                        daemon=True)
+        self._reader.start()
+
+    # -- connecting ----------------------------------------------------------------------
+    @classmethod
+    def connect(cls, workspace: str | os.PathLike[str], *, autostart: bool = True,
+                config: P.DaemonConfig | None = None, timeout: float | None = 120.0,
+                start_timeout: float = 60.0, runtime_dir: Path | None = None,
+                on_progress: ProgressCallback | None = None,
+                on_notification: NotificationCallback | None = None) -> DaemonClient:
+        """Connect to the daemon of `workspace`, starting one if none runs and
+        `autostart` is set."""
+        paths = DaemonPaths.of(workspace, runtime_dir)
+        try:
+            sock = _connect_socket(paths)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            if not autostart:
+                status = read_status(paths)
+                why = ""
+                if status and not pid_alive(int(status.get("pid", 0))):
+                    why = (f" (its status file names pid {status.get('pid')}, which is not "
+                           f"running: it crashed or was killed; see {paths.log})")
+                raise DaemonNotRunning(f"no partir daemon is running for "
+                                       f"{paths.workspace}{why}") from e
+            try:
+                start_daemon(workspace, config, runtime_dir=paths.dir, timeout=start_timeout)
+            except InsecurePathError as e2:
+                raise InsecureDaemonSocket(str(e2)) from None
+            try:
+                sock = _connect_socket(paths)
+            except (FileNotFoundError, ConnectionRefusedError) as e2:
+                raise DaemonNotRunning(f"the daemon for {paths.workspace} started but does "
+                                       f"not accept connections: {e2}") from None
+        return cls(sock, paths, timeout=timeout, on_progress=on_progress,
+                   on_notification=on_notification)
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._reader.join(timeout=5)
+
+    # -- messages ------------------------------------------------------------------------
+    def _send(self, message: dict[str, Any]) -> None:
+        data = P.encode(message)
+        with self._send_lock:
+            if self._lost is not None:
+                raise DaemonConnectionLost(self._lost)
+            try:
+                self._sock.sendall(data)
+            except OSError as e:
+                raise DaemonConnectionLost(f"cannot send to the daemon: {e}") from None
+
+    def request_future(self, method: str, params: Any) -> concurrent.futures.Future:
+        """Send a request; the future resolves to its result dataclass or raises one of
+        the client's errors. `future.request_id` is the id (for `cancel_request`)."""
+        request_id = next(self._ids)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.request_id = request_id  # type: ignore[attr-defined]
+        with self._pending_lock:
+            self._pending[request_id] = (method, future)
+        try:
+            self._send(P.request(request_id, method, params))
+        except DaemonError as e:
+            with self._pending_lock:
+                self._pending.pop(request_id, None)
+            future.set_exception(e)
+        return future
+
+    def request(self, method: str, params: Any, timeout: float | None = -1.0) -> Any:
+        """Send a request and wait for its result (timeout -1: the client's default)."""
+        future = self.request_future(method, params)
+        wait = self.timeout if timeout == -1.0 else timeout
+        try:
+            return future.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
+            self.cancel_request(future.request_id)  # type: ignore[attr-defined]
+            raise RequestTimeout(f"{method}: no answer from the daemon within "
+                                 f"{wait} s") from None
+
+    def notify(self, method: str, params: Any) -> None:
+        self._send(P.notification(method, params))
+
+    def cancel_request(self, request_id: int | str) -> None:
+        """Ask the daemon to cancel a pending request (it then fails with
+        RequestCancelled). Harmless if it already finished."""
+        with contextlib.suppress(DaemonConnectionLost):
+            self.notify(P.CANCEL_REQUEST, P.CancelRequestParams(request_id))
+
+    def _read_loop(self) -> None:
+        buffer = b""
+        reason = "the daemon closed the connection"
+        try:
+            while True:
+                chunk = self._sock.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        self._dispatch(line)
+        except OSError as e:
+            reason = f"connection to the daemon lost: {e}"
+        if self._closed:
+            reason = "the client was closed"
+        with self._send_lock:
+            self._lost = reason
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for method, future in pending.values():
+            if not future.done():
+                future.set_exception(DaemonConnectionLost(f"{method}: {reason}"))
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = P.decode(line)
+        except P.ProtocolError:
+            return  # the daemon only sends valid messages; nothing to answer to
+        if P.is_notification(message):
+            self._notification(message["method"], message.get("params"))
+            return
+        with self._pending_lock:
+            entry = self._pending.pop(message.get("id"), None)
+        if entry is None:
+            return
+        method, future = entry
+        if "error" in message:
+            err = message["error"] or {}
+            cls = RequestCancelled if err.get("code") == P.REQUEST_CANCELLED else RequestError
+            future.set_exception(cls(err.get("code", P.INTERNAL_ERROR),
+                                     err.get("message", ""), err.get("data")))
+            return
+        try:
+            future.set_result(P.parse_result(method, message.get("result")))
+        except P.ProtocolError as e:
+            future.set_exception(RequestError(e.code, f"malformed {method} result: "
+                                              f"{e.message}"))
+
+    def _notification(self, method: str, params: Any) -> None:
+        try:
+            if method == P.PROGRESS:
+                if self.on_progress is not None:
+                    self.on_progress(P.from_json(P.ProgressParams, params))
+            elif self.on_notification is not None:
+                self.on_notification(method, params)
+        except Exception:  # a callback's bug must not kill the reader thread
+            import traceback
+            traceback.print_exc()
+
+    # -- methods -------------------------------------------------------------------------
+    def partition(self, path: str | os.PathLike[str], text: str | None = None, *,
+                  version: int | None = None, include_ir: bool = False,
+                  timeout: float | None = -1.0) -> P.PartitionResult:
+        """Apply the schedule file at `path` (or its unsaved `text`): per-tactic records,
+        which tactics were reused from the cache, source ranges and diagnostics."""
+        return self.request("partition", P.PartitionParams(
+            os.fspath(path), text, version, include_ir), timeout)
+
+    def ir(self, path: str | os.PathLike[str], *, level: P.IrLevel = "core",
+           after: int | None = None, text: str | None = None, version: int | None = None,
+           timeout: float | None = -1.0) -> P.IrResult:
+        """The program after tactic `after` (0: traced; None: last) as Core/SPMD/HLO text."""
+        return self.request("ir", P.IrParams(os.fspath(path), text, version, level, after),
+                            timeout)
+
+    def explain(self, path: str | os.PathLike[str], *, name: str | None = None,
+                file: str | None = None, line: int | None = None, text: str | None = None,
+                version: int | None = None,
+                timeout: float | None = -1.0) -> P.ExplainResult:
+        """Shardings of an input/tag `name` (or the values of model `file`:`line`) after
+        each tactic, and the collectives attributed to it with the tactic that
+        introduced them."""
+        return self.request("explain", P.ExplainParams(os.fspath(path), text, version, name,
+                                                       file, line), timeout)
+
+    def run(self, path: str | os.PathLike[str], *, steps: int = 10, inputs: str = "example",
+            seed: int = 0, timeout_s: float = 1800.0, check: bool = True,
+            timeout: float | None = -1.0) -> P.JobInfo:
+        """Start a job running the partitioned program; returns at once with its record."""
+        return self.request("run", P.RunParams(os.fspath(path), steps, inputs, seed,
+                                               timeout_s, check), timeout).job
+
+    def jobs(self, timeout: float | None = -1.0) -> list[P.JobInfo]:
+        return self.request("jobs", P.JobsParams(), timeout).jobs
+
+    def job(self, job_id: str, *, log_tail: int = 200,
+            timeout: float | None = -1.0) -> P.JobResult:
+        return self.request("job", P.JobParams(job_id, log_tail), timeout)
+
+    def cancel(self, job_id: str, timeout: float | None = -1.0) -> P.CancelResult:
+        return self.request("cancel", P.CancelParams(job_id), timeout)
+
+    def wait_job(self, job_id: str, timeout: float = 600.0,
+                 poll_s: float = 0.1) -> P.JobInfo:
+        """Poll until the job reaches a final state; RequestTimeout after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id, log_tail=0).job
+            if info.state in P.FINAL_JOB_STATES:
+                return info
+            if time.monotonic() > deadline:
+                raise RequestTimeout(f"job {job_id} still {info.state} after {timeout} s")
+            time.sleep(poll_s)
+
+    def cache_stats(self, timeout: float | None = -1.0) -> P.CacheStats:
+        return self.request("cache_stats", P.CacheStatsParams(), timeout)
+
+    def status(self, timeout: float | None = -1.0) -> P.DaemonStatus:
+        return self.request("status", P.StatusParams(), timeout)
+
+    def shutdown(self, timeout: float | None = -1.0) -> P.ShutdownResult:
+        """Ask the daemon to exit (after answering; running jobs are stopped and marked
+        interrupted)."""
+        return self.request("shutdown", P.ShutdownParams(), timeout)

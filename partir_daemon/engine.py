@@ -1,0 +1,655 @@
+"""The compiler behind the daemon: executes schedule files, and keeps traces and
+per-tactic states cached so that an edit of tactic k resumes from the state after
+tactic k-1 (DESIGN §6). It runs in the worker process (`partir_daemon.worker`), one
+request at a time; the daemon can kill that process when a request hangs.
+
+Caches:
+- traces, keyed by `Fingerprinter.trace_key` (function fingerprint with the workspace
+  modules it imports, argument shapes/dtypes, static args, JAX version), each with the
+  content hashes of its workspace dependencies;
+- states, keyed by the hash chain over (trace, mesh, tactic 1..i): the Core module after
+  tactic i (never rewritten again: the next tactic applies to a fork of it), its
+  `TacticRecord`, and lazily its `TacticMetadata` (which lowers the program to count
+  collectives, so an unchanged tactic is never lowered twice);
+- a few lowered programs, for `ir` and `explain`.
+Both main caches share one LRU bound on entries and on held ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from partir.api import _tactic_metadata
+from partir.core.module import CoreModule
+from partir.core.printing import print_core
+from partir.core.program import CoreProgram, sharding_of
+from partir.errors import PartitionError, UnknownInputError
+from partir.frontend import TracedProgram, trace
+from partir.frontend.source import is_user_file
+from partir.hlo.ops import COLLECTIVES
+from partir.ir import Location
+from partir.metadata import TacticMetadata
+from partir.pipeline import Lowered, lower
+from partir.schedule_file import (
+    ScheduleExecutionError,
+    ScheduleFile,
+    ScheduleFileError,
+    ScheduleMissingError,
+    ScheduleSyntaxError,
+    ScheduleTypeError,
+    SourceRange,
+    load_schedule_file,
+)
+from partir.tactics import TacticRecord
+from partir.tactics.driver import apply_tactic, named_values
+from partir_daemon import protocol as P
+from partir_daemon.cache import LruCache
+from partir_daemon.fingerprint import Fingerprinter, chain, file_hash, mesh_key
+
+log = logging.getLogger("partir_daemon.engine")
+_DAEMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+Progress = Callable[[str, int | None, int | None], None]
+IsCancelled = Callable[[], bool]
+
+# Lowered programs kept for `ir`/`explain` (each is a full Core+SPMD+HLO program).
+MAX_LOWERED = 6
+
+
+class Cancelled(Exception):
+    """The request was cancelled (a newer revision of its document arrived)."""
+
+
+class ScheduleLoadTimeout(Exception):
+    """Raised inside the schedule file's code when executing it takes too long."""
+
+
+@dataclass
+class TraceEntry:
+    key: str
+    traced: TracedProgram
+    files: dict[str, str | None]  # workspace dependencies -> content hash when traced
+    function: str
+    elapsed_s: float
+
+
+@dataclass
+class StateEntry:
+    key: str
+    trace_key: str
+    module: CoreModule  # the state after this tactic; never rewritten again
+    record: TacticRecord | None  # None for the traced program (state 0)
+    metadata: TacticMetadata | None = None
+    attribution: Counter | None = None  # collective signature -> count, for explain
+    core_ir: str | None = None  # printed on request
+    _initial: CoreProgram | None = None
+
+    @property
+    def program(self) -> CoreProgram:
+        if self.record is not None:
+            return self.record.program
+        if self._initial is None:
+            self._initial = self.module.snapshot()
+        return self._initial
+
+
+class _WithoutCoreIr:
+    """A TacticRecord whose `core_ir()` is left empty: printing a large Core program
+    costs more than lowering it, and partition responses carry the text only on request
+    (`include_ir`, filled from `StateEntry.core_ir`)."""
+
+    def __init__(self, record: TacticRecord) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._record, name)
+
+    def core_ir(self) -> str:
+        return ""
+
+
+@dataclass
+class Applied:
+    """What `Engine.apply` computed for a request."""
+
+    schedule_file: ScheduleFile | None
+    diagnostics: list[P.Diagnostic]
+    trace: TraceEntry | None = None
+    trace_cached: bool = False
+    invalidated_by: list[str] = field(default_factory=list)
+    initial: StateEntry | None = None
+    states: list[StateEntry] = field(default_factory=list)  # one per applied tactic
+    reused: list[bool] = field(default_factory=list)
+    timings: P.Timings = field(default_factory=P.Timings)
+
+
+class Engine:
+    def __init__(self, workspace: str, *, load_timeout_s: float = 30.0,
+                 max_entries: int = 256, max_ops: int = 4_000_000) -> None:
+        self.workspace = os.path.realpath(workspace)
+        self.load_timeout_s = load_timeout_s
+        self.traces: LruCache[str, TraceEntry] = LruCache(max_entries, max_ops)
+        self.states: LruCache[str, StateEntry] = LruCache(max_entries, max_ops)
+        self.lowered: OrderedDict[str, Lowered] = OrderedDict()
+        self.invalidations = 0
+        self.cancelled = 0
+        self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
+        self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
+
+    # -- the shared bound ----------------------------------------------------------------
+    def _put_trace(self, entry: TraceEntry) -> None:
+        self.traces.put(entry.key, entry, len(entry.traced.function.ops))
+        self._rebalance()
+
+    def _put_state(self, entry: StateEntry) -> None:
+        self.states.put(entry.key, entry, len(entry.module.ops))
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        # One bound for both caches: evict states first (cheap to recompute from a trace),
+        # then traces, always keeping the newest of each.
+        limit_n = self.states.max_entries
+        limit_ops = self.states.max_cost
+        while (len(self.states) + len(self.traces) > limit_n or
+               self.states.cost + self.traces.cost > limit_ops):
+            cache = self.states if len(self.states) > 1 else self.traces
+            if len(cache) <= 1:
+                break
+            key = next(iter(k for k, _ in cache.items()))
+            cache.pop(key)
+            cache.counters.evictions += 1
+
+    # -- requests ------------------------------------------------------------------------
+    def partition(self, params: P.PartitionParams, progress: Progress,
+                  is_cancelled: IsCancelled) -> P.PartitionResult:
+        start = time.perf_counter()
+        applied = self.apply(params.path, params.text, progress, is_cancelled,
+                             with_metadata=True)
+        applied.timings.total_s = time.perf_counter() - start
+        return self._partition_result(params, applied)
+
+    def ir(self, params: P.IrParams, progress: Progress, is_cancelled: IsCancelled
+           ) -> P.IrResult:
+        applied = self.apply(params.path, params.text, progress, is_cancelled,
+                             with_metadata=False)
+        n = len(applied.states)
+        after = n if params.after is None else params.after
+        if applied.initial is None or not 0 <= after <= n:
+            if applied.initial is not None:
+                applied.diagnostics.append(P.Diagnostic(
+                    "internal", f"after={after}: the schedule has {n} applied tactics (0 is "
+                    f"the traced program)", params.path, 0))
+            return P.IrResult(params.path, params.version, params.level, after, None, "",
+                              applied.diagnostics)
+        state = applied.initial if after == 0 else applied.states[after - 1]
+        if params.level == "core":
+            text = print_core(state.program)
+        else:
+            text = self._lowered(state).text(params.level)
+        name = state.record.name if state.record is not None else None
+        return P.IrResult(params.path, params.version, params.level, after, name, text,
+                          applied.diagnostics)
+
+    def explain(self, params: P.ExplainParams, progress: Progress,
+                is_cancelled: IsCancelled) -> P.ExplainResult:
+        if params.name is None and params.file is None:
+            raise ValueError("explain needs a `name`, or a `file` (and `line`)")
+        applied = self.apply(params.path, params.text, progress, is_cancelled,
+                             with_metadata=False)
+        result = P.ExplainResult(params.path, params.version, [], [], applied.diagnostics)
+        if applied.trace is None or not applied.states:
+            return result
+        traced = applied.trace.traced
+        states = applied.states
+        if params.name is not None:
+            result.values = _explain_names(params.name, traced, states)
+        elif params.line is not None:
+            result.values = _explain_line(params.file, params.line, states)
+        attributions = []
+        for i, state in enumerate(states, 1):
+            if is_cancelled():
+                raise Cancelled
+            if state.attribution is None:
+                progress(f"lowering the program after tactic {i}", i, len(states))
+                state.attribution = _attribute(self._lowered(state))
+            attributions.append(state.attribution)
+        result.collectives = _introductions(attributions, states, params)
+        return result
+
+    def invalidate(self, paths: list[str]) -> P.InvalidatedParams:
+        """Drop the traces (and their states) that depend on a changed file, confirmed by
+        its content hash (an editor that rewrites a file unchanged invalidates nothing)."""
+        changed = {os.path.realpath(p) for p in paths}
+        current = {p: file_hash(p) for p in changed}
+        doomed: dict[str, list[str]] = {}
+        for key, entry in self.traces.items():
+            stale = sorted(f for f in entry.files if os.path.realpath(f) in changed
+                           and current[os.path.realpath(f)] != entry.files[f])
+            if stale:
+                doomed[key] = stale
+        for key, stale in doomed.items():
+            self._drop_trace(key)
+            for path, last in self._last_trace.items():
+                if last == key:
+                    self._invalidated_by[path] = stale
+        return P.InvalidatedParams(sorted(changed), len(doomed))
+
+    def stats(self) -> dict[str, Any]:
+        return {"traces": len(self.traces), "states": len(self.states),
+                "trace_hits": self.traces.counters.hits,
+                "trace_misses": self.traces.counters.misses,
+                "state_hits": self.states.counters.hits,
+                "state_misses": self.states.counters.misses,
+                "invalidations": self.invalidations,
+                "evictions": self.traces.counters.evictions + self.states.counters.evictions,
+                "held_ops": self.traces.cost + self.states.cost,
+                "max_ops": self.states.max_cost, "max_entries": self.states.max_entries,
+                "cancelled_requests": self.cancelled}
+
+    def _drop_trace(self, key: str) -> None:
+        self.traces.pop(key)
+        self.states.drop_where(lambda _, s: s.trace_key == key)
+        self.invalidations += 1
+
+    def _lowered(self, state: StateEntry) -> Lowered:
+        found = self.lowered.get(state.key)
+        if found is None:
+            found = self.lowered[state.key] = lower(state.program)
+            while len(self.lowered) > MAX_LOWERED:
+                self.lowered.popitem(last=False)
+        self.lowered.move_to_end(state.key)
+        return found
+
+    # -- the incremental pipeline --------------------------------------------------------
+    def apply(self, path: str, text: str | None, progress: Progress,
+              is_cancelled: IsCancelled, *, with_metadata: bool) -> Applied:
+        path = os.path.abspath(os.path.join(self.workspace, path))
+        timings = P.Timings()
+        start = time.perf_counter()
+        progress("loading the schedule file", None, None)
+        try:
+            sf = self._load(path, text)
+        except ScheduleFileError as e:
+            return Applied(None, [_file_diagnostic(e)], timings=timings)
+        timings.load_s = time.perf_counter() - start
+        # The daemon measures the load timeout until this message, then the compile one.
+        progress("loaded", None, None)
+        applied = Applied(sf, [], timings=timings)
+
+        fp = Fingerprinter([self.workspace, os.path.dirname(path)])
+        trace_key = fp.trace_key(sf.program)
+        files = dict(fp.files)
+        self._check_previous_trace(path, trace_key)
+        applied.invalidated_by = self._invalidated_by.pop(path, [])
+        self._last_trace[path] = trace_key
+        entry = self.traces.get(trace_key)
+        applied.trace_cached = entry is not None
+        if entry is None:
+            progress("tracing", None, None)
+            t0 = time.perf_counter()
+            try:
+                traced = trace(sf.program.fn, *sf.program.args,
+                               static_argnums=sf.program.static_argnums)
+            except Exception as e:  # TracingError, or the user's function raising
+                applied.diagnostics.append(_tracing_diagnostic(e, sf))
+                return applied
+            entry = TraceEntry(trace_key, traced, files, traced.function.name,
+                               time.perf_counter() - t0)
+            self._put_trace(entry)
+            timings.trace_s = entry.elapsed_s
+        applied.trace = entry
+
+        key = chain(trace_key, mesh_key(sf.mesh))
+        state = self.states.get(key)
+        if state is None:
+            state = StateEntry(key, trace_key, CoreModule(entry.traced, sf.mesh), None)
+            self._put_state(state)
+        applied.initial = state
+        names = named_values(state.module, entry.traced)
+        n = len(sf.schedule)
+        t0 = time.perf_counter()
+        for i, tactic in enumerate(sf.schedule, 1):
+            if is_cancelled():
+                raise Cancelled
+            key = chain(key, fp.tactic_key(tactic))
+            found = self.states.get(key)
+            applied.reused.append(found is not None)
+            if found is None:
+                progress(f"tactic {i}/{n}: {tactic.label}", i, n)
+                module = state.module.fork()
+                try:
+                    record = apply_tactic(module, tactic, names)
+                except Exception as e:
+                    applied.reused.pop()
+                    applied.diagnostics.append(_tactic_diagnostic(e, sf, i, names))
+                    break
+                found = StateEntry(key, trace_key, module, record)
+                self._put_state(found)
+            applied.states.append(found)
+            state = found
+        timings.tactics_s = time.perf_counter() - t0
+        if with_metadata:
+            t0 = time.perf_counter()
+            for i, st in enumerate(applied.states, 1):
+                if st.metadata is None:
+                    if is_cancelled():
+                        raise Cancelled
+                    progress(f"collectives after tactic {i}/{len(applied.states)}", i,
+                             len(applied.states))
+                    st.metadata = _tactic_metadata(_WithoutCoreIr(st.record))
+            timings.metadata_s = time.perf_counter() - t0
+        return applied
+
+    def _check_previous_trace(self, path: str, trace_key: str) -> None:
+        """A new trace key for a schedule file whose previous trace depended on files that
+        changed on disk: drop that trace now, even if the watcher has not reported yet."""
+        previous = self._last_trace.get(path)
+        if previous is None or previous == trace_key:
+            return
+        entry = self.traces.peek(previous)
+        if entry is None:
+            return
+        stale = sorted(f for f, h in entry.files.items() if file_hash(f) != h)
+        if stale:
+            self._drop_trace(previous)
+            self._invalidated_by[path] = stale
+
+    def _load(self, path: str, text: str | None) -> ScheduleFile:
+        with _time_limit(self.load_timeout_s):
+            try:
+                return load_schedule_file(path, text)
+            except ScheduleExecutionError as e:
+                if e.exc_type == ScheduleLoadTimeout.__name__:
+                    # Where the loop is, below the schedule file: the deepest user frame
+                    # of the interrupted code (the alarm handler's own frame is ours).
+                    original = e.__context__
+                    inner = _user_frame(original) if original is not None else None
+                    inner = inner if inner is not None and inner.file != path else None
+                    e.inner = inner and Location(inner.file, inner.line, inner.function)
+                    e.message = (f"executing the schedule file did not finish within "
+                                 f"{self.load_timeout_s:g} s (an infinite loop?); it was "
+                                 f"running this line" + (
+                                     f" (and {inner.file}:{inner.line} in "
+                                     f"{inner.function or 'module'})" if inner else ""))
+                raise
+
+    # -- results -------------------------------------------------------------------------
+    def _partition_result(self, params: P.PartitionParams,
+                          applied: Applied) -> P.PartitionResult:
+        sf = applied.schedule_file
+        result = P.PartitionResult(params.path, params.version, not applied.diagnostics,
+                                   applied.diagnostics, timings=applied.timings)
+        if sf is None:
+            return result
+        result.mesh = dict(sf.mesh)
+        result.program_range = _range(sf.program_span)
+        result.mesh_range = _range(sf.mesh_span)
+        result.schedule_range = _range(sf.schedule_span)
+        if applied.trace is not None:
+            t = applied.trace
+            result.function = t.function
+            result.trace = P.TraceInfo(t.key[:16], applied.trace_cached, t.function,
+                                       len(t.traced.function.ops),
+                                       0.0 if applied.trace_cached else t.elapsed_s,
+                                       sorted(t.files), applied.invalidated_by)
+        for i, (st, reused) in enumerate(zip(applied.states, applied.reused, strict=True), 1):
+            source = sf.tactics[i - 1]
+            metadata = dataclasses.asdict(st.metadata) if st.metadata is not None else {}
+            if params.include_ir:
+                if st.core_ir is None:
+                    st.core_ir = print_core(st.program)
+                metadata["core_ir"] = st.core_ir
+            record = st.record
+            result.tactics.append(P.TacticResult(
+                i, record.name, record.axis, _range(source.span),
+                {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
+                metadata))
+            (result.reused if reused else result.reapplied).append(i)
+        return result
+
+
+def _range(span: SourceRange | None) -> P.Range | None:
+    return P.Range(span.line, span.col, span.end_line, span.end_col) if span else None
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise ScheduleLoadTimeout in the running code after `seconds` (SIGALRM: only in the
+    main thread; elsewhere no limit, and the daemon's hard deadline still applies)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise ScheduleLoadTimeout(f"the schedule file ran for more than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- diagnostics ----------------------------------------------------------------------------
+
+
+def _file_diagnostic(e: ScheduleFileError) -> P.Diagnostic:
+    kind: P.DiagnosticKind = "read"
+    exc_type = inner = None
+    if isinstance(e, ScheduleSyntaxError):
+        kind = "syntax"
+    elif isinstance(e, ScheduleExecutionError):
+        kind = "timeout" if e.exc_type == ScheduleLoadTimeout.__name__ else "execution"
+        exc_type = e.exc_type
+        if e.inner is not None:
+            inner = P.SourceLocation(e.inner.file, e.inner.line, e.inner.function)
+    elif isinstance(e, ScheduleMissingError):
+        kind = "missing"
+    elif isinstance(e, ScheduleTypeError):
+        kind = "type"
+    message = e.message
+    return P.Diagnostic(kind, message, e.file, e.line, _range(e.span), None, exc_type, inner)
+
+
+def _user_frame(e: BaseException) -> P.SourceLocation | None:
+    """The deepest frame of the user's code where `e` (or the exception it was raised
+    from, e.g. the TypeError inside a TracingError) was raised."""
+    seen = set()
+    chain = []
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for exc in reversed(chain):  # the original exception first
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if is_user_file(code.co_filename) and not os.path.abspath(
+                    code.co_filename).startswith(_DAEMON_DIR):
+                frames.append(P.SourceLocation(code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+        if frames:
+            return frames[-1]
+    return None
+
+
+def _tracing_diagnostic(e: Exception, sf: ScheduleFile) -> P.Diagnostic:
+    span = sf.program_span
+    text = e.message if isinstance(e, PartitionError) else str(e)
+    return P.Diagnostic("tracing", f"tracing the program raised {type(e).__name__}: {text}",
+                        sf.path, span.line if span else 0, _range(span), None,
+                        type(e).__name__, _user_frame(e))
+
+
+def _tactic_diagnostic(e: Exception, sf: ScheduleFile, index: int,
+                       names: dict[str, Any]) -> P.Diagnostic:
+    source = sf.tactics[index - 1]
+    span = source.span or sf.schedule_span
+    tactic = sf.schedule[index - 1]
+    if isinstance(e, UnknownInputError):
+        # Point at the key that names nothing, when the tactic's dict is written out.
+        for key in tactic.inputs:
+            if not any(n == key or n.startswith(key + "/") for n in names) and \
+                    key in source.inputs:
+                span = source.inputs[key]
+                break
+    inner = None
+    if isinstance(e, PartitionError):
+        kind: P.DiagnosticKind = "tactic"
+        message = f"tactic {index} ({tactic.label}): {e.message}"
+        if e.loc is not None and e.loc.line and os.path.abspath(e.loc.file) != sf.path:
+            inner = P.SourceLocation(e.loc.file, e.loc.line, e.loc.function)
+    else:  # a bug in a rule callable of the user's, or in partir itself
+        kind = "tactic" if _user_frame(e) is not None else "internal"
+        message = f"tactic {index} ({tactic.label}) raised {type(e).__name__}: {e}"
+        inner = _user_frame(e)
+        if kind == "internal":
+            log.error("internal error applying tactic %d of %s:\n%s", index, sf.path,
+                      "".join(traceback.format_exception(e)))
+    return P.Diagnostic(kind, message, sf.path, span.line if span else 0, _range(span),
+                        index, type(e).__name__, inner)
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def _matches(name: str, key: str) -> bool:
+    return name == key or name.startswith(key + "/")
+
+
+def _local_shape(shape: tuple[int, ...], dims: list[list[str]], mesh: Any) -> list[int]:
+    out = []
+    for n, axes in zip(shape, dims, strict=True):
+        for a in axes:
+            n //= mesh[a]
+        out.append(n)
+    return out
+
+
+def _history(shardings: list[list[list[str]]], states: list[StateEntry],
+             shape: tuple[int, ...]) -> list[P.ShardingStep]:
+    steps = []
+    previous = [[] for _ in shape]
+    for i, (dims, st) in enumerate(zip(shardings, states, strict=True), 1):
+        steps.append(P.ShardingStep(i, st.record.name, dims,
+                                    _local_shape(shape, dims, st.program.mesh),
+                                    dims != previous))
+        previous = dims
+    return steps
+
+
+def _explain_names(key: str, traced: TracedProgram,
+                   states: list[StateEntry]) -> list[P.ExplainedValue]:
+    values = []
+    per_state_in = [st.program.input_shardings() for st in states]
+    per_state_out = [st.program.output_shardings() for st in states]
+    for name, t in zip(traced.input_names, traced.in_types, strict=True):
+        if _matches(name, key):
+            dims = [[list(a) for a in s[name].dims] for s in per_state_in]
+            values.append(P.ExplainedValue(name, "input", list(t.shape), str(t.dtype),
+                                           _history(dims, states, t.shape)))
+    for name, v in zip(traced.output_names, traced.function.results, strict=True):
+        if _matches(name, key) and name in per_state_out[0]:
+            dims = [[list(a) for a in s[name].dims] for s in per_state_out]
+            values.append(P.ExplainedValue(name, "output", list(v.type.shape),
+                                           str(v.type.dtype),
+                                           _history(dims, states, v.type.shape)))
+    for tag, tagged in traced.tags.items():
+        if _matches(tag, key):
+            for v in tagged:
+                dims = [[list(a) for a in st.program.sharding(v).dims] for st in states]
+                values.append(P.ExplainedValue(tag, "tag", list(v.type.shape),
+                                               str(v.type.dtype),
+                                               _history(dims, states, v.type.shape)))
+    return values
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b) or \
+        (os.path.basename(a) == os.path.basename(b) and (
+            not os.path.isabs(a) or not os.path.isabs(b)))
+
+
+def _explain_line(file: str, line: int, states: list[StateEntry]) -> list[P.ExplainedValue]:
+    first = states[0].program
+    chosen = [op for op in first.ops if not op.is_identity and op.loc.line == line
+              and _same_file(op.loc.file, file)]
+    values = []
+    for op in chosen:
+        for k, r in enumerate(op.results):
+            dims = []
+            for st in states:
+                found = next((o for o in st.program.ops if o.uid == op.uid), op)
+                s = sharding_of(st.program.nest(found), k, r.type.rank)
+                dims.append([list(a) for a in s.dims])
+            label = f"{op.name}" + (f" result {k}" if len(op.results) > 1 else "")
+            values.append(P.ExplainedValue(r.name or label, "op:" + op.name,
+                                           list(r.type.shape), str(r.type.dtype),
+                                           _history(dims, states, r.type.shape)))
+    return values
+
+
+def _axes(params: dict[str, Any]) -> tuple[str, ...]:
+    axes = params.get("axes", ())
+    flat: list[str] = []
+    for a in axes:
+        flat += [a] if isinstance(a, str) else list(a)
+    return tuple(flat)
+
+
+def _attribute(lowered: Lowered) -> Counter:
+    """Collectives of the HLO program by (kind, axes, the value they move, model file,
+    line); the value is followed back through chains of collectives to an argument or a
+    named value."""
+    fn = lowered.hlo
+    producer = {r: op for op in fn.ops for r in op.results}
+    counts: Counter = Counter()
+    for op in fn.ops:
+        if op.name not in COLLECTIVES:
+            continue
+        v = op.operands[0] if op.operands else None
+        while v is not None and v in producer and producer[v].name in COLLECTIVES:
+            v = producer[v].operands[0]
+        name = v.name if v is not None else None
+        counts[(op.name.removeprefix("hlo."), _axes(op.params), name, op.loc.file,
+                op.loc.line, op.loc.function)] += 1
+    return counts
+
+
+def _introductions(attributions: list[Counter], states: list[StateEntry],
+                   params: P.ExplainParams) -> list[P.AttributedCollective]:
+    """The collectives of the final program that concern the request, each attributed to
+    the tactic after which its count first reached the final count's share."""
+    final = attributions[-1]
+    out = []
+    for sig, count in sorted(final.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        kind, axes, name, file, line, function = sig
+        if params.name is not None:
+            if name is None or not _matches(name, params.name):
+                continue
+        elif not ((params.line is None or line == params.line) and
+                  _same_file(file, params.file or "")):
+            continue
+        previous = 0
+        for i, counts in enumerate(attributions, 1):
+            now = min(counts.get(sig, 0), count)
+            if now > previous:
+                out.append(P.AttributedCollective(
+                    kind, list(axes), now - previous, name,
+                    P.SourceLocation(file, line, function), i, states[i - 1].record.name))
+                previous = now
+    return out

@@ -1,0 +1,165 @@
+"""A job: run the partitioned program of a schedule file for N steps on the local
+devices, in a process of its own (started by `partir_daemon.jobs`).
+
+    python -m partir_daemon.job_runner --path FILE --steps N [--inputs example|random|F.npz]
+                                       [--seed S] [--no-check]
+
+The daemon sets `XLA_FLAGS=--xla_force_host_platform_device_count=<mesh size>` (used when
+there is no accelerator) and `PARTIR_JOB_ID`. Events go to the daemon as JSON lines on a
+private duplicate of stdout: {"event": "started" | "compiled" | "step" | "result" |
+"error", ...}; everything the user's code prints goes to the job's log (stderr). The
+process exits when its stdin closes (the daemon is gone), so it never outlives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, BinaryIO
+
+
+def _protocol_stream() -> BinaryIO:
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def _watch_parent() -> None:
+    def watch() -> None:
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+        os._exit(70)  # the daemon closed our stdin: it is gone
+
+    threading.Thread(target=watch, name="job-parent-watch", daemon=True).start()
+
+
+def _inputs(program: Any, how: str, seed: int) -> tuple[Any, ...]:
+    import jax
+    import numpy as np
+
+    from partir.frontend.names import leaf_names, parameter_names
+
+    rng = np.random.default_rng(seed)
+
+    def random_like(x: Any) -> Any:
+        shape, dtype = np.shape(x), np.dtype(x.dtype)
+        if np.issubdtype(dtype, np.integer):
+            # Small non-negative integers: valid indices (token ids, labels) in any model.
+            return rng.integers(0, 2, size=shape).astype(dtype)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, size=shape).astype(bool)
+        return rng.normal(size=shape).astype(dtype)
+
+    args = program.args
+    static = set(program.static_argnums)
+    if how == "example":
+        return tuple(a if i in static else jax.tree.map(
+            lambda x: random_like(x) if isinstance(x, jax.ShapeDtypeStruct) else x, a)
+            for i, a in enumerate(args))
+    if how == "random":
+        return tuple(a if i in static else jax.tree.map(random_like, a)
+                     for i, a in enumerate(args))
+    data = np.load(how)
+    names = parameter_names(program.fn, len(args))
+    out = []
+    for i, (a, name) in enumerate(zip(args, names, strict=True)):
+        if i in static:
+            out.append(a)
+            continue
+        _leaves, tree = jax.tree_util.tree_flatten(a)
+        keys = leaf_names(a, name)
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise ValueError(f"{how} has no array for input(s) {missing[:5]}")
+        out.append(jax.tree_util.tree_unflatten(tree, [data[k] for k in keys]))
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="partir_daemon.job_runner")
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--inputs", default="example")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-check", action="store_true")
+    args = parser.parse_args(argv)
+    out = _protocol_stream()
+    _watch_parent()
+
+    def emit(event: str, **data: Any) -> None:
+        out.write(json.dumps({"event": event, **data}).encode() + b"\n")
+
+    try:
+        import jax
+        import numpy as np
+
+        import partir
+        from partir.schedule_file import load_schedule_file
+
+        start = time.perf_counter()
+        sf = load_schedule_file(args.path)
+        devices = jax.devices()
+        emit("started", platform=devices[0].platform, devices=len(devices))
+        print(f"job {os.environ.get('PARTIR_JOB_ID', '?')}: {args.path} on {len(devices)} "
+              f"{devices[0].platform} devices, mesh {sf.mesh}", flush=True)
+        program = sf.program
+        inputs = _inputs(program, args.inputs, args.seed)
+        fn, meta = partir.jit(program.fn, sf.mesh, sf.schedule,
+                              static_argnums=program.static_argnums)
+        result = jax.block_until_ready(fn(*inputs))
+        compile_s = time.perf_counter() - start
+        emit("compiled", compile_s=compile_s, collectives=meta.collectives)
+        print(f"partitioned and compiled in {compile_s:.2f} s; collectives "
+              f"{meta.collectives}", flush=True)
+        peak = None
+        stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+        if stats and "peak_bytes_in_use" in stats:
+            peak = int(stats["peak_bytes_in_use"])
+        else:
+            analysis = fn.lower(*inputs).compile().memory_analysis()
+            if analysis is not None:
+                peak = int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes +
+                           analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+        worst = ok = None
+        if not args.no_check:
+            want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
+            pairs = list(zip(jax.tree.leaves(result), jax.tree.leaves(want), strict=True))
+            worst = max((float(np.max(np.abs(np.asarray(a, np.float64) -
+                                             np.asarray(b, np.float64))))
+                         for a, b in pairs if np.size(a)), default=0.0)
+            ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
+            print(f"check against the unpartitioned function: max |error| {worst:.2e} "
+                  f"{'OK' if ok else 'MISMATCH'}", flush=True)
+        times = []
+        for step in range(args.steps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*inputs))
+            times.append(time.perf_counter() - t0)
+            emit("step", step=step + 1, total=args.steps, time_s=times[-1])
+        median = float(np.median(times)) if times else None
+        if times:
+            print(f"step time: median {median * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
+                  f"over {len(times)} steps", flush=True)
+        emit("result", metrics={
+            "platform": devices[0].platform, "devices": len(devices), "steps": len(times),
+            "compile_s": compile_s, "step_time_median_s": median,
+            "step_time_min_s": min(times) if times else None, "peak_memory_bytes": peak,
+            "max_abs_error": worst, "check_ok": ok, "collectives": meta.collectives})
+        return 0 if ok is not False else 1
+    except Exception as e:
+        traceback.print_exc()
+        emit("error", message=f"{type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stderr.flush()
+    # Not sys.exit: the thread blocked reading stdin would abort interpreter shutdown.
+    os._exit(status)

@@ -1,0 +1,117 @@
+"""Where a workspace's daemon lives: its socket, status file and lock in a private
+runtime directory of the user, its log and jobs in the workspace's `.partir/`.
+
+The runtime directory is `$PARTIR_DAEMON_DIR` if set (tests), else
+`$XDG_RUNTIME_DIR/partir`, else `~/.cache/partir/daemons`. It is created with mode 0700
+and must belong to the user; a socket in it must be a socket of the user with mode 0600.
+Anything else is refused (`InsecurePathError`): another user could otherwise read the
+programs, or answer in the daemon's place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class InsecurePathError(OSError):
+    """A socket or runtime directory that belongs to another user or that others can
+    access."""
+
+
+def runtime_dir() -> Path:
+    override = os.environ.get("PARTIR_DAEMON_DIR")
+    if override:
+        return Path(override)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return Path(xdg) / "partir"
+    return Path.home() / ".cache" / "partir" / "daemons"
+
+
+def workspace_key(workspace: str | os.PathLike[str]) -> str:
+    """One daemon per workspace: the key of its real path."""
+    return hashlib.sha256(os.path.realpath(workspace).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DaemonPaths:
+    workspace: Path
+    dir: Path
+    socket: Path
+    status: Path
+    lock: Path
+    log: Path
+    jobs: Path
+
+    @classmethod
+    def of(cls, workspace: str | os.PathLike[str], base: Path | None = None) -> DaemonPaths:
+        ws = Path(os.path.realpath(workspace))
+        base = base if base is not None else runtime_dir()
+        key = workspace_key(ws)
+        return cls(ws, base, base / f"{key}.sock", base / f"{key}.json", base / f"{key}.lock",
+                   ws / ".partir" / "daemon.log", ws / ".partir" / "jobs")
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` (mode 0700) or check that it is the user's and private."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(path)
+
+
+def check_private_dir(path: Path) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InsecurePathError(f"{path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise InsecurePathError(f"{path} belongs to uid {st.st_uid}, not to this user "
+                                f"(uid {os.getuid()})")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise InsecurePathError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others "
+                                f"can access it (expected 0700)")
+
+
+def check_socket(path: Path) -> None:
+    """Refuse a socket that is not the user's own with mode 0600 (no group/other bits)."""
+    st = os.lstat(path)  # lstat: a symlink to someone else's socket is refused too
+    if not stat.S_ISSOCK(st.st_mode):
+        raise InsecurePathError(f"{path} is not a socket")
+    if st.st_uid != os.getuid():
+        raise InsecurePathError(f"socket {path} belongs to uid {st.st_uid}, not to this "
+                                f"user (uid {os.getuid()})")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise InsecurePathError(f"socket {path} has mode {stat.S_IMODE(st.st_mode):04o}: "
+                                f"others can connect to it (expected 0600)")
+
+
+def read_status(paths: DaemonPaths) -> dict[str, Any] | None:
+    """The status file's contents, or None when there is none (or it is unreadable)."""
+    try:
+        with open(paths.status) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, exited but not yet
+    reaped by its parent, counts as gone)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, but another user's
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

@@ -1,0 +1,615 @@
+"""The daemon's protocol: JSON-RPC 2.0 messages, one JSON object per line (UTF-8, no
+embedded newlines: `json.dumps` escapes them), over a Unix domain socket.
+
+Every method has a params dataclass and a result dataclass below; `METHODS` maps method
+names to them. `to_json`/`from_json` convert between these dataclasses and the plain JSON
+on the wire, so the server, the client and the language server share one definition.
+
+Positions follow `partir.schedule_file.SourceRange`: 1-based lines, 0-based columns in
+characters, end exclusive. Tactic indexes are 1-based, like `partir partition --after`.
+
+Errors in the *user's* schedule file (syntax error, exception at import, timeout, missing
+definitions, a tactic that raises) are not JSON-RPC errors: they are `Diagnostic`s in the
+result, next to whatever could be computed (e.g. the tactics before the failing one).
+JSON-RPC errors are for the protocol itself (malformed JSON, unknown method, bad params),
+cancelled requests and internal failures.
+
+Notifications from the daemon:
+    `$/progress`           ProgressParams: partition phases, tactics, job steps
+    `partir/invalidated`   InvalidatedParams: a watched model file changed on disk
+Notifications to the daemon:
+    `$/cancelRequest`      CancelRequestParams: cancel an in-flight request of this client
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PROTOCOL_VERSION = 1
+JSONRPC = "2.0"
+
+# --- JSON-RPC error codes ---------------------------------------------------------------
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Server-defined (the range -32000..-32099 is reserved for implementations).
+WORKER_CRASHED = -32001  # the compiler child process died while serving the request
+NOT_FOUND = -32002  # e.g. an unknown job id
+SHUTTING_DOWN = -32003
+REQUEST_CANCELLED = -32800  # as in LSP: superseded by a newer revision, or $/cancelRequest
+
+PROGRESS = "$/progress"
+INVALIDATED = "partir/invalidated"
+CANCEL_REQUEST = "$/cancelRequest"
+
+IrLevel = Literal["core", "spmd", "hlo"]
+JobState = Literal["queued", "running", "succeeded", "failed", "crashed", "timeout",
+                   "cancelled", "interrupted"]
+# States a job never leaves.
+FINAL_JOB_STATES = ("succeeded", "failed", "crashed", "timeout", "cancelled", "interrupted")
+DiagnosticKind = Literal["read", "syntax", "execution", "timeout", "missing", "type",
+                         "tracing", "tactic", "internal"]
+
+
+class ProtocolError(Exception):
+    """A message that is not valid JSON-RPC 2.0 (or not valid params for its method)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- shared records ---------------------------------------------------------------------
+
+
+@dataclass
+class Range:
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+
+@dataclass
+class SourceLocation:
+    """A place in any file (e.g. the user's model), 1-based line; 0 when unknown."""
+
+    file: str
+    line: int
+    function: str = ""
+
+
+@dataclass
+class Diagnostic:
+    """A problem with the schedule file or a tactic, at `range` of `file` (`line` 0 and no
+    range: the file as a whole). `tactic` is the 1-based index of the failing tactic;
+    `inner` is where the exception was raised when that is in another user file."""
+
+    kind: DiagnosticKind
+    message: str
+    file: str
+    line: int
+    range: Range | None = None
+    tactic: int | None = None
+    exc_type: str | None = None
+    inner: SourceLocation | None = None
+
+
+@dataclass
+class TraceInfo:
+    key: str  # cache key: function fingerprint, argument shapes/dtypes, static args, JAX
+    cached: bool  # the traced program came from the cache
+    function: str
+    ops: int
+    elapsed_s: float  # tracing time (0 when cached)
+    # Workspace files the fingerprint covers (the function's module and what it imports).
+    dependencies: list[str] = field(default_factory=list)
+    # Set when a trace of this program was dropped since the last partition because one
+    # of these files changed on disk (watcher + content hash).
+    invalidated_by: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TacticResult:
+    """One tactic of the schedule: where it is written, whether its state came from the
+    cache, and its `partir.metadata.TacticMetadata` as a dict (`core_ir` is "" unless the
+    request asked for IR; `cost` appears when the simulator provides it)."""
+
+    index: int
+    name: str
+    axis: str
+    range: Range | None
+    inputs: dict[str, Range]  # each key of the tactic's inputs dict -> its source range
+    reused: bool
+    state: str  # hash-chain key of the state after this tactic
+    metadata: dict[str, Any]
+
+
+@dataclass
+class Timings:
+    load_s: float = 0.0  # executing the schedule file
+    trace_s: float = 0.0
+    tactics_s: float = 0.0  # applying the tactics that were not cached
+    metadata_s: float = 0.0  # lowering for collective counts (uncached states)
+    total_s: float = 0.0  # in the compiler process
+
+
+# --- methods ----------------------------------------------------------------------------
+
+
+@dataclass
+class DocumentParams:
+    """A schedule file, with the editor's unsaved text and revision if any. A request for
+    a newer `version` of the same path cancels work still pending for older ones."""
+
+    path: str
+    text: str | None = None
+    version: int | None = None
+
+
+@dataclass
+class PartitionParams(DocumentParams):
+    include_ir: bool = False  # fill each tactic's metadata["core_ir"]
+
+
+@dataclass
+class PartitionResult:
+    path: str
+    version: int | None
+    ok: bool  # no diagnostics
+    diagnostics: list[Diagnostic]
+    function: str | None = None
+    mesh: dict[str, int] | None = None
+    trace: TraceInfo | None = None
+    tactics: list[TacticResult] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)  # 1-based indexes taken from the cache
+    reapplied: list[int] = field(default_factory=list)  # applied by this request
+    program_range: Range | None = None
+    mesh_range: Range | None = None
+    schedule_range: Range | None = None
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class IrParams(DocumentParams):
+    level: IrLevel = "core"
+    after: int | None = None  # 1-based tactic; 0: the traced program; None: the last
+
+
+@dataclass
+class IrResult:
+    path: str
+    version: int | None
+    level: str
+    after: int
+    tactic: str | None  # the tactic's name (None for after=0)
+    text: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+@dataclass
+class ExplainParams(DocumentParams):
+    """What to explain: an input or tagged `name` (a pytree prefix selects every leaf under
+    it), or a model source `line` of `file` (no `line`: the collectives of every line of
+    `file`, and no values)."""
+
+    name: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass
+class ShardingStep:
+    tactic: int  # 1-based
+    tactic_name: str
+    sharding: list[list[str]]  # per-dim mesh axes after this tactic
+    local_shape: list[int]
+    changed: bool  # this tactic changed the sharding
+
+
+@dataclass
+class ExplainedValue:
+    name: str
+    kind: str  # "input", "output" or "tag"
+    shape: list[int]
+    dtype: str
+    history: list[ShardingStep]
+
+
+@dataclass
+class AttributedCollective:
+    kind: str  # all_gather, all_reduce, reduce_scatter, all_to_all, all_slice
+    axes: list[str]
+    count: int
+    value: str | None  # the input/tag the collective moves (None: an internal value)
+    loc: SourceLocation  # the model line the collective serves
+    tactic: int  # the tactic that introduced it (1-based)
+    tactic_name: str
+
+
+@dataclass
+class ExplainResult:
+    path: str
+    version: int | None
+    values: list[ExplainedValue]
+    collectives: list[AttributedCollective]
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+@dataclass
+class RunParams:
+    """Run the partitioned program of a schedule file as a job. `inputs`: "example" (the
+    schedule file's example arguments, abstract leaves filled with seeded random values),
+    "random" (every leaf random), or a path to an .npz file whose keys are input names."""
+
+    path: str
+    steps: int = 10
+    inputs: str = "example"
+    seed: int = 0
+    timeout_s: float = 1800.0
+    check: bool = True  # compare against the unpartitioned function
+
+
+@dataclass
+class JobMetrics:
+    platform: str
+    devices: int
+    steps: int
+    compile_s: float  # partitioning + first (compiling) step
+    step_time_median_s: float | None
+    step_time_min_s: float | None
+    peak_memory_bytes: int | None  # per device, from XLA's memory analysis
+    max_abs_error: float | None
+    check_ok: bool | None
+    collectives: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class JobInfo:
+    id: str
+    state: JobState
+    path: str
+    steps: int
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    steps_done: int = 0
+    metrics: JobMetrics | None = None
+    record_path: str = ""
+    log_path: str = ""
+
+
+@dataclass
+class RunResult:
+    job: JobInfo
+
+
+@dataclass
+class JobsParams:
+    pass
+
+
+@dataclass
+class JobsResult:
+    jobs: list[JobInfo]
+
+
+@dataclass
+class JobParams:
+    id: str
+    log_tail: int = 200  # last lines of the log to return (0: none)
+
+
+@dataclass
+class JobResult:
+    job: JobInfo
+    log: str
+
+
+@dataclass
+class CancelParams:
+    id: str  # a job id
+
+
+@dataclass
+class CancelResult:
+    cancelled: bool  # False when the job had already finished
+    job: JobInfo
+
+
+@dataclass
+class CacheStatsParams:
+    pass
+
+
+@dataclass
+class CacheStats:
+    traces: int
+    states: int
+    trace_hits: int
+    trace_misses: int
+    state_hits: int
+    state_misses: int
+    invalidations: int  # traces dropped because a model file changed
+    evictions: int  # entries dropped by the LRU bound
+    held_ops: int  # ops held by cached entries: the LRU's memory measure
+    max_ops: int
+    max_entries: int
+    worker_pid: int | None
+    worker_restarts: int
+    cancelled_requests: int
+
+
+@dataclass
+class StatusParams:
+    pass
+
+
+@dataclass
+class DaemonStatus:
+    pid: int
+    version: str
+    protocol: int
+    workspace: str
+    socket: str
+    config_hash: str
+    started: float
+    uptime_s: float
+    clients: int
+    worker_pid: int | None
+    log_path: str
+
+
+@dataclass
+class ShutdownParams:
+    pass
+
+
+@dataclass
+class ShutdownResult:
+    ok: bool
+
+
+@dataclass
+class ProgressParams:
+    """`token` is the request id (for partition/ir/explain) or the job id."""
+
+    token: str | int
+    kind: Literal["partition", "job"]
+    message: str
+    step: int | None = None
+    total: int | None = None
+    path: str | None = None
+    version: int | None = None
+
+
+@dataclass
+class InvalidatedParams:
+    paths: list[str]
+    traces: int  # how many cached traces were dropped
+
+
+@dataclass
+class CancelRequestParams:
+    id: int | str
+
+
+@dataclass(frozen=True)
+class Method:
+    params: type
+    result: type
+
+
+METHODS: dict[str, Method] = {
+    "partition": Method(PartitionParams, PartitionResult),
+    "ir": Method(IrParams, IrResult),
+    "explain": Method(ExplainParams, ExplainResult),
+    "run": Method(RunParams, RunResult),
+    "jobs": Method(JobsParams, JobsResult),
+    "job": Method(JobParams, JobResult),
+    "cancel": Method(CancelParams, CancelResult),
+    "cache_stats": Method(CacheStatsParams, CacheStats),
+    "status": Method(StatusParams, DaemonStatus),
+    "shutdown": Method(ShutdownParams, ShutdownResult),
+}
+
+
+# --- daemon configuration ---------------------------------------------------------------
+
+
+@dataclass
+class DaemonConfig:
+    """Settings a daemon is started with (the client passes them on auto-start); their
+    hash is in the status file, so tools can tell which settings a running daemon has."""
+
+    idle_timeout_s: float = 3600.0  # exit after this long with no client and no job
+    load_timeout_s: float = 30.0  # executing a schedule file (e.g. an infinite loop)
+    compile_timeout_s: float = 900.0  # one request in the compiler process
+    max_cache_entries: int = 256  # traces + tactic states
+    max_cache_ops: int = 4_000_000  # ops held by cached traces and states
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        # 300 and 300.0 are one setting: the hash must not tell them apart.
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, float):
+                setattr(self, f.name, float(getattr(self, f.name)))
+
+    def to_args(self) -> list[str]:
+        return [f"--{f.name.replace('_', '-')}={getattr(self, f.name)}"
+                for f in dataclasses.fields(self)]
+
+    def hash(self) -> str:
+        text = json.dumps(to_json(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --- conversion -------------------------------------------------------------------------
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass (or list/dict of them) as plain JSON data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    return value
+
+
+def from_json(cls: Any, data: Any) -> Any:
+    """`data` (plain JSON) as an instance of the annotated type `cls`. Raises
+    ProtocolError(INVALID_PARAMS) on a mismatch, so bad params get a JSON-RPC error."""
+    return _convert(cls, data, cls.__name__ if isinstance(cls, type) else str(cls))
+
+
+def _convert(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        if data is None and type(None) in typing.get_args(tp):
+            return None
+        errors = []
+        for option in typing.get_args(tp):
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, data, where)
+            except ProtocolError as e:
+                errors.append(e.message)
+        raise ProtocolError(INVALID_PARAMS, "; ".join(errors) or f"{where}: bad value")
+    if origin is Literal:
+        if data not in typing.get_args(tp):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected one of "
+                                f"{list(typing.get_args(tp))}, got {data!r}")
+        return data
+    if origin is list:
+        if not isinstance(data, list):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected a list")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected an object")
+        _, item = typing.get_args(tp) or (str, Any)
+        return {k: _convert(item, v, f"{where}.{k}") for k, v in data.items()}
+    if dataclasses.is_dataclass(tp):
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected an object")
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(data) - names
+        if unknown:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: unknown field(s) "
+                                f"{sorted(unknown)}")
+        kwargs = {k: _convert(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+        try:
+            return tp(**kwargs)
+        except TypeError as e:  # a required field is missing
+            raise ProtocolError(INVALID_PARAMS, f"{where}: {e}") from None
+    if tp is float:
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return float(data)
+        raise ProtocolError(INVALID_PARAMS, f"{where}: expected a number, got {data!r}")
+    if tp in (int, str, bool):
+        if type(data) is not tp:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected {tp.__name__}, got "
+                                f"{data!r}")
+        return data
+    if tp is type(None):
+        if data is not None:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected null")
+        return None
+    raise TypeError(f"protocol type {tp!r} is not supported")
+
+
+# --- JSON-RPC framing -------------------------------------------------------------------
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a line longer than this is refused
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as a line of the stream."""
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    """A line of the stream as a JSON-RPC message. Raises ProtocolError (PARSE_ERROR or
+    INVALID_REQUEST) for what is not one."""
+    try:
+        message = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(PARSE_ERROR, f"parse error: {e}") from None
+    if not isinstance(message, dict) or message.get("jsonrpc") != JSONRPC:
+        raise ProtocolError(INVALID_REQUEST, "not a JSON-RPC 2.0 message (an object with "
+                            "\"jsonrpc\": \"2.0\")")
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            raise ProtocolError(INVALID_REQUEST, "\"method\" must be a string")
+        if "id" in message and not valid_id(message["id"]):
+            raise ProtocolError(INVALID_REQUEST, "\"id\" must be a string or an integer")
+    elif "id" not in message or not ("result" in message or "error" in message):
+        raise ProtocolError(INVALID_REQUEST, "neither a request nor a response")
+    return message
+
+
+def valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def request(id: int | str, method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "id": id, "method": method, "params": to_json(params)}
+
+
+def notification(method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "method": method, "params": to_json(params)}
+
+
+def response(id: int | str | None, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": JSONRPC, "id": id, "result": to_json(result)}
+
+
+def error_response(id: int | str | None, code: int, message: str,
+                   data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = to_json(data)
+    return {"jsonrpc": JSONRPC, "id": id, "error": error}
+
+
+def is_request(message: dict[str, Any]) -> bool:
+    return "method" in message and "id" in message
+
+
+def is_notification(message: dict[str, Any]) -> bool:
+    return "method" in message and "id" not in message
+
+
+def parse_params(method: str, params: Any) -> Any:
+    """The params of a request to `method` as its dataclass."""
+    spec = METHODS.get(method)
+    if spec is None:
+        raise ProtocolError(METHOD_NOT_FOUND, f"unknown method {method!r}")
+    if params is not None and not isinstance(params, dict):
+        raise ProtocolError(INVALID_PARAMS, "params must be an object")
+    return from_json(spec.params, params or {})
+
+
+def parse_result(method: str, result: Any) -> Any:
+    return from_json(METHODS[method].result, result)

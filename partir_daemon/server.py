@@ -1,0 +1,699 @@
+"""The daemon process: one per workspace, serving JSON-RPC 2.0 on a Unix domain socket.
+
+    python -m partir_daemon.server --workspace W [--runtime-dir D] [--detach]
+        [--idle-timeout-s S]
+        [--load-timeout-s S] [--compile-timeout-s S] [--max-cache-entries N]
+        [--max-cache-ops N] [--log-level L]
+
+(`partir daemon start` and `DaemonClient.connect` start it detached.) The process:
+- takes an exclusive lock per workspace: a second daemon refuses to start and names the
+  first one's pid and socket (exit status 3);
+- listens on `<runtime dir>/<workspace key>.sock` (mode 0600, private directory) and
+  serves only peers of its own uid; writes a status file (pid, socket, version, config
+  hash) next to it; logs to `<workspace>/.partir/daemon.log`, never to stdout;
+- runs schedule files and compiles in a worker process (`partir_daemon.worker`), one
+  request at a time, killed and restarted when it hangs past its deadline or crashes;
+  document requests for an older `version` of a path are cancelled by newer ones;
+- runs jobs in processes of their own (`partir_daemon.jobs`);
+- watches the workspace's `.py` files (`watchfiles`) and drops traces whose files changed;
+- exits after `idle-timeout` without clients or jobs, on SIGTERM/SIGINT, or on `shutdown`.
+
+Every connection has a single writer task: responses and notifications are queued to it,
+so messages never interleave, whatever order concurrent requests finish in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import fcntl
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from partir_daemon import __version__
+from partir_daemon import protocol as P
+from partir_daemon.client import child_env
+from partir_daemon.jobs import JobManager
+from partir_daemon.paths import DaemonPaths, ensure_private_dir, read_status
+
+log = logging.getLogger("partir_daemon")
+
+ALREADY_RUNNING = 3
+# Extra time the daemon gives the worker past the load timeout it enforces itself (the
+# worker interrupts Python code; this catches code that cannot be interrupted).
+LOAD_GRACE_S = 5.0
+WORKER_START_TIMEOUT_S = 120.0
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+# --- connections ----------------------------------------------------------------------------
+
+
+class Connection:
+    _ids = itertools.count(1)
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.id = next(self._ids)
+        self.reader = reader
+        self.writer = writer
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._writer_task = asyncio.create_task(self._write_loop())
+        self.closed = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.closed:
+            self._queue.put_nowait(P.encode(message))
+
+    async def _write_loop(self) -> None:
+        while True:
+            data = await self._queue.get()
+            if data is None:
+                break
+            try:
+                self.writer.write(data)
+                await self.writer.drain()
+            except (ConnectionError, OSError):
+                break
+        self.closed = True
+
+    async def close(self) -> None:
+        """Flush what is queued, then close."""
+        self._queue.put_nowait(None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._writer_task, timeout=5)
+        self.closed = True
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+
+# --- the compiler worker --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class WorkItem:
+    method: str
+    params: dict[str, Any]
+    path: str | None = None  # absolute path of the document, for revision cancellation
+    version: int | None = None
+    conn: Connection | None = None
+    request_id: int | str | None = None
+    future: asyncio.Future | None = None
+    worker_id: int = 0
+    loaded: bool = False
+    cancelled: bool = False
+
+    def progress(self, message: str, step: int | None, total: int | None) -> None:
+        if self.conn is not None and self.request_id is not None:
+            self.conn.send(P.notification(P.PROGRESS, P.ProgressParams(
+                self.request_id, "partition", message, step, total, self.params.get("path"),
+                self.version)))
+
+
+class WorkerSupervisor:
+    def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
+        self.config = config
+        self.paths = paths
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self.cancelled = 0  # cancelled before reaching the worker
+        self._queue: collections.deque[WorkItem] = collections.deque()
+        self._wake = asyncio.Event()
+        self._current: WorkItem | None = None
+        self._worker_ids = itertools.count(1)
+        self._responses: dict[int, asyncio.Future] = {}
+        self._loop_task = asyncio.create_task(self._run())
+        self._reader_task: asyncio.Task | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None or bool(self._queue)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None \
+            else None
+
+    async def call(self, item: WorkItem) -> Any:
+        item.future = asyncio.get_running_loop().create_future()
+        if item.version is not None and item.path is not None:
+            self._cancel_stale(item.path, item.version)
+        self._queue.append(item)
+        self._wake.set()
+        return await item.future
+
+    def _cancel_stale(self, path: str, version: int) -> None:
+        for old in list(self._queue):
+            if old.path == path and old.version is not None and old.version < version:
+                self._queue.remove(old)
+                self.cancelled += 1
+                self._fail(old, P.REQUEST_CANCELLED,
+                           f"cancelled: superseded by version {version} of {path}")
+        current = self._current
+        if current is not None and current.path == path and current.version is not None \
+                and current.version < version:
+            self._cancel_running(current)
+
+    def cancel_request(self, conn: Connection, request_id: int | str) -> None:
+        for old in list(self._queue):
+            if old.conn is conn and old.request_id == request_id:
+                self._queue.remove(old)
+                self.cancelled += 1
+                self._fail(old, P.REQUEST_CANCELLED, "cancelled on request")
+        current = self._current
+        if current is not None and current.conn is conn and current.request_id == request_id:
+            self._cancel_running(current)
+
+    def _cancel_running(self, item: WorkItem) -> None:
+        # The worker checks between tactics and answers with REQUEST_CANCELLED.
+        if not item.cancelled and self.proc is not None and self.proc.stdin is not None:
+            item.cancelled = True
+            self.proc.stdin.write(json.dumps({"cancel": item.worker_id}).encode() + b"\n")
+
+    @staticmethod
+    def _fail(item: WorkItem, code: int, message: str) -> None:
+        if item.future is not None and not item.future.done():
+            item.future.set_exception(RpcError(code, message))
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            item = self._queue.popleft()
+            self._current = item
+            try:
+                await self._serve(item)
+            except Exception as e:  # keep serving whatever happened to one request
+                log.exception("worker request %s failed", item.method)
+                self._fail(item, P.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+            finally:
+                self._current = None
+
+    async def _start_worker(self) -> None:
+        cmd = [sys.executable, "-m", "partir_daemon.worker", "--workspace",
+               str(self.paths.workspace), f"--load-timeout={self.config.load_timeout_s}",
+               f"--max-entries={self.config.max_cache_entries}",
+               f"--max-ops={self.config.max_cache_ops}"]
+        # Partitioning needs no devices: keep the worker off accelerators that jobs use.
+        env = child_env({"JAX_PLATFORMS": "cpu"})
+        with open(self.paths.log, "ab") as logf:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=logf, env=env, cwd=str(self.paths.workspace),
+                limit=P.MAX_MESSAGE_BYTES)
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), WORKER_START_TIMEOUT_S)
+        if not line:
+            raise RuntimeError(f"the compiler process exited while starting (status "
+                               f"{await self.proc.wait()}); see {self.paths.log}")
+        log.info("compiler process started: pid %d", self.proc.pid)
+        self._reader_task = asyncio.create_task(self._read(self.proc))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            item = self._current
+            if item is None or message.get("id") != item.worker_id:
+                continue
+            if "progress" in message:
+                p = message["progress"]
+                if p["message"] == "loaded":
+                    item.loaded = True
+                item.progress(p["message"], p.get("step"), p.get("total"))
+            else:
+                future = self._responses.get(item.worker_id)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        code = await proc.wait()
+        for future in self._responses.values():
+            if not future.done():
+                future.set_exception(EOFError(f"the compiler process exited with status "
+                                              f"{code}"))
+
+    async def _kill_worker(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if self._reader_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader_task, timeout=5)
+
+    async def _serve(self, item: WorkItem) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            if self.proc is not None:
+                self.restarts += 1
+            await self._start_worker()
+        assert self.proc is not None and self.proc.stdin is not None
+        item.worker_id = next(self._worker_ids)
+        loop = asyncio.get_running_loop()
+        response = self._responses[item.worker_id] = loop.create_future()
+        self.proc.stdin.write(json.dumps({"id": item.worker_id, "method": item.method,
+                                          "params": item.params}).encode() + b"\n")
+        start = loop.time()
+        try:
+            while not response.done():
+                limit = self.config.compile_timeout_s if item.loaded else \
+                    self.config.load_timeout_s + LOAD_GRACE_S
+                remaining = start + limit - loop.time()
+                if remaining <= 0:
+                    await self._timed_out(item, limit)
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(response), min(remaining, 1.0))
+            message = response.result()
+        except EOFError as e:
+            await self._kill_worker()
+            self._fail(item, P.WORKER_CRASHED, f"{item.method}: {e} while serving it; the "
+                       f"compiler process is restarted for the next request (see "
+                       f"{self.paths.log})")
+            return
+        finally:
+            self._responses.pop(item.worker_id, None)
+        if item.future is None or item.future.done():
+            return
+        if "error" in message:
+            err = message["error"]
+            item.future.set_exception(RpcError(err["code"], err["message"]))
+        else:
+            item.future.set_result(message["result"])
+
+    async def _timed_out(self, item: WorkItem, limit: float) -> None:
+        """The worker did not answer in time and did not interrupt itself: kill it."""
+        phase = "compiling" if item.loaded else "executing the schedule file"
+        log.warning("%s: no answer after %.0f s (%s); killing the compiler process",
+                    item.method, limit, phase)
+        await self._kill_worker()
+        self.restarts += 1
+        path = item.params.get("path", "")
+        if item.loaded or item.method not in ("partition", "ir", "explain"):
+            self._fail(item, P.WORKER_CRASHED, f"{item.method}: the compiler process did "
+                       f"not answer within {limit:.0f} s while {phase}; it was killed")
+            return
+        # A schedule file that cannot be interrupted: a diagnostic, as for one that can.
+        diagnostic = P.Diagnostic("timeout", f"executing the schedule file did not finish "
+                                  f"within {self.config.load_timeout_s:g} s and could not be "
+                                  f"interrupted (an infinite loop in native code?)", path, 0)
+        result: Any
+        if item.method == "partition":
+            result = P.PartitionResult(path, item.version, False, [diagnostic])
+        elif item.method == "ir":
+            result = P.IrResult(path, item.version, item.params.get("level", "core"), 0,
+                                None, "", [diagnostic])
+        else:
+            result = P.ExplainResult(path, item.version, [], [], [diagnostic])
+        if item.future is not None and not item.future.done():
+            item.future.set_result(P.to_json(result))
+
+    async def stop(self) -> None:
+        self._loop_task.cancel()
+        for item in [*self._queue, *([self._current] if self._current else [])]:
+            self._fail(item, P.SHUTTING_DOWN, "the daemon is shutting down")
+        self._queue.clear()
+        await self._kill_worker()
+
+
+# --- the daemon -----------------------------------------------------------------------------
+
+
+class Daemon:
+    def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
+        self.config = config
+        self.paths = paths
+        self.started = time.time()
+        self.connections: set[Connection] = set()
+        self.last_activity = time.monotonic()
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self.jobs = JobManager(paths)
+        self.worker = WorkerSupervisor(config, paths)
+        self._watch_stop = threading.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def serve(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: self._spawn(self.stop(
+                f"signal {signal.Signals(s).name}")))
+        server = await asyncio.start_unix_server(self._handle, sock=sock,
+                                                 limit=P.MAX_MESSAGE_BYTES)
+        self._spawn(self._idle_check())
+        threading.Thread(target=self._watch, args=(loop,), name="partir-watch",
+                         daemon=True).start()
+        log.info("serving %s on %s (pid %d)", self.paths.workspace, self.paths.socket,
+                 os.getpid())
+        async with server:
+            await self._stopped.wait()
+            server.close()
+
+    async def stop(self, reason: str) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutting down: %s", reason)
+        self._watch_stop.set()
+        await self.jobs.stop_all()
+        await self.worker.stop()
+        for conn in list(self.connections):
+            await conn.close()
+        self._stopped.set()
+
+    async def _idle_check(self) -> None:
+        interval = max(0.2, min(5.0, self.config.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            if self.connections or self.jobs.running or self.worker.busy:
+                self.last_activity = time.monotonic()
+            elif time.monotonic() - self.last_activity > self.config.idle_timeout_s:
+                await self.stop(f"idle for {self.config.idle_timeout_s:g} s")
+                return
+
+    # -- file watching -------------------------------------------------------------------
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        import watchfiles
+
+        def wanted(change: watchfiles.Change, path: str) -> bool:
+            return path.endswith(".py") and os.sep + ".partir" + os.sep not in path
+
+        try:
+            for changes in watchfiles.watch(self.paths.workspace, watch_filter=wanted,
+                                            stop_event=self._watch_stop, debounce=200,
+                                            step=50, yield_on_timeout=False,
+                                            raise_interrupt=False):
+                paths = sorted({p for _, p in changes})
+                loop.call_soon_threadsafe(lambda p=paths: self._spawn(self._changed(p)))
+        except Exception:
+            log.exception("the file watcher stopped")
+
+    async def _changed(self, paths: list[str]) -> None:
+        if self.worker.pid is None:
+            return  # nothing cached
+        try:
+            result = await self.worker.call(WorkItem("invalidate", {"paths": paths}))
+        except RpcError as e:
+            log.warning("invalidation failed: %s", e.message)
+            return
+        if result["traces"]:
+            log.info("files changed: %s; %d trace(s) dropped", paths, result["traces"])
+            for conn in list(self.connections):
+                conn.send(P.notification(P.INVALIDATED, P.InvalidatedParams(
+                    result["paths"], result["traces"])))
+
+    # -- connections ---------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = _peer_uid(sock) if sock is not None else None
+        if uid is not None and uid != os.getuid():
+            log.warning("refused a connection from uid %d", uid)
+            writer.close()
+            return
+        conn = Connection(reader, writer)
+        self.connections.add(conn)
+        self.last_activity = time.monotonic()
+        try:
+            while not self._stopping:
+                try:
+                    line = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as e:
+                    if e.partial.strip():
+                        self._message(conn, e.partial)
+                    break
+                except asyncio.LimitOverrunError:
+                    conn.send(P.error_response(None, P.INVALID_REQUEST,
+                                               "message too long; closing the connection"))
+                    break
+                except (ConnectionError, OSError):
+                    break
+                if line.strip():
+                    self._message(conn, line)
+        finally:
+            self.connections.discard(conn)
+            self.last_activity = time.monotonic()
+            await conn.close()
+
+    def _message(self, conn: Connection, line: bytes) -> None:
+        try:
+            message = P.decode(line)
+        except P.ProtocolError as e:
+            request_id = None
+            with contextlib.suppress(Exception):
+                data = json.loads(line)
+                if isinstance(data, dict) and P.valid_id(data.get("id")):
+                    request_id = data["id"]
+            conn.send(P.error_response(request_id, e.code, e.message))
+            return
+        if P.is_request(message):
+            self._spawn(self._request(conn, message))
+        elif P.is_notification(message) and message["method"] == P.CANCEL_REQUEST:
+            params = message.get("params") or {}
+            if P.valid_id(params.get("id")):
+                self.worker.cancel_request(conn, params["id"])
+        # Responses from clients: the daemon sends no requests, so there are none to match.
+
+    async def _request(self, conn: Connection, message: dict[str, Any]) -> None:
+        request_id, method = message["id"], message["method"]
+        try:
+            params = P.parse_params(method, message.get("params"))
+            handler = getattr(self, "_m_" + method)
+            result = await handler(conn, request_id, params)
+            conn.send(P.response(request_id, result))
+        except P.ProtocolError as e:
+            conn.send(P.error_response(request_id, e.code, e.message))
+        except RpcError as e:
+            conn.send(P.error_response(request_id, e.code, e.message, e.data))
+        except Exception as e:
+            log.exception("%s failed", method)
+            conn.send(P.error_response(request_id, P.INTERNAL_ERROR,
+                                       f"{type(e).__name__}: {e}"))
+        finally:
+            self.last_activity = time.monotonic()
+        if method == "shutdown":
+            self._spawn(self.stop("shutdown requested"))
+
+    # -- methods -------------------------------------------------------------------------
+    def _document(self, method: str, conn: Connection, request_id: Any,
+                  params: P.DocumentParams) -> WorkItem:
+        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        return WorkItem(method, P.to_json(params), path, params.version, conn, request_id)
+
+    async def _m_partition(self, conn: Connection, request_id: Any,
+                           params: P.PartitionParams) -> Any:
+        return await self.worker.call(self._document("partition", conn, request_id, params))
+
+    async def _m_ir(self, conn: Connection, request_id: Any, params: P.IrParams) -> Any:
+        return await self.worker.call(self._document("ir", conn, request_id, params))
+
+    async def _m_explain(self, conn: Connection, request_id: Any,
+                         params: P.ExplainParams) -> Any:
+        if params.name is None and params.file is None:
+            raise RpcError(P.INVALID_PARAMS, "explain needs `name`, or `file` (and `line`)")
+        return await self.worker.call(self._document("explain", conn, request_id, params))
+
+    async def _m_run(self, conn: Connection, request_id: Any,
+                     params: P.RunParams) -> P.RunResult:
+        if params.steps < 0:
+            raise RpcError(P.INVALID_PARAMS, "steps must be >= 0")
+        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        # Partition first (cached): it validates the file and gives the mesh's size.
+        checked = await self.worker.call(WorkItem(
+            "partition", P.to_json(P.PartitionParams(path)), path, None, conn, request_id))
+        if not checked["ok"]:
+            d = checked["diagnostics"][0]
+            where = f"{d['file']}:{d['line']}" if d["line"] else d["file"]
+            return P.RunResult(self.jobs.failed(params, f"{where}: {d['message']}"))
+        devices = math.prod(checked["mesh"].values())
+
+        def progress(p: P.ProgressParams) -> None:
+            conn.send(P.notification(P.PROGRESS, p))
+
+        return P.RunResult(await self.jobs.start(params, path, devices, progress))
+
+    async def _m_jobs(self, conn: Connection, request_id: Any,
+                      params: P.JobsParams) -> P.JobsResult:
+        return P.JobsResult(sorted(self.jobs.jobs.values(), key=lambda j: j.created))
+
+    def _job(self, job_id: str) -> P.JobInfo:
+        try:
+            return self.jobs.get(job_id)
+        except KeyError:
+            raise RpcError(P.NOT_FOUND, f"no job {job_id!r}") from None
+
+    async def _m_job(self, conn: Connection, request_id: Any,
+                     params: P.JobParams) -> P.JobResult:
+        job = self._job(params.id)
+        return P.JobResult(job, self.jobs.log_tail(job, params.log_tail))
+
+    async def _m_cancel(self, conn: Connection, request_id: Any,
+                        params: P.CancelParams) -> P.CancelResult:
+        self._job(params.id)
+        return await self.jobs.cancel(params.id)
+
+    async def _m_cache_stats(self, conn: Connection, request_id: Any,
+                             params: P.CacheStatsParams) -> P.CacheStats:
+        if self.worker.pid is None and not self.worker.busy:
+            stats = {"traces": 0, "states": 0, "trace_hits": 0, "trace_misses": 0,
+                     "state_hits": 0, "state_misses": 0, "invalidations": 0,
+                     "evictions": 0, "held_ops": 0, "max_ops": self.config.max_cache_ops,
+                     "max_entries": self.config.max_cache_entries, "cancelled_requests": 0}
+        else:
+            stats = await self.worker.call(WorkItem("stats", {}))
+        stats["cancelled_requests"] += self.worker.cancelled
+        return P.CacheStats(**stats, worker_pid=self.worker.pid,
+                            worker_restarts=self.worker.restarts)
+
+    async def _m_status(self, conn: Connection, request_id: Any,
+                        params: P.StatusParams) -> P.DaemonStatus:
+        return P.DaemonStatus(os.getpid(), __version__, P.PROTOCOL_VERSION,
+                              str(self.paths.workspace), str(self.paths.socket),
+                              self.config.hash(), self.started, time.time() - self.started,
+                              len(self.connections), self.worker.pid, str(self.paths.log))
+
+    async def _m_shutdown(self, conn: Connection, request_id: Any,
+                          params: P.ShutdownParams) -> P.ShutdownResult:
+        return P.ShutdownResult(True)
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+# --- process setup --------------------------------------------------------------------------
+
+
+def _parse(argv: list[str] | None) -> tuple[P.DaemonConfig, DaemonPaths, bool]:
+    parser = argparse.ArgumentParser(prog="partir_daemon.server")
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--runtime-dir", default=None)
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background once the workspace's lock is taken")
+    defaults = P.DaemonConfig()
+    for f in dataclasses.fields(P.DaemonConfig):
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                            type=type(getattr(defaults, f.name)),
+                            default=getattr(defaults, f.name))
+    args = parser.parse_args(argv)
+    config = P.DaemonConfig(**{f.name: getattr(args, f.name)
+                               for f in dataclasses.fields(P.DaemonConfig)})
+    base = Path(args.runtime_dir) if args.runtime_dir else None
+    return config, DaemonPaths.of(args.workspace, base), args.detach
+
+
+def _write_status(paths: DaemonPaths, config: P.DaemonConfig) -> None:
+    status = {"pid": os.getpid(), "socket": str(paths.socket), "version": __version__,
+              "protocol": P.PROTOCOL_VERSION, "config_hash": config.hash(),
+              "config": P.to_json(config), "workspace": str(paths.workspace),
+              "log": str(paths.log), "started": time.time()}
+    tmp = paths.status.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(status, f, indent=1)
+    os.replace(tmp, paths.status)
+
+
+def _listen(path: Path) -> socket.socket:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # we hold the lock: a socket left there is a dead daemon's
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # created 0600: no window in which others could connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, paths, detach = _parse(argv)
+    ensure_private_dir(paths.dir)
+    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        status = read_status(paths) or {}
+        print(f"partir daemon: a daemon is already running for {paths.workspace}: pid "
+              f"{status.get('pid', '?')}, socket {status.get('socket', paths.socket)}",
+              file=sys.stderr)
+        return ALREADY_RUNNING
+    if detach:
+        # Daemonize: the parent returns at once (its caller waits for it, so it leaves no
+        # zombie) and the child, reparented, keeps the lock: flock belongs to the open file
+        # description the child shares.
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
+    # From here on nothing goes to the terminal: stdout and stderr are the log file.
+    log_fd = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, config.log_level, "INFO"),
+                        format="%(asctime)s daemon[%(process)d] %(levelname)s %(name)s: "
+                               "%(message)s")
+    sock = _listen(paths.socket)
+    _write_status(paths, config)
+
+    async def run() -> None:
+        daemon = Daemon(config, paths)
+        daemon.jobs.recover()
+        await daemon.serve(sock)
+
+    try:
+        asyncio.run(run())
+    finally:
+        status = read_status(paths)
+        if status and status.get("pid") == os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(paths.status)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(paths.socket)
+        log.info("stopped")
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

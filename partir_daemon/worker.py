@@ -1,0 +1,123 @@
+"""The compiler process: runs `Engine` requests one at a time for the daemon.
+
+    python -m partir_daemon.worker --workspace W [--load-timeout S] [--max-entries N]
+                                   [--max-ops N]
+
+It speaks line-delimited JSON with the daemon on its stdin/stdout:
+    daemon -> worker   {"id": n, "method": "partition"|"ir"|"explain"|"invalidate"|
+                        "stats", "params": {...}}      a request
+                       {"cancel": n}                   cancel request n between tactics
+    worker -> daemon   {"ready": pid}                  once, when it can take requests
+                       {"id": n, "progress": {"message", "step", "total"}}
+                       {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
+
+The user's code runs here and may print: file descriptor 1 is pointed at stderr (the
+daemon's log) and the protocol uses a private duplicate of the original stdout. The
+process exits when its stdin closes, so it never outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import traceback
+from typing import Any, BinaryIO
+
+
+def _protocol_stream() -> BinaryIO:
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="partir_daemon.worker")
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--load-timeout", type=float, default=30.0)
+    parser.add_argument("--max-entries", type=int, default=256)
+    parser.add_argument("--max-ops", type=int, default=4_000_000)
+    args = parser.parse_args(argv)
+    out = _protocol_stream()
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
+
+    from partir_daemon import protocol as P
+    from partir_daemon.engine import Cancelled, Engine
+
+    engine = Engine(args.workspace, load_timeout_s=args.load_timeout,
+                    max_entries=args.max_entries, max_ops=args.max_ops)
+    requests: queue.Queue = queue.Queue()
+    cancelled: set[Any] = set()
+    lock = threading.Lock()
+
+    def send(message: dict[str, Any]) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with lock:
+            out.write(data)
+
+    def read() -> None:
+        for line in sys.stdin.buffer:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if "cancel" in message:
+                cancelled.add(message["cancel"])
+            else:
+                requests.put(message)
+        os._exit(0)  # the daemon is gone: so are we, whatever is running
+
+    threading.Thread(target=read, name="worker-stdin", daemon=True).start()
+    send({"ready": os.getpid()})
+    params_types = {"partition": P.PartitionParams, "ir": P.IrParams,
+                    "explain": P.ExplainParams}
+    while True:
+        message = requests.get()
+        request_id = message.get("id")
+        method = message.get("method")
+
+        def progress(text: str, step: int | None, total: int | None,
+                     request_id: Any = request_id) -> None:
+            send({"id": request_id, "progress": {"message": text, "step": step,
+                                                  "total": total}})
+
+        def is_cancelled(request_id: Any = request_id) -> bool:
+            return request_id in cancelled
+
+        try:
+            if request_id in cancelled:
+                raise Cancelled
+            if method in params_types:
+                params = P.from_json(params_types[method], message.get("params"))
+                result = getattr(engine, method)(params, progress, is_cancelled)
+            elif method == "invalidate":
+                result = engine.invalidate(list(message["params"]["paths"]))
+            elif method == "stats":
+                result = engine.stats()
+            else:
+                raise ValueError(f"unknown worker method {method!r}")
+            send({"id": request_id, "result": P.to_json(result)})
+        except Cancelled:
+            engine.cancelled += 1
+            send({"id": request_id, "error": {"code": P.REQUEST_CANCELLED,
+                                              "message": "cancelled: superseded by a newer "
+                                                         "revision, or on request"}})
+        except Exception as e:
+            logging.error("request %s (%s) failed:\n%s", request_id, method,
+                          "".join(traceback.format_exception(e)))
+            code = P.INVALID_PARAMS if isinstance(e, P.ProtocolError | ValueError) \
+                else P.INTERNAL_ERROR
+            send({"id": request_id, "error": {"code": code,
+                                              "message": f"{type(e).__name__}: {e}"}})
+        finally:
+            cancelled.discard(request_id)
+
+
+if __name__ == "__main__":
+    main()

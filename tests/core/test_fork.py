@@ -1,0 +1,73 @@
+"""`CoreModule.fork`: resuming a schedule from the state after tactic k-1 on a fork gives
+exactly what applying the whole schedule gives, and leaves the forked module alone (the
+daemon's incremental re-application relies on both)."""
+
+import pytest
+
+from examples.mlp.model import example_args, mlp
+from examples.transformer import model, schedules
+from partir.core.module import CoreModule
+from partir.core.printing import print_core
+from partir.frontend import trace
+from partir.mesh import Mesh
+from partir.tactics import ManualPartition
+from partir.tactics.driver import apply_tactic, named_values
+
+MLP_SCHEDULE = [
+    ManualPartition({"x": 0}, axis="batch", name="BP"),
+    ManualPartition({"w1": 1}, axis="model", name="MP"),
+    ManualPartition({"w1": 0, "w2": 1}, axis="batch", name="Z3"),
+]
+
+
+def _cases():
+    yield "mlp", mlp, example_args(), MLP_SCHEDULE
+    tiny = model.abstract_inputs(model.TINY)
+    yield "transformer", model.train_step, tiny, [schedules.BP, schedules.MP, schedules.Z3]
+
+
+def _state(module: CoreModule) -> tuple:
+    snap = module.snapshot()
+    return (print_core(snap), sorted(map(str, module.conflicts.values())),
+            sorted((str(v), a, w) for (v, a), w in module.acted.items()))
+
+
+@pytest.mark.parametrize("case", list(_cases()), ids=lambda c: c[0])
+def test_fork_resumes_like_a_full_application(case):
+    _, fn, args, schedule = case
+    traced = trace(fn, *args)
+    mesh = Mesh({"batch": 4, "model": 2})
+    full = CoreModule(traced, mesh)
+    names = named_values(full, traced)
+    full_records = [apply_tactic(full, t, names) for t in schedule]
+    expected = _state(full)
+    for k in range(len(schedule) + 1):
+        # The state after tactics 1..k, then the rest on a fork of it.
+        base = CoreModule(traced, mesh)
+        base_names = named_values(base, traced)
+        for t in schedule[:k]:
+            apply_tactic(base, t, base_names)
+        before = _state(base)
+        fork = base.fork()
+        records = [apply_tactic(fork, t, base_names) for t in schedule[k:]]
+        assert _state(fork) == expected
+        assert [r.actions for r in records] == [r.actions for r in full_records[k:]]
+        assert [list(map(str, r.conflicts)) for r in records] == \
+            [list(map(str, r.conflicts)) for r in full_records[k:]]
+        assert [r.core_ir() for r in records] == [r.core_ir() for r in full_records[k:]]
+        assert _state(base) == before  # the forked module is unaffected
+
+
+def test_fork_twice_from_one_state_gives_independent_modules():
+    traced = trace(mlp, *example_args())
+    mesh = Mesh({"batch": 4, "model": 2})
+    base = CoreModule(traced, mesh)
+    names = named_values(base, traced)
+    apply_tactic(base, MLP_SCHEDULE[0], names)
+    a, b = base.fork(), base.fork()
+    apply_tactic(a, MLP_SCHEDULE[1], names)
+    apply_tactic(b, ManualPartition({"w2": 0}, axis="model", name="other"), names)
+    assert _state(a) != _state(b)
+    again = base.fork()
+    apply_tactic(again, MLP_SCHEDULE[1], names)
+    assert _state(again) == _state(a)

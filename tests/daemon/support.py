@@ -1,0 +1,119 @@
+"""Helpers of the daemon tests: workspaces with a private runtime directory, clients on
+their daemons, and the processes a workspace still has running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from partir_daemon import protocol as P
+from partir_daemon.client import DaemonClient, DaemonError
+from partir_daemon.paths import DaemonPaths, read_status
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small limits so that the timeout cases stay fast.
+CONFIG = P.DaemonConfig(idle_timeout_s=300, load_timeout_s=2.0, compile_timeout_s=300)
+
+BP_MP_Z3 = '''\
+from model import example_args, mlp
+
+import partir
+
+program = partir.Program(mlp, *example_args())
+mesh = {"batch": 4, "model": 2}
+schedule = [
+    partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+    partir.ManualPartition({"w1": 1}, axis="model", name="MP"),
+    partir.ManualPartition({"w1": 0, "w2": 1}, axis="batch", name="Z3"),
+]
+'''
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text` (not zombies)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@dataclass
+class Env:
+    """A workspace with its runtime directory, and the clients opened on it."""
+
+    workspace: Path
+    runtime: Path
+    config: P.DaemonConfig = field(default_factory=lambda: CONFIG)
+    clients: list[DaemonClient] = field(default_factory=list)
+
+    @property
+    def paths(self) -> DaemonPaths:
+        return DaemonPaths.of(self.workspace, self.runtime)
+
+    def connect(self, **kwargs) -> DaemonClient:
+        kwargs.setdefault("config", self.config)
+        kwargs.setdefault("timeout", 120.0)
+        client = DaemonClient.connect(self.workspace, runtime_dir=self.runtime, **kwargs)
+        self.clients.append(client)
+        return client
+
+    def write(self, name: str, text: str) -> str:
+        path = self.workspace / "mlp" / name
+        path.write_text(text)
+        return str(path)
+
+    def daemon_pid(self) -> int | None:
+        status = read_status(self.paths)
+        return int(status["pid"]) if status else None
+
+    def teardown(self) -> None:
+        for client in self.clients:
+            client.close()
+        with contextlib.suppress(DaemonError, OSError), DaemonClient.connect(
+                self.workspace, runtime_dir=self.runtime, autostart=False,
+                timeout=20) as client:
+            client.shutdown()
+        wait_until(lambda: not processes_mentioning(str(self.workspace)), timeout=15)
+        # Whatever is left (a test killed something half-way): kill it, and fail.
+        leftovers = processes_mentioning(str(self.workspace))
+        for p in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        shutil.rmtree(self.workspace, ignore_errors=True)
+        shutil.rmtree(self.runtime, ignore_errors=True)
+        assert not leftovers, f"processes left running: {leftovers}"
+
+
+def make_env() -> Env:
+    # Short paths: a Unix socket path has at most 107 bytes.
+    workspace = Path(tempfile.mkdtemp(prefix="pdws"))
+    runtime = Path(tempfile.mkdtemp(prefix="pdrt"))
+    runtime.chmod(0o700)
+    shutil.copytree(ROOT / "examples" / "mlp", workspace / "mlp")
+    (workspace / "mlp" / "bp_mp_z3.partir.py").write_text(BP_MP_Z3)
+    return Env(workspace, runtime)

@@ -1,0 +1,245 @@
+"""The simulator's formulas on hand-computed cases: FLOPs, collective bytes and times on a
+2-axis mesh, collective combining, peak memory, and the device registry."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from partir.hlo.ops import make_all_gather, make_all_reduce, make_all_to_all, make_reduce_scatter
+from partir.ir import Function, TensorType, Value
+from partir.mesh import Mesh
+from partir.pipeline import lower
+from partir.sim import (
+    Cost,
+    DeviceSpec,
+    LinkSpec,
+    UnknownDeviceError,
+    collective_cost,
+    get_device,
+    plan_buffers,
+    register_device,
+    simulate,
+)
+from partir.sim.collectives import axis_links
+
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+MESH = {"a": 2, "b": 4}
+
+# A device whose numbers make times easy to compute by hand: 1 GFLOP/s, 1 GB/s memory,
+# axis "a" on a slow link, "b" on a fast one.
+TOY = DeviceSpec(
+    name="toy", matmul_flops={"float32": 1e9}, vector_flops={"float32": 1e9},
+    memory_bytes=1 << 20, memory_bandwidth=1e9,
+    links={"slow": LinkSpec(1e6, 1e-3), "fast": LinkSpec(1e8, 1e-5)}, default_link="fast",
+    kernel_overhead_s=0.0, combined_collectives=frozenset({"all_reduce"}))
+TOY_LINKS = {"a": "slow", "b": "fast"}
+
+
+def hlo(fn, *args, mesh=MESH, schedule=()):
+    return lower(partir.core_partition(fn, mesh, list(schedule), *args).program).hlo
+
+
+# --- FLOPs -----------------------------------------------------------------------------------
+
+
+def test_matmul_flops():
+    # 2 * M * N * K: one multiply and one add per output element and contracted element.
+    h = hlo(lambda x, w: x @ w, S((16, 8), F32), S((8, 4), F32))
+    assert simulate(h).flops == 2 * 16 * 4 * 8
+
+
+def test_batched_dot_and_elementwise_flops():
+    # einsum bij,bjk->bik: 2 * b * i * k * j; then a tanh of the [3, 5, 2] result.
+    h = hlo(lambda x, y: jnp.tanh(jnp.einsum("bij,bjk->bik", x, y)),
+            S((3, 5, 7), F32), S((3, 7, 2), F32))
+    assert simulate(h).flops == 2 * 3 * 5 * 2 * 7 + 3 * 5 * 2
+
+
+def test_convolution_and_reduction_flops():
+    # [1, 3, 8, 8] * [4, 3, 3, 3] VALID: 4 x 6 x 6 outputs, each 3 x 3 x 3 MACs; then a
+    # sum over its 144 elements.
+    h = hlo(lambda x, w: jnp.sum(jax.lax.conv_general_dilated(x, w, (1, 1), "VALID")),
+            S((1, 3, 8, 8), F32), S((4, 3, 3, 3), F32))
+    assert simulate(h).flops == 2 * 144 * 27 + 144
+
+
+def test_batch_parallel_matmul_divides_flops_and_adds_an_all_reduce():
+    def f(x, w):
+        return jnp.sum(x @ w)
+    args = (S((64, 32), F32), S((32, 16), F32))
+    full = simulate(hlo(f, *args, mesh={"a": 8}))
+    bp = simulate(hlo(f, *args, mesh={"a": 8},
+                      schedule=[partir.ManualPartition({"x": 0}, axis="a")]))
+    assert bp.flops * 8 == full.flops
+    # The loss's partial sums: one f32 all_reduce over 8 devices, 2 * 7/8 * 4 bytes.
+    assert bp.bytes_moved["all_reduce"] == 2 * 7 / 8 * 4 and full.total_bytes_moved == 0
+
+
+# --- collectives on a 2-axis mesh ------------------------------------------------------------
+
+
+def x_local() -> Value:
+    return Value(TensorType((8, 16), np.dtype("float32")), "x")  # 512 bytes
+
+
+def cost_of(op, device: DeviceSpec = TOY):
+    links = axis_links(device, list(MESH), TOY_LINKS)
+    return collective_cost(op, op.operands[0].type.nbytes, MESH, links)
+
+
+def test_all_reduce_bytes():
+    both = cost_of(make_all_reduce(x_local(), ("a", "b")))
+    assert both.kind == "all_reduce" and both.bytes_sent == 2 * 7 / 8 * 512
+    assert cost_of(make_all_reduce(x_local(), ("b",))).bytes_sent == 2 * 3 / 4 * 512
+    assert cost_of(make_all_reduce(x_local(), ("a",))).bytes_sent == 2 * 1 / 2 * 512
+
+
+def test_all_gather_bytes_and_hierarchical_time():
+    c = cost_of(make_all_gather(x_local(), [("a",), ("b",)], MESH))
+    # Gathered result: 8 x 512 bytes, of which a device receives (and sends) 7/8.
+    assert c.kind == "all_gather" and c.bytes_sent == 7 / 8 * 4096
+    # Hierarchically: the big phase on the fast link "b" (3/4 of the 4096 bytes), the
+    # small one first on the slow link "a" (1/2 of 4096 / 4), one latency per peer.
+    want = 3 / 4 * 4096 / 1e8 + 3 * 1e-5 + 1 / 2 * 1024 / 1e6 + 1 * 1e-3
+    assert c.time_s == pytest.approx(want) and c.latency_s == pytest.approx(3e-5 + 1e-3)
+
+
+def test_reduce_scatter_bytes():
+    c = cost_of(make_reduce_scatter(x_local(), [("a",), ("b",)], MESH))
+    assert c.kind == "reduce_scatter" and c.bytes_sent == 7 / 8 * 512
+    assert cost_of(make_reduce_scatter(x_local(), [("a",), ()], MESH)).bytes_sent == 256
+
+
+def test_all_to_all_bytes_and_time():
+    c = cost_of(make_all_to_all(x_local(), 0, 1, ("b",), MESH))
+    assert c.kind == "all_to_all" and c.bytes_sent == 3 / 4 * 512
+    assert c.time_s == pytest.approx(384 / 1e8 + 3 * 1e-5)
+    both = cost_of(make_all_to_all(x_local(), 0, 1, ("a", "b"), MESH))
+    # Over both axes: the slowest link's bandwidth and latency.
+    assert both.bytes_sent == 7 / 8 * 512
+    assert both.time_s == pytest.approx(448 / 1e6 + 7 * 1e-3)
+
+
+def test_independent_all_reduces_combine_and_dependent_ones_do_not():
+    x, y = x_local(), x_local()
+    r1 = make_all_reduce(x, ("b",))
+    r2 = make_all_reduce(y, ("b",))  # independent of r1: combined, one latency
+    r3 = make_all_reduce(r1.results[0], ("b",))  # reads r1: a new group
+    fn = Function("f", [x, y], [r1, r2, r3], [r2.results[0], r3.results[0]],
+                  attributes={"mesh": Mesh(MESH), "in_shardings": ((), ()),
+                              "out_shardings": ((), ())})
+    cost = simulate(fn, TOY, links=TOY_LINKS)
+    one = cost_of(r1)
+    assert cost.combined_collectives == 1
+    assert cost.communication_time_s == pytest.approx(3 * one.time_s - one.latency_s)
+    assert cost.bytes_moved["all_reduce"] == 3 * 768
+    # A spec that combines nothing pays three latencies.
+    apart = simulate(fn, dataclasses.replace(TOY, combined_collectives=frozenset()),
+                     links=TOY_LINKS)
+    assert apart.communication_time_s == pytest.approx(3 * one.time_s)
+
+
+def test_step_time_adds_compute_and_communication_with_optional_overlap():
+    def f(x, w):
+        return jnp.sum(x @ w)
+    h = hlo(f, S((64, 32), F32), S((32, 16), F32), mesh={"a": 2, "b": 4},
+            schedule=[partir.ManualPartition({"x": 0}, axis="b")])
+    serial = simulate(h, TOY, links=TOY_LINKS)
+    assert serial.step_time_s == pytest.approx(serial.compute_time_s +
+                                               serial.communication_time_s)
+    hidden = simulate(h, TOY, links=TOY_LINKS, overlap=1.0)
+    assert hidden.step_time_s == pytest.approx(max(serial.compute_time_s,
+                                                   serial.communication_time_s))
+    half = simulate(h, TOY, links=TOY_LINKS, overlap=0.5)
+    assert hidden.step_time_s < half.step_time_s < serial.step_time_s
+    with pytest.raises(ValueError, match="overlap"):
+        simulate(h, TOY, overlap=2.0)
+    # The matmul: 2 * 16 * 16 * 32 FLOPs at 1 GFLOP/s vs its 2 + 2 + 1 KiB at 1 GB/s.
+    assert serial.flops == 2 * 16 * 16 * 32 + 16 * 16
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_peak_memory_of_a_small_program():
+    def f(x, w):
+        y = x @ w  # a temporary, dead before the result is written: in its allocation
+        z = jnp.tanh(y)  # read by the op writing the result: needs its own 16 KiB
+        return z @ w
+    h = hlo(f, S((64, 64), F32), S((64, 64), F32))
+    plan = plan_buffers(h, explain=True)
+    kib16 = 64 * 64 * 4
+    assert plan.argument_bytes == 2 * kib16 and plan.output_bytes == kib16
+    assert plan.temp_bytes == kib16 and plan.peak_bytes == 4 * kib16
+    assert [h.ops[i].name for _, i in plan.at_peak] == ["tanh"]
+    assert simulate(h).peak_memory_bytes == 4 * kib16
+
+
+def test_elementwise_chain_fuses_and_leaves_no_temporary():
+    # exp -> mul -> add -> sum: one fused loop reading x; only the scalar result is written.
+    h = hlo(lambda x: jnp.sum(jnp.exp(x) * 2.0 + 1.0), S((256, 256), F32))
+    plan = plan_buffers(h)
+    assert plan.temp_bytes == 0 and plan.peak_bytes == 256 * 256 * 4 + 4
+    cost = simulate(h)
+    assert cost.kernels == 1 and cost.bytes_accessed == 256 * 256 * 4 + 4
+
+
+def test_value_with_two_consumers_of_an_expensive_op_is_materialized():
+    # exp(x) feeds a sum and a max: XLA does not compute exp twice, so it is stored.
+    def f(x):
+        e = jnp.exp(x)
+        return jnp.sum(e) + jnp.max(e)
+    plan = plan_buffers(hlo(f, S((128, 128), F32)))
+    # At the max: exp's 64 KiB, the sum's scalar and the max's scalar.
+    assert plan.temp_bytes == 128 * 128 * 4 + 2 * 4
+
+
+# --- registry --------------------------------------------------------------------------------
+
+
+def test_registry_names_aliases_and_user_specs():
+    assert get_device("H100").name == "H100-80GB" and get_device("tpu-v3").name == "TPUv3"
+    assert get_device("a100").memory_bytes == 40 * 1024 ** 3
+    assert get_device("TPUv4").matmul_flops["bfloat16"] == 275e12
+    mine = register_device(DeviceSpec(
+        name="test-accelerator", aliases=("ta1",), matmul_flops={"float32": 2e12},
+        vector_flops={"float32": 1e12}, memory_bytes=1 << 30, memory_bandwidth=1e11,
+        links={"wire": LinkSpec(1e9, 1e-6)}, default_link="wire"), overwrite=True)
+    assert get_device("TA1") is mine
+    with pytest.raises(ValueError, match="already registered"):
+        register_device(DeviceSpec(
+            name="other", aliases=("ta1",), matmul_flops={"float32": 1.0},
+            vector_flops={"float32": 1.0}, memory_bytes=1, memory_bandwidth=1.0,
+            links={"wire": LinkSpec(1.0, 0.0)}, default_link="wire"))
+    with pytest.raises(UnknownDeviceError, match="unknown device 'b200'"):
+        get_device("b200")
+    with pytest.raises(ValueError, match="default link"):
+        DeviceSpec(name="x", matmul_flops={}, vector_flops={}, memory_bytes=1,
+                   memory_bandwidth=1.0, links={}, default_link="nvlink")
+
+
+def test_links_must_name_mesh_axes_and_spec_links():
+    h = hlo(lambda x: x * 2, S((8,), F32))
+    with pytest.raises(UnknownDeviceError, match="not in the mesh"):
+        simulate(h, "h100", links={"c": "nvlink"})
+    with pytest.raises(UnknownDeviceError, match="no link 'ici'"):
+        simulate(h, "h100", links={"a": "ici"})
+    cost = simulate(h, "h100", links={"a": "infiniband"})
+    assert cost.links == {"a": "infiniband", "b": "nvlink"}
+
+
+def test_cost_is_plain_json():
+    import json
+    cost = simulate(hlo(lambda x, w: x @ w, S((16, 8), F32), S((8, 4), F32)), "tpuv4")
+    assert isinstance(cost, Cost) and cost.device == "TPUv4" and cost.fits
+    data = json.loads(json.dumps(cost.to_json()))
+    assert data["flops"] == 1024 and data["fits"] is True
+    assert set(data["bytes_moved"]) == {"all_gather", "all_reduce", "reduce_scatter",
+                                        "all_to_all"}
