@@ -89,6 +89,10 @@ async def edit(session: Session, uri: str, text: str, last_line: int,
               if lens.range.start.line == last_line and COUNTS.match(lens.command.title)]
     if len(titles) != 1:
         raise SystemExit(f"no summary lens on the last tactic's line: {titles}")
+    logs = [m.message for m in session.client.log_messages
+            if m.message.startswith(f"PartIR: t32.partir.py v{version}:")]
+    for line in logs or ["no daemon timings logged"]:
+        print(f"    {line}", flush=True)
     return t_diag, t_lens, titles[0]
 
 
@@ -108,16 +112,17 @@ async def run(args: argparse.Namespace) -> None:
     try:
         start = time.perf_counter()
         uri = session.open("transformer/t32.partir.py")
-        await session.diagnostics_for(uri, 1, timeout=1800)
+        await session.diagnostics_for(uri, 1, timeout=600)
         opened = time.perf_counter() - start
         lenses = await session.lenses(uri)
+        opened_lenses = time.perf_counter() - start
         first = next(lens.command.title for lens in lenses
                      if lens.range.start.line == last_line and COUNTS.match(lens.command.title))
         diag_times, lens_times, titles = [], [], []
         for k in range(args.repeat):
             t_diag, t_lens, title = await edit(session, uri,
                                                text(EDITS[k % len(EDITS)].format(k=k)),
-                                               last_line, timeout=1800)
+                                               last_line, timeout=600)
             diag_times.append(t_diag)
             lens_times.append(t_lens)
             titles.append(title)
@@ -129,16 +134,17 @@ async def run(args: argparse.Namespace) -> None:
     print(f"T32 train step ({args.layers} layers), BP+MP+Z3 on mesh {{batch: "
           f"{args.batch_axis}, model: {args.model_axis}}}, debounce {args.debounce_ms} ms; "
           f"through python -m lsp and its daemon")
-    print(f"  open (daemon start, trace, 3 tactics):       {opened:8.3f}s   lens: {first}")
+    print(f"  open (daemon start, trace, 3 tactics): diagnostics {opened:7.3f}s, lenses "
+          f"{opened_lenses:7.3f}s   lens: {first}")
     for k, (d, lens, title) in enumerate(zip(diag_times, lens_times, titles, strict=True)):
         print(f"  edit {k + 1} of the last tactic: diagnostics {d:7.3f}s, refreshed lenses "
               f"{lens:7.3f}s   lens: {title}")
     d, lens = statistics.median(diag_times), statistics.median(lens_times)
     print(f"  edit back to a cached tactic:  diagnostics {cached_diag:7.3f}s, refreshed lenses "
           f"{cached_lens:7.3f}s")
-    verdict = "met" if lens < 1.5 else "NOT met"
-    print(f"last-tactic edit to refreshed lenses: median {lens:.3f}s (diagnostics {d:.3f}s) "
-          f"of {args.repeat}; target < 1.5 s including the debounce: {verdict}")
+    print(f"last-tactic edit, median of {args.repeat}: diagnostics {d:.3f}s "
+          f"({'met' if d < 1.5 else 'NOT met'}), refreshed lenses {lens:.3f}s "
+          f"({'met' if lens < 1.5 else 'NOT met'}); target < 1.5 s including the debounce")
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from partir.core.printing import print_core
 from partir.core.program import CoreProgram
 from partir.errors import TracingError
 from partir.frontend import TracedProgram, trace
+from partir.gcpause import paused_gc
 from partir.jit_options import JitOptions, resolve_jit_options
 from partir.mesh import Mesh
 from partir.metadata import Metadata, TacticMetadata
@@ -102,15 +103,24 @@ def _specs(shardings: Sequence, tree: Any) -> tuple:
     return out if isinstance(out, tuple) else (out,)
 
 
-def _tactic_metadata(record: TacticRecord,
-                     device: str | DeviceSpec = DEFAULT_DEVICE) -> TacticMetadata:
-    lowered = lower(record.program)
-    shardings = {name: [list(axes) for axes in s.dims]
-                 for name, s in {**record.program.input_shardings(),
-                                 **record.program.output_shardings()}.items()}
-    return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
-                          shardings, [c.to_json() for c in record.conflicts], record.notes,
-                          record.core_ir(), record.elapsed_s, simulate(lowered.hlo, device))
+def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
+    """Each input's and output's sharding: per dimension, the mesh axes major to minor."""
+    return {name: [list(axes) for axes in s.dims]
+            for name, s in {**program.input_shardings(), **program.output_shardings()}.items()}
+
+
+def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
+                    core_ir: bool = True) -> TacticMetadata:
+    """What partitioning reports for one tactic: its program lowered to PartIR:HLO for the
+    collectives and simulated for the cost. Printing the Core program of a large model
+    costs more than lowering it: tools that show it on request pass `core_ir=False`."""
+    with paused_gc():
+        lowered = lower(record.program)
+        return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
+                              tactic_shardings(record.program),
+                              [c.to_json() for c in record.conflicts], record.notes,
+                              record.core_ir() if core_ir else "", record.elapsed_s,
+                              simulate(lowered.hlo, device))
 
 
 def _partition(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition], args: tuple,
@@ -118,7 +128,7 @@ def _partition(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition], ar
                ) -> tuple[CorePartition, Metadata, Lowered]:
     device = get_device(device)  # an unknown name fails before any work
     result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
-    tactics = [_tactic_metadata(r, device) for r in result.tactics]
+    tactics = [tactic_metadata(r, device) for r in result.tactics]
     final = lower(result.program)
     meta = Metadata(
         tactics=tactics,

@@ -29,12 +29,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from partir.api import CorePartition
+from partir.api import CorePartition, tactic_metadata
 from partir.core.program import Sharding
 from partir.errors import PartitionError
 from partir.pipeline import lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
-from partir.sim import DEFAULT_DEVICE, Cost, get_device, registered_devices, simulate
+from partir.sim import DEFAULT_DEVICE, get_device, registered_devices
 from partir.tactics import TacticRecord
 
 # Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
@@ -174,9 +174,8 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
               "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
-        lowered = lower(t.program)
-        counts = lowered.collectives
-        cost: Cost = simulate(lowered.hlo, device)
+        meta = tactic_metadata(t, device, core_ir=False)
+        counts, cost = meta.collectives, meta.cost
         rows.append((str(i), t.name, t.axis, str(_value_actions(t)),
                      *(str(counts[k]) for k in _COLLECTIVES), _conflict_counts(t),
                      f"{len(_sharded(inputs))} of {len(inputs)}", f"{t.elapsed_s * 1e3:.1f}",
@@ -213,6 +212,7 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
     for i, (t, source) in enumerate(zip(result.tactics, schedule_file.tactics, strict=True),
                                     1):
         span = source.span.to_json() if source.span else None
+        meta = tactic_metadata(t, device, core_ir=False)
         tactics.append({
             "index": i,
             "name": t.name,
@@ -223,8 +223,8 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
             "notes": t.notes,
             "input_shardings": {n: str(s) for n, s in t.program.input_shardings().items()},
             "output_shardings": {n: str(s) for n, s in t.program.output_shardings().items()},
-            "collectives": (lowered := lower(t.program)).collectives,
-            "cost": simulate(lowered.hlo, device).to_json(),
+            "collectives": meta.collectives,
+            "cost": meta.cost.to_json(),
             "elapsed_s": t.elapsed_s,
             "propagation_s": t.propagation_s,
         })

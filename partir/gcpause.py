@@ -3,6 +3,12 @@
 Propagation and the actions allocate many small acyclic objects; the full collections they
 trigger rescan the whole heap (the traced program, JAX's caches) and find nothing. Nothing
 these passes create is cyclic, so reference counting frees it all the same.
+
+On resuming, what the pause allocated and kept (the new program) would all sit in the
+youngest generation, and the next young collection would traverse every object of it to
+find nothing. It is promoted to the oldest generation at once instead (`gc.freeze` then
+`gc.unfreeze`, both constant time), where it waits for the next full collection like any
+long-lived data.
 """
 
 from __future__ import annotations
@@ -20,4 +26,6 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()

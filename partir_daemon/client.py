@@ -386,11 +386,14 @@ class DaemonClient:
     # -- methods -------------------------------------------------------------------------
     def partition(self, path: str | os.PathLike[str], text: str | None = None, *,
                   version: int | None = None, include_ir: bool = False,
+                  metadata: bool = True,
                   timeout: float | None = -1.0) -> P.PartitionResult:
         """Apply the schedule file at `path` (or its unsaved `text`): per-tactic records,
-        which tactics were reused from the cache, source ranges and diagnostics."""
+        which tactics were reused from the cache, source ranges and diagnostics. With
+        `metadata=False` the records lack `collectives` and `cost` (no lowering): the
+        fast first answer to an edit (see `PartitionParams.metadata`)."""
         return self.request("partition", P.PartitionParams(
-            os.fspath(path), text, version, include_ir), timeout)
+            os.fspath(path), text, version, include_ir, metadata), timeout)
 
     def ir(self, path: str | os.PathLike[str], *, level: P.IrLevel = "core",
            after: int | None = None, text: str | None = None, version: int | None = None,

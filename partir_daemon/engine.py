@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from partir.api import _tactic_metadata
+from partir.api import tactic_metadata, tactic_shardings
 from partir.core.module import CoreModule
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
@@ -104,21 +104,6 @@ class StateEntry:
         return self._initial
 
 
-class _WithoutCoreIr:
-    """A TacticRecord whose `core_ir()` is left empty: printing a large Core program
-    costs more than lowering it, and partition responses carry the text only on request
-    (`include_ir`, filled from `StateEntry.core_ir`)."""
-
-    def __init__(self, record: TacticRecord) -> None:
-        self._record = record
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._record, name)
-
-    def core_ir(self) -> str:
-        return ""
-
-
 @dataclass
 class Applied:
     """What `Engine.apply` computed for a request."""
@@ -175,7 +160,7 @@ class Engine:
                   is_cancelled: IsCancelled) -> P.PartitionResult:
         start = time.perf_counter()
         applied = self.apply(params.path, params.text, progress, is_cancelled,
-                             with_metadata=True)
+                             with_metadata=params.metadata)
         applied.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, applied)
 
@@ -347,7 +332,7 @@ class Engine:
                         raise Cancelled
                     progress(f"collectives after tactic {i}/{len(applied.states)}", i,
                              len(applied.states))
-                    st.metadata = _tactic_metadata(_WithoutCoreIr(st.record))
+                    st.metadata = tactic_metadata(st.record, core_ir=False)
             timings.metadata_s = time.perf_counter() - t0
         return applied
 
@@ -405,7 +390,8 @@ class Engine:
                                        sorted(t.files), applied.invalidated_by)
         for i, (st, reused) in enumerate(zip(applied.states, applied.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            metadata = dataclasses.asdict(st.metadata) if st.metadata is not None else {}
+            metadata = (dataclasses.asdict(st.metadata) if st.metadata is not None
+                        else _applied_only(st.record))
             if params.include_ir:
                 if st.core_ir is None:
                     st.core_ir = print_core(st.program)
@@ -417,6 +403,14 @@ class Engine:
                 metadata))
             (result.reused if reused else result.reapplied).append(i)
         return result
+
+
+def _applied_only(record: TacticRecord) -> dict[str, Any]:
+    """A tactic's metadata without what lowering and simulation add (collectives, cost)."""
+    return {"name": record.name, "axis": record.axis, "actions": record.actions,
+            "shardings": tactic_shardings(record.program),
+            "conflicts": [c.to_json() for c in record.conflicts], "notes": record.notes,
+            "core_ir": "", "elapsed_s": record.elapsed_s}
 
 
 def _range(span: SourceRange | None) -> P.Range | None:

@@ -159,6 +159,11 @@ class DocumentParams:
 @dataclass
 class PartitionParams(DocumentParams):
     include_ir: bool = False  # fill each tactic's metadata["core_ir"]
+    # Lower and simulate each tactic's program for its `collectives` and `cost`. Without
+    # it only the tactics are applied (shardings, conflicts, diagnostics: what an editor
+    # shows first); asking again with it then costs only the lowering, as the states are
+    # cached. Tactics already lowered keep their collectives and cost either way.
+    metadata: bool = True
 
 
 @dataclass

@@ -148,23 +148,11 @@ class CoreProgram:
             for i, v in enumerate(op.operands):
                 uses[v].append((op, i))
 
-        def slicings(v: Value) -> list[tuple[tuple[str, ...], ...]]:
-            out = []
-            for op, i in uses.get(v, ()):
-                if op.is_identity and any(u.is_identity for u, _ in uses.get(op.results[0], ())):
-                    out += slicings(op.results[0])
-                    continue
-                dims: list[list[str]] = [[] for _ in range(v.type.rank)]
-                for lp in self.nest(op):
-                    if lp.operands[i] is not None:
-                        dims[lp.operands[i]].append(lp.axis)
-                out.append(tuple(tuple(d) for d in dims))
-            return out
-
         result = {}
         for a in self.args:
-            common = [tuple(axes) for axes in (slicings(a) or [((),) * a.type.rank])[0]]
-            for dims in slicings(a)[1:]:
+            found = self._slicings(uses, a)
+            common = [tuple(axes) for axes in (found or [((),) * a.type.rank])[0]]
+            for dims in found[1:]:
                 for d, axes in enumerate(dims):
                     n = 0
                     while n < min(len(common[d]), len(axes)) and common[d][n] == axes[n]:
@@ -172,6 +160,21 @@ class CoreProgram:
                     common[d] = common[d][:n]
             result[a.name] = Sharding(tuple(common))
         return result
+
+    def _slicings(self, uses: Mapping[Value, list[tuple[CoreOp, int]]],
+                  v: Value) -> list[tuple[tuple[str, ...], ...]]:
+        """The axes each use of v slices each dimension over, through identity chains."""
+        out = []
+        for op, i in uses.get(v, ()):
+            if op.is_identity and any(u.is_identity for u, _ in uses.get(op.results[0], ())):
+                out += self._slicings(uses, op.results[0])
+                continue
+            dims: list[list[str]] = [[] for _ in range(v.type.rank)]
+            for lp in self.nest(op):
+                if lp.operands[i] is not None:
+                    dims[lp.operands[i]].append(lp.axis)
+            out.append(tuple(tuple(d) for d in dims))
+        return out
 
     def output_shardings(self) -> dict[str, Sharding]:
         return {n: self.sharding(v) for n, v in zip(self.result_names, self.results,

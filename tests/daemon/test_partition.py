@@ -73,6 +73,24 @@ def test_editing_a_later_tactic_reuses_the_earlier_ones(shared):
     assert moved.reused == [1, 2, 3] and moved.tactics[0].range.line == 9
 
 
+def test_applying_without_metadata_answers_first_and_metadata_follows(shared):
+    client = shared.connect()
+    text = (shared.workspace / SCHEDULE).read_text()
+    edited = text.replace('{"w1": 0, "w2": 1}', '{"w2": 1}')
+    fast = client.partition(SCHEDULE, edited, version=11, metadata=False)
+    assert fast.ok and [t.name for t in fast.tactics] == ["BP", "MP", "Z3"]
+    z3 = fast.tactics[2].metadata
+    assert z3["shardings"]["w2"] == [["model"], ["batch"]]
+    assert z3["actions"] == ['tile<%w2,1,"batch">', "propagate"]
+    assert "collectives" not in z3 and "cost" not in z3
+    full = client.partition(SCHEDULE, edited, version=11)
+    # the tactics come from the cache: only the metadata is computed
+    assert full.reused == [1, 2, 3] and full.reapplied == []
+    assert full.tactics[2].metadata["shardings"] == z3["shardings"]
+    assert full.tactics[2].metadata["collectives"]["all_gather"] == 1
+    assert full.tactics[2].metadata["cost"]["flops"] > 0
+
+
 def test_model_file_edit_invalidates_the_trace(shared):
     notes = []
     client = shared.connect(on_notification=lambda m, p: notes.append((m, p)))

@@ -1,0 +1,585 @@
+"""What the editor shows, computed from the daemon's results: diagnostics, code lenses,
+inlay hints and hover text. Pure functions of a result and the text it was computed for
+(no I/O, no daemon), so that the protocol layer in `lsp.server` stays thin."""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types as lsp
+
+from lsp.positions import Lines, line_range, to_range
+from partir_daemon import protocol as P
+
+SOURCE = "partir"
+SHOW_IR = "partir.showIr"
+RUN_JOB = "partir.runJob"
+# The four kinds of the lens title, in the order of `partir partition`'s columns.
+COLLECTIVES = (("all_gather", "AG"), ("all_reduce", "AR"), ("reduce_scatter", "RS"),
+               ("all_to_all", "A2A"))
+_ABBREVIATION = dict(COLLECTIVES)
+
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+             "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4,
+             "float32": 4, "int64": 8, "uint64": 8, "float64": 8, "complex64": 8,
+             "complex128": 16}
+_SHORT_DTYPE = {"bool": "i1", "bfloat16": "bf16", "complex64": "c64", "complex128": "c128"}
+# Daemon diagnostics whose range is the whole tactic but that concern one argument of it.
+_ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "AlreadyTiledError"}
+# Above this many shards per side the layout table is left out of the hover.
+MAX_LAYOUT_SIDE = 16
+MAX_HOVER_VALUES = 24
+
+
+# --- formatting -----------------------------------------------------------------------------
+
+
+def format_time(seconds: float) -> str:
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def format_bytes(n: float) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def signed_time(delta: float) -> str:
+    return ("+" if delta >= 0 else "-") + format_time(abs(delta))
+
+
+def signed_bytes(delta: float) -> str:
+    return ("+" if delta >= 0 else "-") + format_bytes(abs(delta))
+
+
+def format_sharding(dims: Sequence[Sequence[str]]) -> str:
+    """Per-dim mesh axes as in the IR: `[{"batch"}, {"model"}]`."""
+    return "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}"
+                           for axes in dims) + "]"
+
+
+def itemsize(dtype: str) -> int:
+    if dtype in _ITEMSIZE:
+        return _ITEMSIZE[dtype]
+    bits = re.search(r"(\d+)", dtype)
+    return max(int(bits.group(1)) // 8, 1) if bits else 4
+
+
+def tensor_type(shape: Sequence[int], dtype: str) -> str:
+    short = _SHORT_DTYPE.get(dtype)
+    if short is None:
+        m = re.fullmatch(r"(float|int|uint|complex)(\d+)", dtype)
+        short = {"float": "f", "int": "i", "uint": "ui", "complex": "c"}[m.group(1)] + \
+            m.group(2) if m else dtype
+    return "tensor<" + "".join(f"{n}x" for n in shape) + short + ">"
+
+
+def nbytes(shape: Sequence[int], dtype: str) -> int:
+    return math.prod(shape) * itemsize(dtype)
+
+
+def uri_of(path: str) -> str:
+    return Path(os.path.abspath(path)).as_uri()
+
+
+def collective_counts(metadata: dict[str, Any]) -> dict[str, int]:
+    counts = metadata.get("collectives") or {}
+    return {kind: int(counts.get(kind, 0)) for kind, _ in COLLECTIVES}
+
+
+def cost_of(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    cost = metadata.get("cost")
+    return cost if isinstance(cost, dict) else None
+
+
+# --- diagnostics of a schedule file ---------------------------------------------------------
+
+
+def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Diagnostic]:
+    """The errors of a partition result, and the conflicts and blocked propagations of its
+    tactics as warnings on the tactic, with the model line of the op as related info."""
+    out = [_error(d, result, lines) for d in result.diagnostics]
+    for tactic in result.tactics:
+        if tactic.range is not None:
+            out += _conflicts(tactic, to_range(tactic.range, lines))
+    return out
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _error(d: P.Diagnostic, result: P.PartitionResult, lines: Lines) -> lsp.Diagnostic:
+    related: list[lsp.DiagnosticRelatedInformation] = []
+    message = d.message
+    if d.file and not _same_path(d.file, result.path) and d.line:
+        # Raised in another file (an imported module): point there, and at the schedule
+        # file's program line here.
+        related.append(lsp.DiagnosticRelatedInformation(
+            lsp.Location(uri_of(d.file), line_range(d.line)),
+            f"{os.path.basename(d.file)}:{d.line}"))
+        r = to_range(result.program_range, lines) if result.program_range else \
+            line_range(0, lines)
+    elif d.range is not None:
+        r = to_range(d.range, lines)
+    else:
+        r = line_range(d.line, lines)
+    if d.exc_type == "AxisNotInMeshError" and d.range is not None:
+        r = _narrow_to_axis(d.range, lines) or r
+    elif d.exc_type in _ON_INPUT_KEY and d.range is not None:
+        r = _narrow_to_key(d.range, d.message, lines) or r
+    if d.inner is not None and d.inner.line:
+        where = f"{os.path.basename(d.inner.file)}:{d.inner.line}"
+        if d.inner.function:
+            where += f" in {d.inner.function}"
+        related.append(lsp.DiagnosticRelatedInformation(
+            lsp.Location(uri_of(d.inner.file), line_range(d.inner.line)),
+            f"raised here ({where})"))
+    return lsp.Diagnostic(r, message, severity=lsp.DiagnosticSeverity.Error,
+                          code=d.exc_type or d.kind, source=SOURCE,
+                          related_information=related or None)
+
+
+def _snippet_call(r: P.Range, lines: Lines) -> tuple[ast.Call, int, int] | None:
+    """The tactic call written at `r` (parsed), with the 0-based line and the column of
+    the snippet's start."""
+    first, last = r.line - 1, r.end_line - 1
+    parts = [lines.line(i) for i in range(first, last + 1)]
+    if not parts:
+        return None
+    parts[-1] = parts[-1][:r.end_col]
+    parts[0] = parts[0][r.col:]
+    try:
+        node = ast.parse("\n".join(parts), mode="eval").body
+    except SyntaxError:
+        return None
+    return (node, first, r.col) if isinstance(node, ast.Call) else None
+
+
+def _node_range(node: ast.AST, first: int, col0: int, lines: Lines) -> lsp.Range:
+    def position(line: int, byte_col: int) -> lsp.Position:
+        index = first + line - 1
+        text = lines.line(index)
+        offset = col0 if line == 1 else 0
+        # ast columns count UTF-8 bytes of the snippet line.
+        chars = len(text[offset:].encode()[:byte_col].decode(errors="ignore"))
+        return lsp.Position(index, lines.utf16_col(index, offset + chars))
+
+    return lsp.Range(position(node.lineno, node.col_offset),
+                     position(node.end_lineno or node.lineno,
+                              node.end_col_offset or node.col_offset))
+
+
+def _narrow_to_axis(r: P.Range, lines: Lines) -> lsp.Range | None:
+    found = _snippet_call(r, lines)
+    if found is None:
+        return None
+    call, first, col0 = found
+    for kw in call.keywords:
+        if kw.arg == "axis":
+            return _node_range(kw.value, first, col0, lines)
+    if len(call.args) >= 2:
+        return _node_range(call.args[1], first, col0, lines)
+    return None
+
+
+def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
+    """The key of the tactic's inputs dict that the message's value name falls under."""
+    found = _snippet_call(r, lines)
+    if found is None:
+        return None
+    call, first, col0 = found
+    inputs = call.args[0] if call.args else next(
+        (kw.value for kw in call.keywords if kw.arg == "inputs"), None)
+    if not isinstance(inputs, ast.Dict):
+        return None
+    names = re.findall(r"'([^']+)'", message)
+    for key in inputs.keys:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            k = key.value
+            if any(n == k or n.startswith(k + "/") for n in names):
+                return _node_range(key, first, col0, lines)
+    return None
+
+
+def _conflicts(tactic: P.TacticResult, r: lsp.Range) -> list[lsp.Diagnostic]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in tactic.metadata.get("conflicts") or []:
+        loc = c.get("loc") or {}
+        key = (c.get("kind", ""), c.get("op", ""), loc.get("file", ""), loc.get("line", 0),
+               c.get("axis", ""))
+        groups.setdefault(key, []).append(c)
+    out = []
+    for (kind, op, file, line, axis), items in groups.items():
+        detail = "; ".join(sorted({c.get("detail", "") for c in items} - {""}))
+        choices = [" vs ".join(c.get("choices") or []) for c in items]
+        choices = [c for c in choices if c]
+        if kind == "unsupported":
+            message = (f"propagation of tactic {tactic.index} ({tactic.name}) on axis "
+                       f"'{axis}' is blocked at `{op}`: partir has no propagation rule for "
+                       f"this primitive")
+            code = "unsupported"
+        else:
+            message = (f"conflict in tactic {tactic.index} ({tactic.name}) at `{op}` on "
+                       f"axis '{axis}' ({kind})")
+            code = f"conflict/{kind}"
+        if len(items) > 1:
+            message += f", {len(items)} times"
+        if choices:
+            message += ": " + "; ".join(choices)
+        if detail:
+            message += f" [{detail}]"
+        related = None
+        if file and line and os.path.isabs(file):
+            related = [lsp.DiagnosticRelatedInformation(
+                lsp.Location(uri_of(file), line_range(line)),
+                f"the {'blocking' if kind == 'unsupported' else 'conflicting'} op `{op}` "
+                f"({os.path.basename(file)}:{line})")]
+        out.append(lsp.Diagnostic(r, message, severity=lsp.DiagnosticSeverity.Warning,
+                                  code=code, source=SOURCE, related_information=related))
+    return out
+
+
+# --- code lenses and inlay hints ------------------------------------------------------------
+
+
+def lens_title(metadata: dict[str, Any]) -> str:
+    """`+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device`."""
+    counts = collective_counts(metadata)
+    title = " ".join(f"+{abbr} {counts[kind]}" for kind, abbr in COLLECTIVES)
+    cost = cost_of(metadata)
+    if cost is not None:
+        title += (f" · {format_time(float(cost['step_time_s']))}"
+                  f" · {format_bytes(float(cost['peak_memory_bytes']))}/device")
+    return title
+
+
+def code_lenses(uri: str, result: P.PartitionResult, lines: Lines) -> list[lsp.CodeLens]:
+    out = []
+    for t in result.tactics:
+        if t.range is None:
+            continue
+        line = t.range.line - 1
+        start = lsp.Position(line, lines.utf16_col(line, t.range.col))
+        r = lsp.Range(start, start)
+        out += [
+            lsp.CodeLens(r, lsp.Command(title=lens_title(t.metadata), command="")),
+            lsp.CodeLens(r, lsp.Command(title="Show IR after this tactic", command=SHOW_IR,
+                                        arguments=[{"uri": uri, "tactic": t.index}])),
+            lsp.CodeLens(r, lsp.Command(title="Run partitioned job", command=RUN_JOB,
+                                        arguments=[{"uri": uri}])),
+        ]
+    return out
+
+
+def hint_label(metadata: dict[str, Any]) -> str:
+    """The compact summary at the end of a tactic's line: the collectives it leaves in
+    the program, the estimated step time and the conflicts it hit."""
+    counts = collective_counts(metadata)
+    parts = [" ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
+             or "no collectives"]
+    cost = cost_of(metadata)
+    if cost is not None:
+        parts.append(format_time(float(cost["step_time_s"])))
+    conflicts = len(metadata.get("conflicts") or [])
+    if conflicts:
+        parts.append(f"{conflicts} conflict{'s' if conflicts > 1 else ''}")
+    return " · ".join(parts)
+
+
+def inlay_hints(result: P.PartitionResult, lines: Lines,
+                visible: lsp.Range | None = None) -> list[lsp.InlayHint]:
+    out = []
+    for t in result.tactics:
+        if t.range is None:
+            continue
+        line = t.range.end_line - 1
+        if visible is not None and not visible.start.line <= line <= visible.end.line:
+            continue
+        out.append(lsp.InlayHint(lines.end_of_line(line), hint_label(t.metadata),
+                                 padding_left=True,
+                                 tooltip=f"tactic {t.index} ({t.name}): {lens_title(t.metadata)}"))
+    return out
+
+
+# --- model-file markers ---------------------------------------------------------------------
+
+
+def collective_markers(explained: P.ExplainResult, schedule: str,
+                       lines: Lines | None = None) -> list[lsp.Diagnostic]:
+    """Information markers on the model lines where partitioning inserted collectives."""
+    by_line: dict[int, list[P.AttributedCollective]] = {}
+    for c in explained.collectives:
+        if c.loc.line > 0:
+            by_line.setdefault(c.loc.line, []).append(c)
+    out = []
+    for line, items in sorted(by_line.items()):
+        message = f"{os.path.basename(schedule)}: " + "; ".join(
+            _collective_text(c) for c in items)
+        out.append(lsp.Diagnostic(line_range(line, lines), message,
+                                  severity=lsp.DiagnosticSeverity.Information,
+                                  code="collective", source=SOURCE))
+    return out
+
+
+def _collective_text(c: P.AttributedCollective) -> str:
+    axes = ", ".join(f"'{a}'" for a in c.axes) or "no axis"
+    text = f"{c.kind} ×{c.count} over {axes}"
+    if c.value:
+        text += f" of `{c.value}`"
+    return text + f" (tactic {c.tactic}, {c.tactic_name})"
+
+
+# --- hovers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mesh:
+    axes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, mesh: dict[str, int] | None) -> Mesh:
+        return cls(tuple((mesh or {}).items()))
+
+    @property
+    def size(self) -> int:
+        return math.prod(n for _, n in self.axes)
+
+    def coords(self, device: int) -> dict[str, int]:
+        """Row-major device numbering over the mesh axes, the first axis major."""
+        out = {}
+        for axis, n in reversed(self.axes):
+            out[axis] = device % n
+            device //= n
+        return out
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f'"{a}": {n}' for a, n in self.axes) + "}"
+
+
+def _shard_index(axes: Sequence[str], coords: dict[str, int], mesh: Mesh) -> int:
+    sizes = dict(mesh.axes)
+    index = 0
+    for a in axes:
+        index = index * sizes.get(a, 1) + coords.get(a, 0)
+    return index
+
+
+def layout_table(shape: Sequence[int], sharding: Sequence[Sequence[str]],
+                 mesh: Mesh) -> str | None:
+    """A markdown table of which devices hold which tile of a value, like
+    `jax.debug.visualize_array_sharding`: rows are tiles of the leading sharded
+    dimensions, columns tiles of the last dimension (when sharded)."""
+    if mesh.size <= 0 or not mesh.axes:
+        return None
+    sizes = dict(mesh.axes)
+    rank = len(sharding)
+    sharded = [d for d, axes in enumerate(sharding) if axes]
+    col_dims = [rank - 1] if rank and (rank - 1) in sharded else []
+    row_dims = [d for d in sharded if d not in col_dims]
+    if rank == 1:
+        row_dims, col_dims = [], sharded
+
+    def count(dims: list[int]) -> int:
+        return math.prod(math.prod(sizes.get(a, 1) for a in sharding[d]) for d in dims)
+
+    rows, cols = count(row_dims), count(col_dims)
+    if rows > MAX_LAYOUT_SIDE or cols > MAX_LAYOUT_SIDE:
+        return None
+    cells: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for device in range(mesh.size):
+        coords = mesh.coords(device)
+        r = tuple(_shard_index(sharding[d], coords, mesh) for d in row_dims)
+        c = tuple(_shard_index(sharding[d], coords, mesh) for d in col_dims)
+        cells.setdefault((r, c), []).append(device)
+    row_keys = sorted({r for r, _ in cells})
+    col_keys = sorted({c for _, c in cells})
+
+    def label(dims: list[int], key: tuple[int, ...]) -> str:
+        if not dims:
+            return ""
+        return ", ".join(f"dim {d}: {i + 1}/{count([d])}" for d, i in zip(dims, key,
+                                                                            strict=True))
+
+    def local(dims: list[int]) -> str:
+        return ", ".join(f"{shape[d] // max(count([d]), 1)} of dim {d}" for d in dims)
+
+    header = ["tile"] + [label(col_dims, c) or "whole" for c in col_keys]
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in row_keys:
+        row = [label(row_dims, r) or "whole"]
+        for c in col_keys:
+            row.append(" ".join(str(d) for d in cells.get((r, c), [])))
+        out.append("| " + " | ".join(row) + " |")
+    caption = f"devices holding each tile (mesh {mesh}, device ids row-major"
+    if row_dims or col_dims:
+        caption += "; tiles of " + local(row_dims + col_dims)
+    return caption + "):\n\n" + "\n".join(out)
+
+
+def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: str,
+                mesh: dict[str, int] | None) -> str:
+    """Hover text of an input key of tactic `tactic`: each value it selects, its global
+    type, its sharding after this tactic and at the end, its device-local shape and
+    bytes, and (for a single value) the devices holding each tile."""
+    values = explained.values
+    if not values:
+        return f"`{key}`: no input or tag of the program by this name"
+    m = Mesh.of(mesh)
+    parts = []
+    if len(values) == 1:
+        v = values[0]
+        parts.append(f"**`{v.name}`** · {v.kind} · `{tensor_type(v.shape, v.dtype)}` "
+                     f"({format_bytes(nbytes(v.shape, v.dtype))})")
+        rows = ["| | sharding | local shape | bytes/device |", "|---|---|---|---|"]
+        steps = [(f"after tactic {tactic} ({tactic_name})", _step(v, tactic))]
+        if v.history and v.history[-1].tactic != tactic:
+            last = v.history[-1]
+            steps.append((f"at the end (tactic {last.tactic}, {last.tactic_name})", last))
+        for label, step in steps:
+            if step is None:
+                continue
+            rows.append(f"| {label} | `{format_sharding(step.sharding)}` | "
+                        f"`{list(step.local_shape)}` | "
+                        f"{format_bytes(nbytes(step.local_shape, v.dtype))} |")
+        parts.append("\n".join(rows))
+        final = v.history[-1] if v.history else None
+        if final is not None:
+            table = layout_table(v.shape, final.sharding, m)
+            if table:
+                parts.append("At the end, " + table)
+    else:
+        total = sum(nbytes(v.shape, v.dtype) for v in values)
+        parts.append(f"**`{key}`** selects {len(values)} values "
+                     f"({format_bytes(total)} in all)")
+        rows = [f"| value | type | after tactic {tactic} | local shape | at the end |",
+                "|---|---|---|---|---|"]
+        for v in values[:MAX_HOVER_VALUES]:
+            step = _step(v, tactic)
+            final = v.history[-1] if v.history else None
+            rows.append(
+                f"| `{v.name}` | `{tensor_type(v.shape, v.dtype)}` | "
+                f"`{format_sharding(step.sharding) if step else '?'}` | "
+                f"`{list(step.local_shape) if step else '?'}` | "
+                f"`{format_sharding(final.sharding) if final else '?'}` |")
+        if len(values) > MAX_HOVER_VALUES:
+            rows.append(f"| … and {len(values) - MAX_HOVER_VALUES} more | | | | |")
+        parts.append("\n".join(rows))
+        local = sum(nbytes(s.local_shape, v.dtype) for v in values
+                    if (s := _step(v, tactic)) is not None)
+        parts.append(f"Per device after tactic {tactic}: {format_bytes(local)}.")
+    if explained.collectives:
+        parts.append("Collectives moving it:\n" + "\n".join(
+            f"- {_collective_text(c)}" for c in explained.collectives))
+    return "\n\n".join(parts)
+
+
+def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
+    return next((s for s in v.history if s.tactic == tactic), None)
+
+
+def tactic_hover(result: P.PartitionResult, index: int) -> str:
+    """Hover text of a tactic: its actions, the collectives the program has after it (and
+    how many it added) with the bytes each device sends, and its effect on the cost."""
+    t = result.tactics[index - 1]
+    previous = result.tactics[index - 2].metadata if index > 1 else None
+    md = t.metadata
+    parts = [f"**Tactic {t.index} · {t.name}** on axis `{t.axis}`"
+             + (" (from the cache)" if t.reused else "")]
+    actions = [a for a in md.get("actions") or []]
+    if actions:
+        parts.append("Actions: " + ", ".join(f"`{a}`" for a in actions))
+    counts = collective_counts(md)
+    before = collective_counts(previous) if previous else dict.fromkeys(counts, 0)
+    cost, cost_before = cost_of(md), cost_of(previous) if previous else None
+    moved = (cost or {}).get("bytes_moved") or {}
+    moved_before = (cost_before or {}).get("bytes_moved") or {}
+    rows = ["| collective | in the program | added by this tactic | bytes sent/device |",
+            "|---|---|---|---|"]
+    for kind, abbr in COLLECTIVES:
+        if counts[kind] or before[kind]:
+            sent = float(moved.get(kind, 0.0))
+            delta = sent - float(moved_before.get(kind, 0.0))
+            rows.append(f"| {kind} ({abbr}) | {counts[kind]} | "
+                        f"{counts[kind] - before[kind]:+d} | "
+                        f"{format_bytes(sent)} ({signed_bytes(delta)}) |")
+    parts.append("\n".join(rows) if len(rows) > 2 else "No collectives in the program.")
+    if cost is not None:
+        line = (f"Estimated on `{cost.get('device', '?')}`: step time "
+                f"{format_time(float(cost['step_time_s']))}")
+        if cost_before is not None:
+            dt = float(cost["step_time_s"]) - float(cost_before["step_time_s"])
+            line += f" ({signed_time(dt)})"
+        line += f", peak memory {format_bytes(float(cost['peak_memory_bytes']))}/device"
+        if cost_before is not None:
+            dm = float(cost["peak_memory_bytes"]) - float(cost_before["peak_memory_bytes"])
+            line += f" ({signed_bytes(dm)})"
+        line += (f"; compute {format_time(float(cost['compute_time_s']))}, communication "
+                 f"{format_time(float(cost['communication_time_s']))}")
+        parts.append(line)
+    conflicts = md.get("conflicts") or []
+    if conflicts:
+        kinds: dict[str, int] = {}
+        for c in conflicts:
+            kinds[c.get("kind", "?")] = kinds.get(c.get("kind", "?"), 0) + 1
+        parts.append("Conflicts: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+    for note in md.get("notes") or []:
+        parts.append(f"Note: {note}")
+    return "\n\n".join(parts)
+
+
+def model_line_hover(explained: P.ExplainResult, schedule: str, line: int) -> str | None:
+    """Hover text of a model line: the shardings of the values computed there (after the
+    schedule's last tactic) and the collectives attributed to it."""
+    if not explained.values and not explained.collectives:
+        return None
+    last = None
+    for v in explained.values:
+        if v.history:
+            last = v.history[-1]
+            break
+    head = f"**PartIR** · `{os.path.basename(schedule)}`"
+    if last is not None:
+        head += f" after tactic {last.tactic} ({last.tactic_name})"
+    parts = [head]
+    if explained.values:
+        rows = ["| value | type | sharding | local shape |", "|---|---|---|---|"]
+        for v in explained.values[:MAX_HOVER_VALUES]:
+            final = v.history[-1] if v.history else None
+            rows.append(f"| `{v.name}` | `{tensor_type(v.shape, v.dtype)}` | "
+                        f"`{format_sharding(final.sharding) if final else '?'}` | "
+                        f"`{list(final.local_shape) if final else '?'}` |")
+        if len(explained.values) > MAX_HOVER_VALUES:
+            rows.append(f"| … and {len(explained.values) - MAX_HOVER_VALUES} more | | | |")
+        parts.append("\n".join(rows))
+    if explained.collectives:
+        parts.append(f"Collectives attributed to line {line}:\n" + "\n".join(
+            f"- {_collective_text(c)}" for c in explained.collectives))
+    else:
+        parts.append(f"No collectives attributed to line {line}.")
+    return "\n\n".join(parts)
+
+
+def job_message(info: P.JobInfo, name: str) -> str:
+    m = info.metrics
+    if info.state == "succeeded" and m is not None and m.step_time_median_s is not None:
+        text = (f"PartIR job {info.id} ({name}) finished: "
+                f"{format_time(m.step_time_median_s)} per step")
+        if m.max_abs_error is not None:
+            text += f", max abs error {m.max_abs_error:.2g}"
+        return text + f" ({m.steps} steps on {m.devices} {m.platform} devices)"
+    return f"PartIR job {info.id} ({name}) {info.state}" + (
+        f": {info.error}" if info.error else "")

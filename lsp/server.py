@@ -1,0 +1,630 @@
+"""The PartIR language server (pygls): a thin protocol layer over the compiler daemon.
+
+Schedule files (`*.partir.py`) are sent to the daemon, with their unsaved text and
+version, a debounce after each open, change or save. The server keeps, per document, the
+last result (a snapshot: version, text, result), drops results for stale versions and
+cancels requests a newer version supersedes (the daemon also cancels them), so the event
+loop never waits on compiler work: every daemon call is awaited on a future the client's
+reader thread resolves. Results become diagnostics, code lenses, inlay hints and hovers
+(`lsp.render`); `partir/ir` and the `partir.runJob` command are forwarded to the daemon.
+See vscode-extension/PROTOCOL.md for what the extension expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcContentModified, JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+
+from lsp import render
+from lsp.daemon import DaemonLink, DaemonUnavailable
+from lsp.positions import Lines, contains
+from lsp.settings import Settings
+from partir_daemon import protocol as P
+from partir_daemon.client import DaemonError, RequestCancelled, RequestError
+
+log = logging.getLogger("lsp")
+
+IR_REQUEST = "partir/ir"
+REQUEST_FAILED = -32803
+SCHEDULE_SUFFIX = ".partir.py"
+# How long lens, hint and hover requests wait for the analysis of the current version
+# before answering from the previous one.
+SETTLE_TIMEOUT_S = 60.0
+JOB_POLL_S = 0.25
+
+
+class RequestFailed(JsonRpcException):
+    CODE = REQUEST_FAILED
+
+
+def path_of(uri: str) -> str | None:
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        return None
+    return os.path.normpath(unquote(parsed.path))
+
+
+def is_schedule(path: str | None) -> bool:
+    return path is not None and path.endswith(SCHEDULE_SUFFIX)
+
+
+@dataclass
+class Snapshot:
+    """A partition result with the version and text it was computed for."""
+
+    version: int
+    text: str
+    lines: Lines
+    result: P.PartitionResult
+    at: float
+
+
+@dataclass
+class Document:
+    uri: str
+    path: str
+    version: int
+    text: str
+    task: asyncio.Task | None = None
+    snapshot: Snapshot | None = None
+    # Set when the analysis of `version` has ended (with a result or not).
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    markers: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)  # model uri ->
+
+
+class PartirProtocol(LanguageServerProtocol):
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        # A running `partir.runJob` is cancelled by cancelling its job, and still answers
+        # (with status "cancelled"); other requests are cancelled by pygls.
+        hook = self._server.cancel_hooks.pop(msg_id, None)  # type: ignore[attr-defined]
+        if hook is not None:
+            hook()
+            return
+        super()._handle_cancel_notification(msg_id)
+
+
+class PartirServer(LanguageServer):
+    def __init__(self) -> None:
+        from lsp import __version__
+
+        super().__init__("partir-lsp", __version__, protocol_cls=PartirProtocol,
+                         text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        self.settings = Settings()
+        self.documents: dict[str, Document] = {}
+        self.daemon: DaemonLink | None = None
+        self.workspace_root = os.getcwd()
+        self.cancel_hooks: dict[Any, Any] = {}
+        self._daemon_error_shown: str | None = None
+        self._model_published: set[str] = set()
+
+    # -- set-up --------------------------------------------------------------------------
+    def link(self) -> DaemonLink:
+        if self.daemon is None:
+            loop = asyncio.get_running_loop()
+
+            def on_notification(method: str, params: Any) -> None:
+                if method == P.INVALIDATED and isinstance(params, dict):
+                    loop.call_soon_threadsafe(self.invalidated, params.get("paths") or [])
+
+            self.daemon = DaemonLink(self.workspace_root, on_notification=on_notification)
+        return self.daemon
+
+    def capability(self, *path: str) -> Any:
+        node: Any = self.client_capabilities
+        for name in path:
+            node = getattr(node, name, None) if node is not None else None
+        return node
+
+    def daemon_failed(self, message: str) -> None:
+        log.error("%s", message)
+        if self._daemon_error_shown != message:
+            self._daemon_error_shown = message
+            self.window_show_message(lsp.ShowMessageParams(lsp.MessageType.Error,
+                                                           f"PartIR: {message}"))
+
+    # -- documents -----------------------------------------------------------------------
+    def opened(self, uri: str, version: int, text: str) -> None:
+        path = path_of(uri)
+        if not is_schedule(path):
+            return
+        doc = self.documents.get(uri)
+        if doc is None:
+            doc = self.documents[uri] = Document(uri, path, version, text)
+        doc.version, doc.text = version, text
+        self.schedule(doc)
+
+    def schedule(self, doc: Document, delay: float | None = None) -> None:
+        """(Re)start the analysis of the document's current version after the debounce,
+        cancelling the one in progress (and its daemon request)."""
+        if doc.task is not None and not doc.task.done():
+            doc.task.cancel()
+        doc.settled.clear()
+        delay = self.settings.debounce_s if delay is None else delay
+        doc.task = asyncio.get_running_loop().create_task(
+            self.analyze(doc, doc.version, doc.text, delay))
+
+    def closed(self, uri: str) -> None:
+        doc = self.documents.pop(uri, None)
+        if doc is None:
+            return
+        if doc.task is not None:
+            doc.task.cancel()
+        doc.settled.set()
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, []))
+        doc.markers.clear()
+        self.publish_markers()
+
+    def invalidated(self, paths: list[str]) -> None:
+        """Model files changed on disk: analyse again the schedule files that use them."""
+        changed = {os.path.realpath(p) for p in paths}
+        for doc in list(self.documents.values()):
+            trace = doc.snapshot.result.trace if doc.snapshot else None
+            deps = {os.path.realpath(p) for p in (trace.dependencies if trace else [])}
+            if deps & changed:
+                self.schedule(doc, 0.0)
+
+    async def analyze(self, doc: Document, version: int, text: str, delay: float) -> None:
+        """Two requests, as the daemon suggests: the tactics alone first (diagnostics:
+        errors and conflicts, published at once), then with their lowering and cost
+        (collective counts for lenses, hints and hovers), which reuses the states the
+        first one cached. Tactics lowered before come with their counts the first time."""
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            fast: P.PartitionResult = await self.link().call(
+                "partition", P.PartitionParams(doc.path, text, version, metadata=False))
+            if not self.is_current(doc, version):
+                return  # the document changed (or closed) meanwhile: drop the result
+            self._daemon_error_shown = None
+            lines = Lines.of(text)
+            published = render.schedule_diagnostics(fast, lines)
+            self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                doc.uri, published, version))
+            self.log_timings(doc, version, fast)
+            result = fast
+            if any("collectives" not in t.metadata for t in fast.tactics):
+                result = await self.link().call(
+                    "partition", P.PartitionParams(doc.path, text, version))
+                if not self.is_current(doc, version):
+                    return
+                self.log_timings(doc, version, result)
+        except asyncio.CancelledError:
+            raise
+        except DaemonUnavailable as e:
+            self.daemon_failed(str(e))
+            self.finish(doc, version)
+            return
+        except RequestCancelled:
+            # Superseded by a newer version (that one's task publishes), or cancelled in
+            # the daemon for another reason: keep the previous results.
+            self.finish(doc, version)
+            return
+        except DaemonError as e:
+            log.error("partition of %s failed: %s", doc.path, e)
+            self.window_log_message(lsp.LogMessageParams(
+                lsp.MessageType.Error, f"PartIR: analysing {doc.path} failed: {e}"))
+            self.finish(doc, version)
+            return
+        doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
+        if result is not fast:
+            diagnostics = render.schedule_diagnostics(result, lines)
+            if diagnostics != published:
+                self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                    doc.uri, diagnostics, version))
+        self.finish(doc, version)
+        self.refresh()
+        if self.settings.collective_markers_in_model:
+            await self.update_markers(doc, doc.snapshot)
+        elif doc.markers:
+            doc.markers.clear()
+            self.publish_markers()
+
+    def is_current(self, doc: Document, version: int) -> bool:
+        return self.documents.get(doc.uri) is doc and doc.version == version
+
+    def log_timings(self, doc: Document, version: int, result: P.PartitionResult) -> None:
+        t = result.timings
+        self.window_log_message(lsp.LogMessageParams(lsp.MessageType.Log, (
+            f"PartIR: {os.path.basename(doc.path)} v{version}: {t.total_s:.3f} s in the "
+            f"daemon (load {t.load_s:.3f}, trace {t.trace_s:.3f}, tactics {t.tactics_s:.3f}, "
+            f"collectives {t.metadata_s:.3f}); reused {result.reused or '-'}, applied "
+            f"{result.reapplied or '-'}")))
+
+    def finish(self, doc: Document, version: int) -> None:
+        if doc.version == version:
+            doc.settled.set()
+
+    def refresh(self) -> None:
+        if self.capability("workspace", "code_lens", "refresh_support"):
+            self.workspace_code_lens_refresh(None)
+        if self.capability("workspace", "inlay_hint", "refresh_support"):
+            self.workspace_inlay_hint_refresh(None)
+
+    async def current(self, uri: str, wait: bool = True) -> tuple[Document, Snapshot] | None:
+        """The document's snapshot, after waiting (bounded) for the analysis of its
+        current version; None for documents that are not schedule files or have none."""
+        doc = self.documents.get(uri)
+        if doc is None:
+            return None
+        if wait and not doc.settled.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(doc.settled.wait(), SETTLE_TIMEOUT_S)
+        if doc.snapshot is None:
+            return None
+        return doc, doc.snapshot
+
+    # -- collective markers in model files -----------------------------------------------
+    async def update_markers(self, doc: Document, snap: Snapshot) -> None:
+        trace = snap.result.trace
+        files = [f for f in (trace.dependencies if trace else [])
+                 if not is_schedule(f) and os.path.isfile(f)]
+        markers: dict[str, list[lsp.Diagnostic]] = {}
+        if snap.result.tactics:
+            for file in files:
+                try:
+                    explained: P.ExplainResult = await self.link().call(
+                        "explain", P.ExplainParams(doc.path, snap.text, snap.version,
+                                                   file=file))
+                except (DaemonError, DaemonUnavailable) as e:
+                    log.warning("collective markers of %s: %s", file, e)
+                    return
+                markers[render.uri_of(file)] = render.collective_markers(explained, doc.path)
+        if doc.version != snap.version or self.documents.get(doc.uri) is not doc:
+            return
+        doc.markers = markers
+        self.publish_markers()
+
+    def publish_markers(self) -> None:
+        merged: dict[str, list[lsp.Diagnostic]] = {}
+        if self.settings.collective_markers_in_model:
+            for doc in self.documents.values():
+                for uri, diags in doc.markers.items():
+                    merged.setdefault(uri, []).extend(diags)
+        for uri in self._model_published - set(merged):
+            self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, []))
+        for uri, diags in merged.items():
+            self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, diags))
+        self._model_published = set(merged)
+
+    def settings_changed(self, data: Any) -> None:
+        markers_before = self.settings.collective_markers_in_model
+        self.settings.update(data)
+        if self.settings.collective_markers_in_model != markers_before:
+            if self.settings.collective_markers_in_model:
+                for doc in self.documents.values():
+                    if doc.snapshot is not None and doc.snapshot.version == doc.version:
+                        asyncio.get_running_loop().create_task(
+                            self.update_markers(doc, doc.snapshot))
+            else:
+                for doc in self.documents.values():
+                    doc.markers.clear()
+                self.publish_markers()
+
+    # -- requests ------------------------------------------------------------------------
+    async def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
+        found = await self.current(uri)
+        if found is None:
+            return []
+        _, snap = found
+        return render.code_lenses(uri, snap.result, snap.lines)
+
+    async def inlay_hints(self, uri: str, visible: lsp.Range) -> list[lsp.InlayHint]:
+        found = await self.current(uri)
+        if found is None:
+            return []
+        _, snap = found
+        return render.inlay_hints(snap.result, snap.lines, visible)
+
+    async def hover(self, uri: str, position: lsp.Position) -> lsp.Hover | None:
+        path = path_of(uri)
+        if path is None:
+            return None
+        if not is_schedule(path):
+            return await self.model_hover(path, position)
+        found = await self.current(uri)
+        if found is None:
+            return None
+        doc, snap = found
+        if snap.version != doc.version:
+            return None  # the ranges are those of an older text
+        line = position.line + 1
+        col = snap.lines.char_col(position.line, position.character)
+        for t in snap.result.tactics:
+            for key, r in t.inputs.items():
+                if contains(r, line, col):
+                    explained: P.ExplainResult = await self.link().call(
+                        "explain", P.ExplainParams(doc.path, snap.text, snap.version,
+                                                   name=key))
+                    text = render.input_hover(explained, key, t.index, t.name,
+                                              snap.result.mesh)
+                    return self.markdown(text, r, snap.lines)
+        for t in snap.result.tactics:
+            if t.range is not None and contains(t.range, line, col):
+                return self.markdown(render.tactic_hover(snap.result, t.index), t.range,
+                                     snap.lines)
+        return None
+
+    async def model_hover(self, path: str, position: lsp.Position) -> lsp.Hover | None:
+        """A line of model code: explained by the most recently analysed open schedule
+        file whose program depends on it."""
+        real = os.path.realpath(path)
+        best: tuple[Document, Snapshot] | None = None
+        for doc in self.documents.values():
+            snap = doc.snapshot
+            trace = snap.result.trace if snap else None
+            if snap is None or trace is None or not snap.result.tactics:
+                continue
+            if real in {os.path.realpath(f) for f in trace.dependencies} and (
+                    best is None or snap.at > best[1].at):
+                best = (doc, snap)
+        if best is None:
+            return None
+        doc, snap = best
+        explained: P.ExplainResult = await self.link().call(
+            "explain", P.ExplainParams(doc.path, snap.text, snap.version, file=path,
+                                       line=position.line + 1))
+        text = render.model_line_hover(explained, doc.path, position.line + 1)
+        return self.markdown(text) if text else None
+
+    @staticmethod
+    def markdown(text: str, r: P.Range | None = None,
+                 lines: Lines | None = None) -> lsp.Hover:
+        from lsp.positions import to_range
+
+        return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text),
+                         to_range(r, lines) if r is not None and lines is not None else None)
+
+    async def ir(self, params: Any) -> dict[str, str]:
+        if not isinstance(params, dict):
+            params = _as_dict(params)
+        uri, tactic, level = params.get("uri"), params.get("tactic"), params.get("level")
+        if not isinstance(uri, str) or (path := path_of(uri)) is None:
+            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"uri\" must be a file: URI")
+        if not isinstance(tactic, int) or isinstance(tactic, bool) or tactic < 0:
+            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"tactic\" must be an integer >= 0")
+        if level not in ("core", "spmd", "hlo"):
+            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"level\" must be core, spmd or hlo")
+        doc = self.documents.get(uri)
+        text, version = (doc.text, doc.version) if doc is not None else (None, None)
+        try:
+            result: P.IrResult = await self.link().call(
+                "ir", P.IrParams(path, text, version, level, tactic))
+        except DaemonUnavailable as e:
+            raise RequestFailed(str(e)) from None
+        except RequestCancelled:
+            raise JsonRpcContentModified(f"{IR_REQUEST}: superseded by a newer version of "
+                                         f"the document") from None
+        except RequestError as e:
+            raise RequestFailed(f"{IR_REQUEST}: {e.message}") from None
+        if result.after != tactic or (not result.text and result.diagnostics):
+            out_of_range = next((d for d in result.diagnostics
+                                 if d.message.startswith(f"after={tactic}:")), None)
+            if out_of_range is not None:
+                raise JsonRpcInvalidParams(f"tactic {tactic} is out of range: "
+                                           f"{out_of_range.message}")
+            first = result.diagnostics[0] if result.diagnostics else None
+            where = f" (line {first.line})" if first and first.line else ""
+            raise RequestFailed(f"the schedule file does not load{where}: "
+                                f"{first.message if first else 'no program'}")
+        return {"text": result.text}
+
+    async def run_job(self, args: Any) -> dict[str, Any]:
+        if not isinstance(args, dict):
+            args = _as_dict(args)
+        uri = args.get("uri")
+        steps = args.get("steps", 10)
+        path = path_of(uri) if isinstance(uri, str) else None
+        if path is None:
+            raise JsonRpcInvalidParams(f"{render.RUN_JOB}: expected [{{\"uri\", \"steps\"}}]")
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise JsonRpcInvalidParams(f"{render.RUN_JOB}: \"steps\" must be an integer >= 1")
+        name = os.path.basename(path)
+        loop = asyncio.get_running_loop()
+        cancel = asyncio.Event()
+        msg_id = self.protocol.msg_id
+        if msg_id is not None:
+            self.cancel_hooks[msg_id] = cancel.set
+        token: str | None = None
+        if self.capability("window", "work_done_progress"):
+            token = f"partir-job-{uuid.uuid4()}"
+            try:
+                await self.work_done_progress.create_async(token)
+            except Exception as e:  # the client refused: run without progress
+                log.warning("window/workDoneProgress/create failed: %s", e)
+                token = None
+        if token is not None:
+            self.work_done_progress.begin(token, lsp.WorkDoneProgressBegin(
+                title="PartIR job", message=f"{name}: starting", cancellable=True,
+                percentage=0))
+            future = self.work_done_progress.tokens.get(token)
+            if future is not None:
+                future.add_done_callback(
+                    lambda f: loop.call_soon_threadsafe(cancel.set) if f.cancelled() else None)
+        status_text = "failed"
+        try:
+            result = await self._run_job(path, steps, cancel, token)
+            status_text = result["status"]
+            message = result.pop("_message")
+            self.window_log_message(lsp.LogMessageParams(
+                lsp.MessageType.Info if result["status"] == "finished" else
+                lsp.MessageType.Warning, message))
+            return result
+        finally:
+            if msg_id is not None:
+                self.cancel_hooks.pop(msg_id, None)
+            if token is not None:
+                self.work_done_progress.end(token, lsp.WorkDoneProgressEnd(
+                    message=f"{name}: {status_text}"))
+
+    async def _run_job(self, path: str, steps: int, cancel: asyncio.Event,
+                       token: str | None) -> dict[str, Any]:
+        name = os.path.basename(path)
+        try:
+            run: P.RunResult = await self.link().call("run", P.RunParams(path, steps))
+            info = run.job
+            cancelled = False
+            last_report = None
+            while info.state not in P.FINAL_JOB_STATES:
+                if cancel.is_set() and not cancelled:
+                    cancelled = True
+                    await self.link().call("cancel", P.CancelParams(info.id))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancel.wait(), JOB_POLL_S)
+                info = (await self.link().call("job", P.JobParams(info.id, 0))).job
+                report = (info.state, info.steps_done)
+                if token is not None and report != last_report:
+                    last_report = report
+                    total = max(info.steps, 1)
+                    self.work_done_progress.report(token, lsp.WorkDoneProgressReport(
+                        message=f"{name}: {info.state}, step {info.steps_done}/{info.steps}",
+                        percentage=min(100, int(100 * info.steps_done / total))))
+            log_text = (await self.link().call("job", P.JobParams(info.id, 40))).log
+        except (DaemonUnavailable, DaemonError) as e:
+            return {"job_id": "", "status": "failed", "step_time_s": None,
+                    "max_abs_error": None, "error": str(e),
+                    "_message": f"PartIR job ({name}) failed: {e}"}
+        return _job_result(info, log_text, name)
+
+
+def _job_result(info: P.JobInfo, log_text: str, name: str) -> dict[str, Any]:
+    status = {"succeeded": "finished", "cancelled": "cancelled"}.get(info.state, "failed")
+    m = info.metrics
+    out: dict[str, Any] = {
+        "job_id": info.id, "status": status,
+        "step_time_s": m.step_time_median_s if m else None,
+        "max_abs_error": m.max_abs_error if m else None,
+    }
+    if m is not None:
+        out.update(steps=m.steps, devices=m.devices, platform=m.platform,
+                   compile_s=m.compile_s, collectives=dict(m.collectives))
+        if m.peak_memory_bytes is not None:
+            out["peak_memory_bytes"] = m.peak_memory_bytes
+    if status == "finished" and out["step_time_s"] is None:
+        out["status"], info.error = "failed", "the job reported no step time"
+    if out["status"] == "failed":
+        out["error"] = info.error or f"the job ended {info.state}"
+    if log_text:
+        out["output"] = log_text
+    out["_message"] = render.job_message(info, name)
+    return out
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if hasattr(value, "_asdict"):
+        return dict(value._asdict())
+    if hasattr(value, "__dict__"):
+        return dict(vars(value))
+    return {}
+
+
+def build() -> PartirServer:
+    """A server with its features registered."""
+    server = PartirServer()
+
+    @server.feature(lsp.INITIALIZE)
+    def initialize(ls: PartirServer, params: lsp.InitializeParams) -> None:
+        ls.settings.update(params.initialization_options)
+        folders = params.workspace_folders or []
+        root = path_of(folders[0].uri) if folders else None
+        root = root or (path_of(params.root_uri) if params.root_uri else None) or \
+            params.root_path
+        if root and os.path.isdir(root):
+            ls.workspace_root = root
+
+    @server.feature(lsp.INITIALIZED)
+    async def initialized(ls: PartirServer, params: lsp.InitializedParams) -> None:
+        if ls.capability("workspace", "configuration"):
+            try:
+                values = await ls.workspace_configuration_async(lsp.ConfigurationParams(
+                    [lsp.ConfigurationItem(section="partir")]))
+            except Exception as e:  # a client that does not answer: keep the options
+                log.warning("workspace/configuration failed: %s", e)
+                return
+            if values:
+                ls.settings_changed(values[0])
+
+    @server.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: PartirServer,
+                                 params: lsp.DidChangeConfigurationParams) -> None:
+        ls.settings_changed(params.settings)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: PartirServer, params: lsp.DidOpenTextDocumentParams) -> None:
+        d = params.text_document
+        ls.opened(d.uri, d.version, d.text)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: PartirServer, params: lsp.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        if uri in ls.documents:
+            text = ls.workspace.get_text_document(uri).source
+            ls.opened(uri, params.text_document.version, text)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
+    def did_save(ls: PartirServer, params: lsp.DidSaveTextDocumentParams) -> None:
+        doc = ls.documents.get(params.text_document.uri)
+        if doc is not None:
+            ls.schedule(doc)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: PartirServer, params: lsp.DidCloseTextDocumentParams) -> None:
+        ls.closed(params.text_document.uri)
+
+    @server.feature(lsp.TEXT_DOCUMENT_CODE_LENS)
+    async def code_lens(ls: PartirServer, params: lsp.CodeLensParams) -> list[lsp.CodeLens]:
+        return await ls.code_lenses(params.text_document.uri)
+
+    @server.feature(lsp.TEXT_DOCUMENT_INLAY_HINT)
+    async def inlay_hint(ls: PartirServer,
+                         params: lsp.InlayHintParams) -> list[lsp.InlayHint]:
+        return await ls.inlay_hints(params.text_document.uri, params.range)
+
+    @server.feature(lsp.TEXT_DOCUMENT_HOVER)
+    async def hover(ls: PartirServer, params: lsp.HoverParams) -> lsp.Hover | None:
+        try:
+            return await ls.hover(params.text_document.uri, params.position)
+        except (DaemonUnavailable, RequestCancelled):
+            return None
+        except DaemonError as e:
+            log.warning("hover: %s", e)
+            return None
+
+    @server.feature(IR_REQUEST)
+    async def ir(ls: PartirServer, params: Any) -> dict[str, str]:
+        return await ls.ir(params)
+
+    @server.command(render.RUN_JOB)
+    async def run_job(ls: PartirServer, args: Any) -> dict[str, Any]:
+        return await ls.run_job(args)
+
+    @server.feature(lsp.SHUTDOWN)
+    def shutdown(ls: PartirServer, params: Any) -> None:
+        for doc in ls.documents.values():
+            if doc.task is not None:
+                doc.task.cancel()
+        if ls.daemon is not None:
+            ls.daemon.close()
+
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lsp` / `partir lsp`: serve over stdio. Logs go to stderr (stdout carries
+    only LSP messages)."""
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("PARTIR_LSP_LOG", "WARNING"),
+                        format="partir-lsp %(levelname)s %(name)s: %(message)s")
+    build().start_io()
+    return 0
