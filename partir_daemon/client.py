@@ -239,6 +239,12 @@ class DaemonClient:
         paths = DaemonPaths.of(workspace, runtime_dir)
         try:
             sock = _connect_socket(paths)
+            status = read_status(paths)
+            if status and not pid_alive(int(status.get("pid", 0))):
+                # A killed daemon's socket can outlive it for a moment in a child it was
+                # forking: what answers there is not a daemon.
+                sock.close()
+                raise ConnectionRefusedError(f"daemon pid {status.get('pid')} is gone")
         except (FileNotFoundError, ConnectionRefusedError) as e:
             if not autostart:
                 status = read_status(paths)
@@ -360,6 +366,8 @@ class DaemonClient:
         if entry is None:
             return
         method, future = entry
+        if future.cancelled():  # the caller gave up on it (see `request_future`)
+            return
         if "error" in message:
             err = message["error"] or {}
             cls = RequestCancelled if err.get("code") == P.REQUEST_CANCELLED else RequestError

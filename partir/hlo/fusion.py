@@ -334,7 +334,7 @@ def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
     if rest:
         x = rw.emit(make_all_reduce(x, rest, monoid, name, reduce.loc))
     if any(scatter):
-        x = rw.emit(make_reduce_scatter(x, scatter, rw.mesh, monoid, name, op.loc))
+        x = rw.emit(make_reduce_scatter(x, scatter, rw.mesh, monoid, name, reduce.loc))
     return x
 
 

@@ -15,11 +15,16 @@ type does not distinguish hold equal tensors. Then:
 - ops outside executes run on every device on the whole (replicated) tensors.
 Arguments start replicated and results end replicated (`in_shardings`/`out_shardings`
 all `()`); the fusion passes then make them device-local where they can.
+
+Collectives carry the model source line they are attributed to (the SPMD ops that cause
+them have none): an all_reduce that of the op whose partial results it sums, a gather or
+slice that of the op computing its operand or, for an argument, of its first user.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from partir.core.actions import Sum
 from partir.core.dialect import SLICE
@@ -76,6 +81,7 @@ class _Lowering:
         self.mesh = mesh
         self.out: list[Op] = []
         self.env: dict[Value, Value] = {}  # SPMD value -> its device-local HLO value
+        self.origin: dict[Value, Location] = {}  # HLO value -> where its op was written
 
     def run(self) -> Function:
         args = []
@@ -108,8 +114,8 @@ class _Lowering:
         attributes = {**self.fn.attributes, "mesh": self.mesh,
                       "in_shardings": tuple(((),) * a.type.rank for a in args),
                       "out_shardings": tuple(((),) * r.type.rank for r in results)}
-        return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
-                        attributes)
+        return Function(self.fn.name, args, _locate_by_users(self.out), results,
+                        list(self.fn.result_names), attributes)
 
     def clone(self, op: Op, sub: Mapping[Value, Value]) -> Op:
         """op on the device-local values, with device-local result types."""
@@ -117,6 +123,8 @@ class _Lowering:
         new = Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
                  prim=op.prim)
         self.out.append(new)
+        if op.loc != UNKNOWN_LOCATION:
+            self.origin.update((r, op.loc) for r in results)
         return new
 
     def top_level(self, op: Op) -> None:
@@ -166,8 +174,9 @@ class _Lowering:
         (x,), (r,) = op.operands, op.results
         action = op.params["action"]
         if isinstance(action, Sum):
-            reduced = make_all_reduce(self.env[x], (op.params["axis"],), action.monoid, r.name,
-                                      op.loc)
+            local = self.env[x]
+            reduced = make_all_reduce(local, (op.params["axis"],), action.monoid, r.name,
+                                      self.origin.get(local, op.loc))
             self.out.append(reduced)
             self.env[r] = reduced.results[0]
         else:
@@ -178,6 +187,8 @@ class _Lowering:
     def redistribute(self, x: Value, src: DTensorType, dst: DTensorType, name: str | None,
                      loc: Location) -> Value:
         gather, slice_ = redistribution(src, dst)
+        if loc == UNKNOWN_LOCATION:
+            loc = self.origin.get(x, loc)
         if any(gather):
             op = make_all_gather(x, gather, self.mesh, name, loc)
             self.out.append(op)
@@ -188,3 +199,19 @@ class _Lowering:
             x = op.results[0]
         return x
 
+
+
+def _locate_by_users(ops: list[Op]) -> list[Op]:
+    """Collectives without a location take that of their first user that has one (a
+    gathered argument is attributed to the op that needs it whole)."""
+    first_user: dict[Value, Location] = {}
+    out: list[Op] = []
+    for op in reversed(ops):
+        if op.loc == UNKNOWN_LOCATION and op.name.startswith("hlo.") and op.results:
+            loc = first_user.get(op.results[0])
+            if loc is not None:
+                op = replace(op, loc=loc)
+        if op.loc != UNKNOWN_LOCATION:
+            first_user.update((v, op.loc) for v in op.operands)
+        out.append(op)
+    return out[::-1]

@@ -195,3 +195,10 @@ def test_concurrent_clients_are_served_independently(shared):
     assert lsp[3].pid == cli[3].pid  # one daemon served both
     # Each client saw progress for its own requests only (ids 1-3 of its connection).
     assert results["lsp"][1] <= {1, 2, 3} and results["cli"][1] <= {1, 2, 3}
+
+
+def test_a_future_the_caller_cancelled_does_not_stop_the_client(shared):
+    client = shared.connect()
+    future = client.request_future("cache_stats", P.CacheStatsParams())
+    future.cancel()  # not yet running: cancelled on the caller's side, answered anyway
+    assert client.partition(SCHEDULE, timeout=60).ok  # the reader thread is alive

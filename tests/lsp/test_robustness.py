@@ -109,6 +109,11 @@ async def test_collective_markers_follow_the_setting(session: Session) -> None:
         "markers published for the model file", lambda: session.latest(model_uri))
     assert all(d.severity == T.DiagnosticSeverity.Information and d.source == "partir"
                for d in published.diagnostics)
+    # BP+MP+Z3 of `mlp`: the matmul chain's line (0-based 16) gets Z3's two gathers and
+    # MP's reduction
+    (marker,) = published.diagnostics
+    assert marker.range.start.line == 16
+    assert "all_gather" in marker.message and "all_reduce" in marker.message
     count = len(session.published)
     session.client.workspace_did_change_configuration(T.DidChangeConfigurationParams(
         {"partir": {"collectiveMarkersInModel": False}}))
