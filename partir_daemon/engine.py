@@ -37,6 +37,7 @@ from partir.core.program import CoreProgram, sharding_of
 from partir.errors import PartitionError, UnknownInputError
 from partir.frontend import TracedProgram, trace
 from partir.frontend.source import is_user_file
+from partir.gcpause import paused_gc
 from partir.hlo.ops import COLLECTIVES
 from partir.ir import Location
 from partir.metadata import TacticMetadata
@@ -91,6 +92,7 @@ class StateEntry:
     module: CoreModule  # the state after this tactic; never rewritten again
     record: TacticRecord | None  # None for the traced program (state 0)
     metadata: TacticMetadata | None = None
+    summary: dict[str, Any] | None = None  # the metadata short of lowering (_applied_only)
     attribution: Counter | None = None  # collective signature -> count, for explain
     core_ir: str | None = None  # printed on request
     _initial: CoreProgram | None = None
@@ -390,8 +392,11 @@ class Engine:
                                        sorted(t.files), applied.invalidated_by)
         for i, (st, reused) in enumerate(zip(applied.states, applied.reused, strict=True), 1):
             source = sf.tactics[i - 1]
+            if st.metadata is None and st.summary is None:
+                with paused_gc():
+                    st.summary = _applied_only(st.record)
             metadata = (dataclasses.asdict(st.metadata) if st.metadata is not None
-                        else _applied_only(st.record))
+                        else dict(st.summary))
             if params.include_ir:
                 if st.core_ir is None:
                     st.core_ir = print_core(st.program)

@@ -548,8 +548,10 @@ def optimize(fn: Function) -> Function:
     repeated until nothing changes (each rewrite removes a collective or moves work
     before a reduction, so this ends), then the ops ordered by demand. A sweep sees the
     rewrites made earlier in it, so a second round mostly confirms the first."""
+    fn = dce(fn)
     while True:
         start = fn
-        fn = localize_results(localize_arguments(_sweep(cse(dce(fn)), LOCAL_PATTERNS)))
+        # dce last: the gathers localize_results bypasses die in this round, not the next
+        fn = dce(localize_results(localize_arguments(_sweep(cse(fn), LOCAL_PATTERNS))))
         if fn is start:
             return schedule_by_demand(fn)
