@@ -44,7 +44,7 @@ import partir
 from examples.transformer import model, schedules
 from partir.core.materialize import materialize
 from partir.gcpause import paused_gc
-from partir.hlo import lower_spmd_to_hlo, optimize
+from partir.hlo import locate_by_users, lower_spmd_to_hlo, optimize
 from partir.runtime import build_callable
 from partir.sim import simulate
 from partir.spmd import lower_core_to_spmd
@@ -68,7 +68,7 @@ def count_equations(jaxpr) -> int:
 
 
 # Lowering stages of `partir.pipeline.lower`, timed one by one.
-STAGES = ("materialize Core", "Core -> SPMD", "SPMD -> HLO", "HLO fusion passes")
+STAGES = ("materialize Core", "Core -> SPMD", "SPMD -> HLO", "HLO fusion passes, locations")
 
 
 @dataclasses.dataclass
@@ -133,7 +133,7 @@ def partition_and_lower(inputs: tuple, mesh: dict,
         hlo = lower_spmd_to_hlo(spmd)
         times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        hlo = optimize(hlo)
+        hlo = locate_by_users(optimize(hlo))
         times.append(time.perf_counter() - start)
         start = time.perf_counter()
         simulate(hlo)

@@ -1,4 +1,5 @@
-"""Lowering a Core program through the stack: Core -> SPMD -> HLO (optimized)."""
+"""Lowering a Core program through the stack: Core -> SPMD -> HLO (optimized, with each
+collective attributed to a model line)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
 from partir.gcpause import paused_gc
-from partir.hlo import count_collectives, lower_spmd_to_hlo, optimize
+from partir.hlo import count_collectives, locate_by_users, lower_spmd_to_hlo, optimize
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
 from partir.spmd import lower_core_to_spmd
@@ -33,4 +34,4 @@ def lower(program: CoreProgram) -> Lowered:
     with paused_gc():
         core = materialize(program)
         spmd = lower_core_to_spmd(core, program.mesh)
-        return Lowered(core, spmd, optimize(lower_spmd_to_hlo(spmd)))
+        return Lowered(core, spmd, locate_by_users(optimize(lower_spmd_to_hlo(spmd))))

@@ -18,7 +18,8 @@ all `()`); the fusion passes then make them device-local where they can.
 
 Collectives carry the model source line they are attributed to (the SPMD ops that cause
 them have none): an all_reduce that of the op whose partial results it sums, a gather or
-slice that of the op computing its operand or, for an argument, of its first user.
+slice that of the op computing its operand; `locate_by_users` gives the others (of
+arguments) that of their first user.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ class _Lowering:
         attributes = {**self.fn.attributes, "mesh": self.mesh,
                       "in_shardings": tuple(((),) * a.type.rank for a in args),
                       "out_shardings": tuple(((),) * r.type.rank for r in results)}
-        return Function(self.fn.name, args, _locate_by_users(self.out), results,
-                        list(self.fn.result_names), attributes)
+        return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
+                        attributes)
 
     def clone(self, op: Op, sub: Mapping[Value, Value]) -> Op:
         """op on the device-local values, with device-local result types."""
@@ -123,7 +124,7 @@ class _Lowering:
         new = Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
                  prim=op.prim)
         self.out.append(new)
-        if op.loc != UNKNOWN_LOCATION:
+        if op.loc.line:
             self.origin.update((r, op.loc) for r in results)
         return new
 
@@ -187,7 +188,7 @@ class _Lowering:
     def redistribute(self, x: Value, src: DTensorType, dst: DTensorType, name: str | None,
                      loc: Location) -> Value:
         gather, slice_ = redistribution(src, dst)
-        if loc == UNKNOWN_LOCATION:
+        if not loc.line:
             loc = self.origin.get(x, loc)
         if any(gather):
             op = make_all_gather(x, gather, self.mesh, name, loc)
@@ -201,17 +202,24 @@ class _Lowering:
 
 
 
-def _locate_by_users(ops: list[Op]) -> list[Op]:
+def locate_by_users(fn: Function) -> Function:
     """Collectives without a location take that of their first user that has one (a
-    gathered argument is attributed to the op that needs it whole)."""
+    gathered argument is attributed to the op that needs it whole). Run after the fusion
+    passes, which leave fewer collectives to place."""
+    unplaced = {op.results[0] for op in fn.ops
+                if not op.loc.line and op.name.startswith("hlo.") and op.results}
+    if not unplaced:
+        return fn
     first_user: dict[Value, Location] = {}
     out: list[Op] = []
-    for op in reversed(ops):
-        if op.loc == UNKNOWN_LOCATION and op.name.startswith("hlo.") and op.results:
+    for op in reversed(fn.ops):  # users first: a chain of collectives takes its end's line
+        if op.results and op.results[0] in unplaced:
             loc = first_user.get(op.results[0])
             if loc is not None:
                 op = replace(op, loc=loc)
-        if op.loc != UNKNOWN_LOCATION:
-            first_user.update((v, op.loc) for v in op.operands)
+        if op.loc.line:
+            for v in op.operands:
+                if v in unplaced:
+                    first_user[v] = op.loc
         out.append(op)
-    return out[::-1]
+    return replace(fn, ops=out[::-1])
