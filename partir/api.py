@@ -110,12 +110,13 @@ def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
 
 
 def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
-                    core_ir: bool = True) -> TacticMetadata:
-    """What partitioning reports for one tactic: its program lowered to PartIR:HLO for the
-    collectives and simulated for the cost. Printing the Core program of a large model
-    costs more than lowering it: tools that show it on request pass `core_ir=False`."""
+                    core_ir: bool = True, lowered: Lowered | None = None) -> TacticMetadata:
+    """What partitioning reports for one tactic: its program lowered to PartIR:HLO (unless
+    `lowered` already is) for the collectives and simulated for the cost. Printing the
+    Core program of a large model costs more than lowering it: tools that show it on
+    request pass `core_ir=False`."""
     with paused_gc():
-        lowered = lower(record.program)
+        lowered = lowered or lower(record.program)
         return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
                               tactic_shardings(record.program),
                               [c.to_json() for c in record.conflicts], record.notes,

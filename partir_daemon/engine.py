@@ -131,6 +131,9 @@ class Engine:
         self.lowered: OrderedDict[str, Lowered] = OrderedDict()
         self.invalidations = 0
         self.cancelled = 0
+        self.lowerings = 0
+        self.lowerings_ahead = 0
+        self._ahead: list[StateEntry] = []  # see lower_ahead
         self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
         self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
 
@@ -163,6 +166,8 @@ class Engine:
         start = time.perf_counter()
         applied = self.apply(params.path, params.text, progress, is_cancelled,
                              with_metadata=params.metadata)
+        self._ahead = [] if params.metadata else [
+            st for st in applied.states if st.metadata is None]
         applied.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, applied)
 
@@ -242,7 +247,26 @@ class Engine:
                 "evictions": self.traces.counters.evictions + self.states.counters.evictions,
                 "held_ops": self.traces.cost + self.states.cost,
                 "max_ops": self.states.max_cost, "max_entries": self.states.max_entries,
-                "cancelled_requests": self.cancelled}
+                "cancelled_requests": self.cancelled, "lowered": self.lowerings,
+                "lowered_ahead": self.lowerings_ahead}
+
+    def _lower(self, state: StateEntry) -> None:
+        # the lowered program stays cached for `ir` and `explain`, which need it next
+        state.metadata = tactic_metadata(state.record, core_ir=False,
+                                         lowered=self._lowered(state))
+        self.lowerings += 1
+
+    def lower_ahead(self) -> bool:
+        """Between requests: lower one state that the last `metadata=False` partition
+        left without collectives and cost, as the editor asks for them next. False when
+        none is left."""
+        while self._ahead:
+            state = self._ahead.pop(0)
+            if state.metadata is None and state.record is not None:
+                self._lower(state)
+                self.lowerings_ahead += 1
+                return True
+        return False
 
     def _drop_trace(self, key: str) -> None:
         self.traces.pop(key)
@@ -334,7 +358,7 @@ class Engine:
                         raise Cancelled
                     progress(f"collectives after tactic {i}/{len(applied.states)}", i,
                              len(applied.states))
-                    st.metadata = tactic_metadata(st.record, core_ir=False)
+                    self._lower(st)
             timings.metadata_s = time.perf_counter() - t0
         return applied
 

@@ -355,6 +355,8 @@ class CacheStats:
     worker_pid: int | None
     worker_restarts: int
     cancelled_requests: int
+    lowered: int = 0  # tactic programs lowered and simulated for their metadata
+    lowered_ahead: int = 0  # of which between requests, after a `metadata=False` partition
 
 
 @dataclass

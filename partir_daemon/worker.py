@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     params_types = {"partition": P.PartitionParams, "ir": P.IrParams,
                     "explain": P.ExplainParams}
     while True:
+        while requests.empty():
+            try:
+                if not engine.lower_ahead():
+                    break
+            except Exception as e:
+                logging.error("lowering ahead failed:\n%s",
+                              "".join(traceback.format_exception(e)))
+                break
         message = requests.get()
         request_id = message.get("id")
         method = message.get("method")

@@ -83,7 +83,11 @@ def test_applying_without_metadata_answers_first_and_metadata_follows(shared):
     assert z3["shardings"]["w2"] == [["model"], ["batch"]]
     assert z3["actions"] == ['tile<%w2,1,"batch">', "propagate"]
     assert "collectives" not in z3 and "cost" not in z3
+    # Idle, the compiler lowers the new state ahead of the request for its metadata.
+    assert wait_until(lambda: client.cache_stats().lowered_ahead >= 1, timeout=30)
+    lowered = client.cache_stats().lowered
     full = client.partition(SCHEDULE, edited, version=11)
+    assert client.cache_stats().lowered == lowered
     # the tactics come from the cache: only the metadata is computed
     assert full.reused == [1, 2, 3] and full.reapplied == []
     assert full.tactics[2].metadata["shardings"] == z3["shardings"]
