@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 
 from partir.errors import AxisNotInMeshError, PartitionError
 from partir.ir.location import Location
@@ -34,6 +34,10 @@ class Mesh(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self._axes)
+
+    def items(self) -> ItemsView[str, int]:
+        # the dict's own view: compilers read the axes per value
+        return self._axes.items()
 
     @property
     def axis_names(self) -> tuple[str, ...]:

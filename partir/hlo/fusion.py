@@ -138,7 +138,7 @@ class _Rewriter:
     def current(self, op: Op) -> Op:
         """`op` reading the replacements of its operands."""
         sub = self.sub
-        if sub and any(v in sub for v in op.operands):
+        if sub and not sub.keys().isdisjoint(op.operands):
             return replace(op, operands=[sub.get(v, v) for v in op.operands])
         return op
 

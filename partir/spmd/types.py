@@ -12,6 +12,7 @@ axes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,9 +70,7 @@ class DTensorType:
 
     def local_type(self, mesh: Mapping[str, int]) -> TensorType:
         """L(mu): the type of each device's local tensor."""
-        self._require(mesh)
-        return TensorType(tuple(n // math.prod(mesh[a] for a in axes) for axes, n in self.dims),
-                          self.dtype)
+        return _local_type(self, tuple(mesh.items()))
 
     def global_type(self, mesh: Mapping[str, int]) -> TensorType:
         """G(mu): the tensor the distributed value stands for. Undefined with stacked axes,
@@ -93,6 +92,15 @@ class DTensorType:
         elt = str(TensorType((), self.dtype))[len("tensor<"):-1]
         suffix = "" if elt == "f32" else f", {elt}"
         return f"dtensor<{_axes(self.stacked)}, [{dims}]{suffix}>"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _local_type(t: DTensorType, mesh: tuple[tuple[str, int], ...]) -> TensorType:
+    # Memoized: a program's values share few types, and lowering asks for them per value.
+    axis_sizes = dict(mesh)
+    t._require(axis_sizes)
+    return TensorType(tuple(n // math.prod(axis_sizes[a] for a in axes) for axes, n in t.dims),
+                      t.dtype)
 
 
 def data_equivalent(t1: DTensorType | TensorType, t2: DTensorType | TensorType) -> bool:
