@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from partir.ir import Op, TensorType
+from partir.registry import Registry
 
 
 class Kind(IntEnum):
@@ -56,15 +57,11 @@ class CostRule:
     expensive: bool = False
 
 
-COST_RULES: dict[str, CostRule] = {}
+COST_RULES: Registry[CostRule] = Registry("cost rule")
 
 
 def register_cost(names: str | Iterable[str], rule: CostRule) -> CostRule:
-    for name in [names] if isinstance(names, str) else names:
-        if name in COST_RULES:
-            raise ValueError(f"cost rule for {name!r} registered twice")
-        COST_RULES[name] = rule
-    return rule
+    return COST_RULES.register(names, rule)
 
 
 def lookup_cost(name: str) -> CostRule | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from partir.core.actions import Action
 from partir.ir.types import TensorType
+from partir.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,11 @@ class Entry:
     doc: str = field(default="", compare=False)
 
 
-REGISTRY: dict[str, Entry] = {}
+REGISTRY: Registry[Entry] = Registry("TMR entry")
 
 
 def register(names: str | Iterable[str], entry: Entry) -> Entry:
-    for name in [names] if isinstance(names, str) else names:
-        if name in REGISTRY:
-            raise ValueError(f"TMR entry for {name!r} registered twice")
-        REGISTRY[name] = entry
-    return entry
+    return REGISTRY.register(names, entry)
 
 
 def lookup(name: str) -> Entry | None:
