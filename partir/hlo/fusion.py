@@ -114,7 +114,9 @@ class _Rewriter:
         """Add an op a rewrite made, itself rewritten first if a pattern matches it (a
         merged slice may cancel a gather), and return the value standing for its
         result."""
-        self.uses.update(op.operands)
+        uses = self.uses
+        for v in op.operands:  # Counter.update costs more for a few items
+            uses[v] += 1
         new = self.rewrite(op)
         if new is None:
             self.append(op)
