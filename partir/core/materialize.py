@@ -19,10 +19,11 @@ from partir.core.program import (
     CoreOp,
     CoreProgram,
     Nest,
-    operand_local_type,
+    divided_type,
     result_local_type,
+    tile_dims,
 )
-from partir.core.tmr import OpView, localized_params, lookup
+from partir.core.tmr import Entry, OpView, localized_params, lookup
 from partir.ir import Function, Op, RangeType, Value
 
 
@@ -53,36 +54,49 @@ class _Materializer:
     def __init__(self, prog: CoreProgram, fuse: bool, elide_identities: bool) -> None:
         self.prog = prog
         self.mesh = prog.mesh
+        # The axis sizes as a plain dict: the local types read them per operand, and a
+        # dict lookup is cheaper than the Mesh mapping's.
+        self.sizes: dict[str, int] = dict(prog.mesh.items())
+        self.nests = prog.nests
         self.fuse = fuse
         self.alias: dict[Value, Value] = {}
+        # TMR entries by op name, looked up once per name rather than once per op.
+        self.entries: dict[str, Entry] = {}
         if elide_identities:
             self._elide_identities()
 
     def resolve(self, v: Value) -> Value:
-        while v in self.alias:
-            v = self.alias[v]
+        alias = self.alias
+        while v in alias:
+            v = alias[v]
         return v
 
     def _elide_identities(self) -> None:
-        uses: dict[Value, list[tuple[CoreOp, int]]] = {}
+        outputs = set(self.prog.results)
+        candidates = [op for op in self.prog.ops
+                      if op.name == "tile" and op.results[0] not in outputs]
+        # Only the uses of the candidates' results are needed.
+        uses: dict[Value, list[tuple[CoreOp, int]]] = {op.results[0]: [] for op in candidates}
         for op in self.prog.ops:
             for i, v in enumerate(op.operands):
-                uses.setdefault(v, []).append((op, i))
-        outputs = set(self.prog.results)
-        for op in self.prog.ops:
-            if op.name != "tile" or op.results[0] in outputs:
-                continue
+                u = uses.get(v)
+                if u is not None:
+                    u.append((op, i))
+        for op in candidates:
             nest = self.prog.nest(op)
             if all(_cancels(nest, self.prog.nest(c), i) for c, i in uses.get(op.results[0], ())):
                 self.alias[op.results[0]] = op.operands[0]
 
     def _fusible(self, group: _Group, op: CoreOp, nest: Nest) -> bool:
+        produced, alias, nests = group.produced, self.alias, self.nests
         for i, v in enumerate(op.operands):
-            src = group.produced.get(self.resolve(v))
+            while v in alias:
+                v = alias[v]
+            src = produced.get(v)
             if src is None:
                 continue
             p, k = src
-            for plp, clp in zip(self.prog.nest(p), nest, strict=True):
+            for plp, clp in zip(nests.get(p.uid, ()), nest, strict=True):
                 a, d = plp.results[k], clp.operands[i]
                 if not ((isinstance(a, Tile) and d == a.dim)
                         or (isinstance(a, AnyAction) and d is None)):
@@ -93,15 +107,16 @@ class _Materializer:
         # Unlooped constants depend on nothing: hoisting them keeps loop nests contiguous.
         hoisted = _Group(())
         out: list[_Group] = [hoisted]
+        alias, nests = self.alias, self.nests
         for op in self.prog.ops:
-            if op.results and op.results[0] in self.alias:
+            if op.results and op.results[0] in alias:
                 continue
-            nest = self.prog.nest(op)
+            nest = nests.get(op.uid, ())
             if not nest and not op.operands:
                 hoisted.ops.append(op)
                 hoisted.produced.update((r, (op, k)) for k, r in enumerate(op.results))
                 continue
-            axes = tuple(lp.axis for lp in nest)
+            axes = tuple([lp.axis for lp in nest])
             if not (self.fuse and out and axes and out[-1].axes == axes and not out[-1].closed
                     and op.name != "atomic" and self._fusible(out[-1], op, nest)):
                 out.append(_Group(axes, closed=op.name == "atomic"))
@@ -119,10 +134,12 @@ class _Materializer:
         for gi, g in enumerate(groups):
             for v in g.produced:
                 owner[v] = gi
+        alias = self.alias
         for gi, g in enumerate(groups):
             for op in g.ops:
                 for v in op.operands:
-                    v = self.resolve(v)
+                    while v in alias:  # self.resolve, inlined for the many operands
+                        v = alias[v]
                     if owner.get(v, gi) != gi:
                         used_outside.add(v)
         ops: list[Op] = []
@@ -143,24 +160,31 @@ class _Materializer:
     def _loop_nest(self, g: _Group, escaping: list[Value]) -> Op:
         ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in g.axes]
         depth = len(g.axes)
+        sizes = [self.sizes[a] for a in g.axes]  # per level, read per sliced operand
+        alias, nests = self.alias, self.nests
         inner: dict[Value, Value] = {}
         sliced: dict[tuple[Value, tuple], Value] = {}
         body: list[Op] = []
         for op in g.ops:
-            nest = self.prog.nest(op)
+            nest = nests.get(op.uid, ())
+            # Per operand, the dimension each level slices (None: whole), all at once.
+            operand_dims = (list(zip(*[lp.operands for lp in nest], strict=True)) if nest
+                            else [()] * len(op.operands))
             operands = []
             for i, v in enumerate(op.operands):
-                v = self.resolve(v)
-                if v in inner:
-                    operands.append(inner[v])
+                while v in alias:
+                    v = alias[v]
+                cur = inner.get(v)
+                if cur is not None:
+                    operands.append(cur)
                     continue
-                dims = tuple(lp.operands[i] for lp in nest)
+                dims = operand_dims[i]
                 cur = sliced.get((v, dims))
                 if cur is None:
                     cur = v
                     for lvl, d in enumerate(dims):
                         if d is not None:
-                            nxt = Value(sliced_type(cur.type, d, self.mesh[g.axes[lvl]]))
+                            nxt = Value(sliced_type(cur.type, d, sizes[lvl]))
                             body.append(make_slice(cur, d, ranges[lvl], nxt))
                             cur = nxt
                     sliced[(v, dims)] = cur
@@ -168,7 +192,7 @@ class _Materializer:
             if op.is_identity:
                 inner[op.results[0]] = operands[0]
                 continue
-            local = self._local_op(op, nest, operands, ranges)
+            local = self._local_op(op, nest, operand_dims, sizes, operands, ranges)
             body.append(local)
             for r, lr in zip(op.results, local.results, strict=True):
                 inner[r] = lr
@@ -179,26 +203,38 @@ class _Materializer:
             results = []
             for v in escaping:
                 p, k = g.produced[v]
-                actions.append(self.prog.nest(p)[lvl].results[k])
+                p_nest = nests.get(p.uid, ())
+                actions.append(p_nest[lvl].results[k])
                 results.append(v if lvl == 0 else
-                               Value(result_local_type(p, self.prog.nest(p), k, self.mesh, lvl)))
+                               Value(result_local_type(p, p_nest, k, self.sizes, lvl)))
             loop = make_loop(g.axes[lvl], self.mesh[g.axes[lvl]], tuple(actions), body, yields,
                              results, ranges[lvl])
             body, yields = [loop], results
         return body[0]
 
-    def _local_op(self, op: CoreOp, nest: Nest, operands: list[Value],
-                  ranges: list[Value]) -> Op:
-        mesh = self.mesh
-        in_types = tuple(operand_local_type(op, nest, i, mesh) for i in range(len(op.operands)))
-        out_types = tuple(result_local_type(op, nest, k, mesh) for k in range(len(op.results)))
-        entry = lookup(op.name)
-        params = localized_params(entry, OpView(op.name, op.params, in_types, out_types))
+    def _local_op(self, op: CoreOp, nest: Nest, operand_dims: list[tuple[int | None, ...]],
+                  sizes: list[int], operands: list[Value], ranges: list[Value]) -> Op:
+        # result_local_type (and operand_local_type below), from the dims the caller gathered
+        out_types = []
+        for k, r in enumerate(op.results):
+            out_types.append(divided_type(r.type, tile_dims(nest, k), sizes))
+        out_types = tuple(out_types)
+        entry = self.entries.get(op.name)
+        if entry is None:
+            entry = self.entries[op.name] = lookup(op.name)
+        if entry.localize is None:
+            # What localized_params returns then, without building the view it would not
+            # read (most primitives keep their parameters).
+            params = dict(op.params)
+        else:
+            in_types = tuple([divided_type(v.type, dims, sizes)
+                              for v, dims in zip(op.operands, operand_dims, strict=True)])
+            params = localized_params(entry, OpView(op.name, op.params, in_types, out_types))
         results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
         if entry.apply is not None:
             params["_loops"] = nest
-            params["_global_types"] = (tuple(v.type for v in op.operands),
-                                       tuple(v.type for v in op.results))
+            params["_global_types"] = (tuple([v.type for v in op.operands]),
+                                       tuple([v.type for v in op.results]))
             operands = [*operands, *ranges]
         return Op(op.name, operands, results, params, loc=op.loc, prim=op.prim)
 

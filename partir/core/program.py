@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,29 +52,36 @@ class CoreOp:
 Nest = tuple[Loop, ...]
 
 
-def local_shape(shape: tuple[int, ...], dims: list[int | None], mesh: Mapping[str, int],
-                axes: list[str]) -> tuple[int, ...]:
-    out = list(shape)
-    for d, axis in zip(dims, axes, strict=True):
+def divided_type(t: TensorType, dims: Sequence[int | None], sizes: Sequence[int]) -> TensorType:
+    """t with, at each loop level, the dimension the level slices (None: none) divided by
+    the level's axis size; t itself when no level slices it. Called per operand and
+    result of every op in a loop nest, hence one pass and no copy when nothing changes."""
+    shape = None
+    for d, n in zip(dims, sizes, strict=True):
         if d is not None:
-            out[d] //= mesh[axis]
-    return tuple(out)
+            if shape is None:
+                shape = list(t.shape)
+            shape[d] //= n
+    return t if shape is None else TensorType(tuple(shape), t.dtype)
 
 
 def operand_local_type(op: CoreOp, nest: Nest, i: int, mesh: Mapping[str, int],
                        depth: int | None = None) -> TensorType:
-    loops = nest[:depth]
-    t = op.operands[i].type
-    return t.with_shape(local_shape(t.shape, [lp.operands[i] for lp in loops], mesh,
-                                    [lp.axis for lp in loops]))
+    loops = nest if depth is None else nest[:depth]
+    return divided_type(op.operands[i].type, [lp.operands[i] for lp in loops],
+                        [mesh[lp.axis] for lp in loops])
 
 
 def result_local_type(op: CoreOp, nest: Nest, k: int, mesh: Mapping[str, int],
                       depth: int | None = None) -> TensorType:
-    loops = nest[:depth]
-    t = op.results[k].type
-    dims = [lp.results[k].dim if isinstance(lp.results[k], Tile) else None for lp in loops]
-    return t.with_shape(local_shape(t.shape, dims, mesh, [lp.axis for lp in loops]))
+    loops = nest if depth is None else nest[:depth]
+    return divided_type(op.results[k].type, tile_dims(loops, k),
+                        [mesh[lp.axis] for lp in loops])
+
+
+def tile_dims(loops: Sequence[Loop], k: int) -> list[int | None]:
+    """Per loop, the dimension its action on result k tiles (None: not a tile)."""
+    return [a.dim if isinstance(a := lp.results[k], Tile) else None for lp in loops]
 
 
 @dataclass(frozen=True)

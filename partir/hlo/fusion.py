@@ -60,17 +60,23 @@ def _common_prefixes(axes: Sequence[AxesPerDim]) -> AxesPerDim:
     """Per dimension, the longest prefix that every entry of `axes` shares."""
     out = []
     for per_dim in zip(*axes, strict=True):
-        k = min(_common_prefix(per_dim[0], other) for other in per_dim)
-        out.append(per_dim[0][:k])
+        first = per_dim[0]
+        k = len(first)
+        for other in per_dim:
+            if k == 0:
+                break
+            if other != first:  # an equal entry shares all of `first`
+                k = min(k, _common_prefix(first, other))
+        out.append(first[:k])
     return tuple(out)
 
 
 def _drop(axes: AxesPerDim, prefix: AxesPerDim) -> AxesPerDim:
-    return tuple(a[len(p):] for a, p in zip(axes, prefix, strict=True))
+    return tuple([a[len(p):] for a, p in zip(axes, prefix, strict=True)])
 
 
 def _concat(a: AxesPerDim, b: AxesPerDim) -> AxesPerDim:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
+    return tuple([x + y for x, y in zip(a, b, strict=True)])
 
 
 class _Rewriter:
@@ -82,7 +88,8 @@ class _Rewriter:
     operands' producers), so that single-use conditions hold for the program as it is
     now, not as it was when the sweep began."""
 
-    def __init__(self, fn: Function, patterns: Sequence[Pattern] = ()) -> None:
+    def __init__(self, fn: Function, patterns: Sequence[Pattern] = (),
+                 count_uses: bool = True) -> None:
         self.fn = fn
         self.mesh = fn.attributes["mesh"]
         self.rewrites: dict[str, list[Rewrite]] = {}
@@ -94,8 +101,10 @@ class _Rewriter:
         self.dead: set[Op] = set()
         self.seen: dict[tuple, Op] = {}  # kept HLO ops by kind, operands and parameters
         self.producer: dict[Value, Op] = {}
-        self.uses: Counter = Counter(chain.from_iterable(op.operands for op in fn.ops))
-        self.uses.update(fn.results)
+        self.uses: Counter = Counter()
+        if count_uses:  # a pass that never reads the counts need not take them
+            self.uses.update(chain.from_iterable([op.operands for op in fn.ops]))
+            self.uses.update(fn.results)
 
     def value(self, v: Value) -> Value:
         return self.sub.get(v, v)
@@ -134,14 +143,17 @@ class _Rewriter:
 
     def append(self, op: Op) -> None:
         self.out.append(op)
+        producer = self.producer
         for r in op.results:
-            self.producer[r] = op
+            producer[r] = op
 
     def current(self, op: Op) -> Op:
         """`op` reading the replacements of its operands."""
         sub = self.sub
         if sub and not sub.keys().isdisjoint(op.operands):
-            return replace(op, operands=[sub.get(v, v) for v in op.operands])
+            # What dataclasses.replace would build, without its per-field introspection.
+            return Op(op.name, [sub.get(v, v) for v in op.operands], op.results, op.params,
+                      op.regions, op.loc, op.prim)
         return op
 
     def keep(self, op: Op) -> None:
@@ -158,15 +170,15 @@ class _Rewriter:
     def _release(self, operands: Sequence[Value]) -> None:
         """One use fewer of each operand; producers left without uses die."""
         stack = list(operands)
+        uses, producer, dead = self.uses, self.producer, self.dead
         while stack:
             v = stack.pop()
-            self.uses[v] -= 1
-            if self.uses[v]:
+            uses[v] -= 1
+            if uses[v]:
                 continue
-            op = self.producer.get(v)
-            if op is not None and op not in self.dead and not any(
-                    self.uses[r] for r in op.results):
-                self.dead.add(op)
+            op = producer.get(v)
+            if op is not None and op not in dead and not any(uses[r] for r in op.results):
+                dead.add(op)
                 stack.extend(op.operands)
 
     def function(self, args: list[Value] | None = None, **attributes: object) -> Function:
@@ -194,12 +206,17 @@ def _sweep(fn: Function, patterns: Sequence[Pattern]) -> Function:
     rw = _Rewriter(fn, patterns)
     kinds = rw.rewrites
     changed = False
+    # `current` and `append` inlined: this loop runs once per op per sweep.
+    sub, out, producer, rewrite = rw.sub, rw.out, rw.producer, rw.rewrite
     for op in fn.ops:
-        op = rw.current(op)
-        if op.name in kinds and rw.rewrite(op) is not None:
+        if sub and not sub.keys().isdisjoint(op.operands):
+            op = rw.current(op)
+        if op.name in kinds and rewrite(op) is not None:
             changed = True
         else:
-            rw.append(op)
+            out.append(op)
+            for r in op.results:
+                producer[r] = op
     return rw.function() if changed else fn
 
 
@@ -426,7 +443,11 @@ def _cse(rw: _Rewriter, op: Op) -> Value | None:
     # Last of the rewrites: an op that reaches it is kept unless it repeats a kept one.
     if not op.name.startswith("hlo."):
         return None
-    key = (op.name, tuple(op.operands), tuple(sorted(op.params.items())))
+    params = op.params
+    # Sorted so that the key does not depend on the order the parameters were set in
+    # (a single parameter needs no sort).
+    items = tuple(params.items()) if len(params) < 2 else tuple(sorted(params.items()))
+    key = (op.name, tuple(op.operands), items)
     first = rw.seen.get(key)
     if first is not None and first not in rw.dead:
         return first.results[0]
@@ -452,7 +473,7 @@ def localize_arguments(fn: Function) -> Function:
         for v in op.operands:
             if v in users:
                 users[v].append(op)
-    rw = _Rewriter(fn)
+    rw = _Rewriter(fn, count_uses=False)  # no patterns: nothing reads the use counts
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
     narrowed: dict[Op, AxesPerDim] = {}
     for i, a in enumerate(fn.args):
@@ -469,9 +490,15 @@ def localize_arguments(fn: Function) -> Function:
             narrowed[op] = _drop(op.params["axes"], prefix)
     if not narrowed:
         return fn
+    sub, out, producer = rw.sub, rw.out, rw.producer
     for op in fn.ops:
         if op not in narrowed:
-            rw.keep(op)
+            # rw.keep(op), inlined as in _sweep
+            if not sub.keys().isdisjoint(op.operands):
+                op = rw.current(op)
+            out.append(op)
+            for r in op.results:
+                producer[r] = op
         elif any(narrowed[op]):
             rw.sub[op.results[0]] = rw.emit(make_all_slice(
                 rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
@@ -501,7 +528,7 @@ def dce(fn: Function) -> Function:
     live = set(fn.results)
     kept: list[Op] = []
     for op in reversed(fn.ops):
-        if any(r in live for r in op.results):
+        if not live.isdisjoint(op.results):
             kept.append(op)
             live.update(op.operands)
     if len(kept) == len(fn.ops):
@@ -526,14 +553,18 @@ def schedule_by_demand(fn: Function) -> Function:
             op, i = stack.pop()
             if op in placed:
                 continue
-            if i < len(op.operands):
-                stack.append((op, i + 1))
-                dep = producer.get(op.operands[i])
+            # Skip the operands with nothing left to place without a trip via the stack.
+            operands = op.operands
+            while i < len(operands):
+                dep = producer.get(operands[i])
+                i += 1
                 if dep is not None and dep not in placed:
+                    stack.append((op, i))
                     stack.append((dep, 0))
-                continue
-            placed.add(op)
-            order.append(op)
+                    break
+            else:
+                placed.add(op)
+                order.append(op)
     if order == fn.ops:
         return fn
     return replace(fn, ops=order)

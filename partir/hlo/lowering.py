@@ -51,17 +51,17 @@ def _dtensor(t: Type) -> DTensorType:
     return t if isinstance(t, DTensorType) else DTensorType.of(t)
 
 
-def _dims_axes(t: DTensorType) -> AxesPerDim:
-    return tuple(axes for axes, _ in t.dims)
-
-
 def redistribution(src: DTensorType, dst: DTensorType) -> tuple[AxesPerDim, AxesPerDim]:
     """The axes to gather, then to slice, per dimension, to turn src into dst: all but the
     longest common prefix of each dimension's axes."""
     gather, slice_ = [], []
-    for a1, a2 in zip(_dims_axes(src), _dims_axes(dst), strict=True):
-        k = 0
-        while k < min(len(a1), len(a2)) and a1[k] == a2[k]:
+    for (a1, _), (a2, _) in zip(src.dims, dst.dims, strict=True):
+        if a1 == a2:  # the usual case, all the dimension's axes shared (often none)
+            gather.append(())
+            slice_.append(())
+            continue
+        k, n = 0, min(len(a1), len(a2))
+        while k < n and a1[k] == a2[k]:
             k += 1
         gather.append(a1[k:])
         slice_.append(a2[k:])
@@ -83,6 +83,9 @@ class _Lowering:
         self.out: list[Op] = []
         self.env: dict[Value, Value] = {}  # SPMD value -> its device-local HLO value
         self.origin: dict[Value, Location] = {}  # HLO value -> where its op was written
+        self.sizes = dict(mesh.items())  # for the collectives' types: cheaper than the Mesh
+        # L(mu) per SPMD type: values share few types, and `clone` asks per result.
+        self.local_types: dict[Type, Type] = {}
 
     def run(self) -> Function:
         args = []
@@ -118,14 +121,24 @@ class _Lowering:
         return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
                         attributes)
 
-    def clone(self, op: Op, sub: Mapping[Value, Value]) -> Op:
-        """op on the device-local values, with device-local result types."""
-        results = [Value(_dtensor(r.type).local_type(self.mesh), r.name) for r in op.results]
-        new = Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
-                 prim=op.prim)
+    def clone(self, op: Op, sub: dict[Value, Value]) -> Op:
+        """op on the device-local values, with device-local result types; `sub` maps op's
+        results to the clone's."""
+        local_types = self.local_types
+        operands = [sub[v] for v in op.operands]
+        results = []
+        for r in op.results:
+            t = local_types.get(r.type)
+            if t is None:
+                t = local_types[r.type] = _dtensor(r.type).local_type(self.mesh)
+            new_r = sub[r] = Value(t, r.name)
+            results.append(new_r)
+        new = Op(op.name, operands, results, dict(op.params), loc=op.loc, prim=op.prim)
         self.out.append(new)
         if op.loc.line:
-            self.origin.update((r, op.loc) for r in results)
+            origin = self.origin
+            for r in results:
+                origin[r] = op.loc
         return new
 
     def top_level(self, op: Op) -> None:
@@ -135,7 +148,7 @@ class _Lowering:
                 raise HloLoweringError(f"{op.name} at {op.loc} runs outside an execute on "
                                        f"%{v.name or v.id} of type {v.type}, which is not the "
                                        "same on every device")
-        self.env.update(zip(op.results, self.clone(op, self.env).results, strict=True))
+        self.clone(op, self.env)
 
     def execute(self, op: Op) -> None:
         axes = op.params["axes"]
@@ -144,30 +157,30 @@ class _Lowering:
         sub: dict[Value, Value] = {}
         for x, y in zip(op.operands, locals_, strict=True):
             local = self.env[x]
-            if local.type != y.type:
+            if local.type is not y.type and local.type != y.type:
                 raise HloLoweringError(f"execute local %{y.name} has type {y.type} but its "
                                        f"operand's local tensor is {local.type}")
             sub[y] = local
         # The coordinates are read only by index-dependent primitives, so an axis_index is
         # emitted at its first use: slices become all_slice, which finds them itself.
         index: dict[Value, Value] = {}
+        range_set = set(ranges)
         for body_op in region.ops:
             if body_op.name == SLICE:
                 x, r = body_op.operands
                 axes_per_dim = [()] * x.type.rank
                 axes_per_dim[body_op.params["dim"]] = (r.type.axis,)
-                sliced = make_all_slice(sub[x], axes_per_dim, self.mesh, body_op.results[0].name,
+                sliced = make_all_slice(sub[x], axes_per_dim, self.sizes, body_op.results[0].name,
                                         body_op.loc)
                 self.out.append(sliced)
                 sub[body_op.results[0]] = sliced.results[0]
                 continue
             for v in body_op.operands:
-                if v in ranges and v not in index:
+                if v in range_set and v not in index:
                     made = make_axis_index(v.type.axis, self.mesh, v.name)
                     self.out.append(made)
                     index[v] = sub[v] = made.results[0]
-            new = self.clone(body_op, sub)
-            sub.update(zip(body_op.results, new.results, strict=True))
+            self.clone(body_op, sub)
         for r, y in zip(op.results, region.yields, strict=True):
             self.env[r] = sub[y]
 
@@ -191,11 +204,11 @@ class _Lowering:
         if not loc.line:
             loc = self.origin.get(x, loc)
         if any(gather):
-            op = make_all_gather(x, gather, self.mesh, name, loc)
+            op = make_all_gather(x, gather, self.sizes, name, loc)
             self.out.append(op)
             x = op.results[0]
         if any(slice_):
-            op = make_all_slice(x, slice_, self.mesh, name, loc)
+            op = make_all_slice(x, slice_, self.sizes, name, loc)
             self.out.append(op)
             x = op.results[0]
         return x
@@ -216,7 +229,8 @@ def locate_by_users(fn: Function) -> Function:
         if op.results and op.results[0] in unplaced:
             loc = first_user.get(op.results[0])
             if loc is not None:
-                op = replace(op, loc=loc)
+                # dataclasses.replace(op, loc=loc), spelled out: it is much slower
+                op = Op(op.name, op.operands, op.results, op.params, op.regions, loc, op.prim)
         if op.loc.line:
             for v in op.operands:
                 if v in unplaced:

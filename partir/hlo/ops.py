@@ -21,7 +21,6 @@ not depend on axis sizes, and `verify_hlo` checks the shapes against the functio
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from partir.core.actions import MONOIDS
@@ -41,17 +40,26 @@ AxesPerDim = tuple[tuple[str, ...], ...]
 
 
 def axes_size(axes: Sequence[str], mesh: Mapping[str, int]) -> int:
-    return math.prod(mesh[a] for a in axes)
+    # A plain loop: the axes are few, and this runs per dimension of every collective.
+    n = 1
+    for a in axes:
+        n *= mesh[a]
+    return n
+
+
+# The two below skip the dimensions with no axes (most of them) without a call.
 
 
 def sliced_type(t: TensorType, axes: AxesPerDim, mesh: Mapping[str, int]) -> TensorType:
     """Each dimension divided by the size of its axes."""
-    return t.with_shape(tuple(n // axes_size(a, mesh) for n, a in zip(t.shape, axes, strict=True)))
+    return TensorType(tuple([n // axes_size(a, mesh) if a else n
+                             for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
 
 
 def gathered_type(t: TensorType, axes: AxesPerDim, mesh: Mapping[str, int]) -> TensorType:
     """Each dimension multiplied by the size of its axes."""
-    return t.with_shape(tuple(n * axes_size(a, mesh) for n, a in zip(t.shape, axes, strict=True)))
+    return TensorType(tuple([n * axes_size(a, mesh) if a else n
+                             for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
 
 
 def flat_axes(axes: AxesPerDim) -> tuple[str, ...]:
@@ -59,7 +67,7 @@ def flat_axes(axes: AxesPerDim) -> tuple[str, ...]:
 
 
 def _freeze(axes: Sequence[Sequence[str]]) -> AxesPerDim:
-    return tuple(tuple(dim_axes) for dim_axes in axes)
+    return tuple([tuple(dim_axes) for dim_axes in axes])
 
 
 # --- constructors ---------------------------------------------------------------------------

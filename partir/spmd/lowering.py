@@ -19,7 +19,7 @@ are (SYldC).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from partir.core.actions import Action, Tile
@@ -57,6 +57,8 @@ class _Lowering:
         # a mapping added inside a loop body is never looked up outside it.
         self.M: dict[Value, Value] = {}
         self.last_use: dict[Value, int] = {}
+        # L(mu) per type, for the locals of executes: values share few types.
+        self.local_types: dict[Type, Type] = {}
         _record_last_uses(fn.ops, fn.results, self.last_use)
 
     def run(self) -> Function:
@@ -155,8 +157,13 @@ class _Lowering:
         zs = _free_values(C, xs)
         operands = [self.M[z] for z in zs]
         ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in axes]
-        locals_ = [Value(o.type.local_type(self.mesh), name=f"y{o.name}" if o.name else None)
-                   for o in operands]
+        local_types = self.local_types
+        locals_ = []
+        for o in operands:
+            t = local_types.get(o.type)
+            if t is None:
+                t = local_types[o.type] = o.type.local_type(self.mesh)
+            locals_.append(Value(t, name=f"y{o.name}" if o.name else None))
         sub: dict[Value, Value] = dict(zip(zs, locals_, strict=True))
         sub.update((lvl.range, r) for lvl, r in zip(levels, ranges, strict=True))
         body = [_clone(op, sub) for op in C]
@@ -169,9 +176,12 @@ class _Lowering:
 def _clone(op: Op, sub: dict[Value, Value], result_type: Callable[[Type], Type] | None = None
            ) -> Op:
     """op with its operands substituted by `sub` and fresh results, which `sub` records."""
-    results = [Value(r.type if result_type is None else result_type(r.type), name=r.name)
-               for r in op.results]
-    sub.update(zip(op.results, results, strict=True))
+    if result_type is None:
+        results = [Value(r.type, r.name) for r in op.results]
+    else:
+        results = [Value(result_type(r.type), r.name) for r in op.results]
+    for r, new in zip(op.results, results, strict=True):
+        sub[r] = new
     return Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
               prim=op.prim)
 
@@ -192,26 +202,36 @@ def _free_values(C: list[Op], xs: list[Value]) -> list[Value]:
     return list(free)
 
 
-def _uses(op: Op) -> Iterator[Value]:
-    """Every value op uses, in its regions too."""
-    yield from op.operands
-    for region in op.regions:
-        for inner in region.ops:
-            yield from _uses(inner)
-        yield from region.yields
-
-
 def _record_last_uses(ops: Sequence[Op], yields: Sequence[Value], out: dict[Value, int]) -> None:
     """For every x that `ops` define (and, recursively, their regions' ops): out[x] is the
     position of the last op of `ops` using x, len(ops) if yielded. Then x is free in
-    `ops[i:]; yield yields` iff out[x] >= i, which is how SLoop tells live definitions."""
-    defined = {x for op in ops for x in op.results}
-    for i, op in enumerate(ops):
-        for v in _uses(op):
-            if v in defined:
-                out[v] = i
-        for region in op.regions:
-            _record_last_uses(region.ops, region.yields, out)
-    for v in yields:
-        if v in defined:
-            out[v] = len(ops)
+    `ops[i:]; yield yields` iff out[x] >= i, which is how SLoop tells live definitions.
+
+    One walk over the whole tree: each definition records the depth of the op list
+    defining it, and a use at any depth below sets out[x] to the position, at that depth,
+    of the op enclosing the use (positions only grow, so the last write is the last use).
+    """
+    depth_of: dict[Value, int] = {}
+    path: list[int] = []  # per depth, the position of the op being walked
+
+    def walk(ops: Sequence[Op], yields: Sequence[Value]) -> None:
+        depth = len(path)
+        for op in ops:
+            for x in op.results:
+                depth_of[x] = depth
+        path.append(0)
+        for i, op in enumerate(ops):
+            path[depth] = i
+            for v in op.operands:
+                d = depth_of.get(v)
+                if d is not None:
+                    out[v] = path[d]
+            for region in op.regions:
+                walk(region.ops, region.yields)
+        path.pop()
+        for v in yields:
+            d = depth_of.get(v)
+            if d is not None:
+                out[v] = len(ops) if d == depth else path[d]
+
+    walk(ops, yields)

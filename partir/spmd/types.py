@@ -38,7 +38,8 @@ class DTensorType:
     def of(t: TensorType, stacked: tuple[str, ...] = ()) -> DTensorType:
         """`dtensor<{stacked}, [n,...]>`: the tensor t on every device of the stacked
         axes, with no dimension distributed."""
-        return DTensorType(tuple(stacked), tuple(((), n) for n in t.shape), t.dtype)
+        stacked = tuple(stacked)
+        return _of(t.shape, t.dtype, stacked)
 
     @property
     def rank(self) -> int:
@@ -92,6 +93,13 @@ class DTensorType:
         elt = str(TensorType((), self.dtype))[len("tensor<"):-1]
         suffix = "" if elt == "f32" else f", {elt}"
         return f"dtensor<{_axes(self.stacked)}, [{dims}]{suffix}>"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _of(shape: tuple[int, ...], dtype: np.dtype, stacked: tuple[str, ...]) -> DTensorType:
+    # Memoized like `_local_type`: the lowering asks for the type of every value it makes,
+    # and the types are immutable, so values of one shape may share one.
+    return DTensorType(stacked, tuple(((), n) for n in shape), dtype)
 
 
 @functools.lru_cache(maxsize=1 << 16)
