@@ -110,15 +110,17 @@ def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
 
 
 def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
-                    core_ir: bool = True, lowered: Lowered | None = None) -> TacticMetadata:
+                    core_ir: bool = True, lowered: Lowered | None = None,
+                    shardings: dict[str, list[list[str]]] | None = None) -> TacticMetadata:
     """What partitioning reports for one tactic: its program lowered to PartIR:HLO (unless
     `lowered` already is) for the collectives and simulated for the cost. Printing the
     Core program of a large model costs more than lowering it: tools that show it on
-    request pass `core_ir=False`."""
+    request pass `core_ir=False`. Tools that already hold `tactic_shardings` of the
+    program pass them."""
     with paused_gc():
         lowered = lowered or lower(record.program)
         return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
-                              tactic_shardings(record.program),
+                              shardings or tactic_shardings(record.program),
                               [c.to_json() for c in record.conflicts], record.notes,
                               record.core_ir() if core_ir else "", record.elapsed_s,
                               simulate(lowered.hlo, device))

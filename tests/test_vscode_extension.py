@@ -12,10 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from partir_daemon.client import stop_daemon
+from tests.daemon.support import processes_mentioning, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTENSION = ROOT / "vscode-extension"
@@ -27,10 +31,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _npm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _npm(*args: str, timeout: float = 300, extra_env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
     assert NPM is not None
     env = {**os.environ, "PARTIR_PYTHON": sys.executable, "PARTIR_REPO_ROOT": str(ROOT),
-           "NO_COLOR": "1", "npm_config_update_notifier": "false"}
+           "NO_COLOR": "1", "npm_config_update_notifier": "false", **(extra_env or {})}
     try:
         result = subprocess.run([NPM, *args], cwd=EXTENSION, env=env, capture_output=True,
                                 text=True, timeout=timeout, check=False)
@@ -78,4 +83,15 @@ def test_protocol_against_the_python_language_server(installed: None) -> None:
     if not (ROOT / "lsp" / "__main__.py").is_file():
         pytest.skip("lsp/ (the language server started as `python -m lsp`) is not in this "
                     "checkout: nothing to drive over stdio")
-    _npm("run", "test:protocol", timeout=600)
+    # The server starts a daemon for the repository: in a runtime directory of the test's
+    # own, stopped afterwards, so that none outlives the test or meets the user's.
+    runtime = Path(tempfile.mkdtemp(prefix="pdrt"))
+    runtime.chmod(0o700)
+    try:
+        _npm("run", "test:protocol", timeout=600,
+             extra_env={"PARTIR_DAEMON_DIR": str(runtime)})
+    finally:
+        stop_daemon(ROOT, runtime_dir=runtime)
+        assert wait_until(lambda: not processes_mentioning(str(runtime)), timeout=30), \
+            "the language server's daemon outlived the protocol test"
+        shutil.rmtree(runtime, ignore_errors=True)
