@@ -131,14 +131,20 @@ def _partition(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition], ar
                ) -> tuple[CorePartition, Metadata, Lowered]:
     device = get_device(device)  # an unknown name fails before any work
     result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
-    tactics = [tactic_metadata(r, device) for r in result.tactics]
-    final = lower(result.program)
+    # The last tactic's program is the final one: lowered once, for both.
+    tactics, final = [], None
+    for record in result.tactics:
+        final = lower(record.program)
+        tactics.append(tactic_metadata(record, device, lowered=final))
+    if final is None:
+        final = lower(result.program)
     meta = Metadata(
         tactics=tactics,
         in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree),
         out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree),
         core_ir=final.text("core"), spmd_ir=final.text("spmd"), hlo_ir=final.text("hlo"),
-        collectives=final.collectives, cost=simulate(final.hlo, device))
+        collectives=final.collectives,
+        cost=tactics[-1].cost if tactics else simulate(final.hlo, device))
     return result, meta, final
 
 

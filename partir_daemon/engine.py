@@ -40,7 +40,6 @@ from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
 from partir.hlo.ops import COLLECTIVES
 from partir.ir import Location
-from partir.metadata import TacticMetadata
 from partir.pipeline import Lowered, lower
 from partir.schedule_file import (
     ScheduleExecutionError,
@@ -91,8 +90,7 @@ class StateEntry:
     trace_key: str
     module: CoreModule  # the state after this tactic; never rewritten again
     record: TacticRecord | None  # None for the traced program (state 0)
-    metadata: TacticMetadata | None = None
-    metadata_json: dict[str, Any] | None = None  # `metadata` as plain data, made once
+    metadata: dict[str, Any] | None = None  # TacticMetadata as plain data, made once
     summary: dict[str, Any] | None = None  # the metadata short of lowering (_applied_only)
     attribution: Counter | None = None  # collective signature -> count, for explain
     core_ir: str | None = None  # printed on request
@@ -254,10 +252,9 @@ class Engine:
     def _lower(self, state: StateEntry) -> None:
         # the lowered program stays cached for `ir` and `explain`, which need it next
         with paused_gc():
-            state.metadata = tactic_metadata(
+            state.metadata = dataclasses.asdict(tactic_metadata(
                 state.record, core_ir=False, lowered=self._lowered(state),
-                shardings=state.summary["shardings"] if state.summary else None)
-            state.metadata_json = dataclasses.asdict(state.metadata)
+                shardings=state.summary["shardings"] if state.summary else None))
         self.lowerings += 1
 
     def lower_ahead(self) -> bool:
@@ -423,7 +420,7 @@ class Engine:
             if st.metadata is None and st.summary is None:
                 with paused_gc():
                     st.summary = _applied_only(st.record)
-            metadata = dict(st.metadata_json if st.metadata is not None else st.summary)
+            metadata = dict(st.metadata if st.metadata is not None else st.summary)
             if params.include_ir:
                 if st.core_ir is None:
                     st.core_ir = print_core(st.program)
