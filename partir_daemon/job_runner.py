@@ -14,20 +14,14 @@ process exits when its stdin closes (the daemon is gone), so it never outlives i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 import traceback
-from typing import Any, BinaryIO
+from typing import Any
 
-
-def _protocol_stream() -> BinaryIO:
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return out
+from partir_daemon import protocol as P
 
 
 def _watch_parent() -> None:
@@ -89,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-check", action="store_true")
     args = parser.parse_args(argv)
-    out = _protocol_stream()
+    out = P.child_stream()
     _watch_parent()
 
     def emit(event: str, **data: Any) -> None:
-        out.write(json.dumps({"event": event, **data}).encode() + b"\n")
+        out.write(P.encode({"event": event, **data}))
 
     try:
         import jax

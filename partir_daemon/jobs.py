@@ -166,9 +166,8 @@ class JobManager:
         async def events() -> None:
             assert proc.stdout is not None
             async for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
+                event = P.child_message(line)
+                if event is None:
                     continue
                 kind = event.get("event")
                 if kind == "started":

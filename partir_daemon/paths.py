@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,28 +66,26 @@ def ensure_private_dir(path: Path) -> None:
 
 
 def check_private_dir(path: Path) -> None:
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise InsecurePathError(f"{path} is not a directory")
-    if st.st_uid != os.getuid():
-        raise InsecurePathError(f"{path} belongs to uid {st.st_uid}, not to this user "
-                                f"(uid {os.getuid()})")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise InsecurePathError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: others "
-                                f"can access it (expected 0700)")
+    _check_private(path, stat.S_ISDIR, "a directory", "", "access it", 0o700)
 
 
 def check_socket(path: Path) -> None:
     """Refuse a socket that is not the user's own with mode 0600 (no group/other bits)."""
-    st = os.lstat(path)  # lstat: a symlink to someone else's socket is refused too
-    if not stat.S_ISSOCK(st.st_mode):
-        raise InsecurePathError(f"{path} is not a socket")
+    _check_private(path, stat.S_ISSOCK, "a socket", "socket ", "connect to it", 0o600)
+
+
+def _check_private(path: Path, is_kind: Callable[[int], bool], kind: str, label: str,
+                   access: str, expected: int) -> None:
+    """`path` is of the kind, the user's, and closed to group and others."""
+    st = os.lstat(path)  # lstat: a symlink to someone else's file is refused too
+    if not is_kind(st.st_mode):
+        raise InsecurePathError(f"{path} is not {kind}")
     if st.st_uid != os.getuid():
-        raise InsecurePathError(f"socket {path} belongs to uid {st.st_uid}, not to this "
+        raise InsecurePathError(f"{label}{path} belongs to uid {st.st_uid}, not to this "
                                 f"user (uid {os.getuid()})")
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise InsecurePathError(f"socket {path} has mode {stat.S_IMODE(st.st_mode):04o}: "
-                                f"others can connect to it (expected 0600)")
+        raise InsecurePathError(f"{label}{path} has mode {stat.S_IMODE(st.st_mode):04o}: "
+                                f"others can {access} (expected {expected:04o})")
 
 
 def read_status(paths: DaemonPaths) -> dict[str, Any] | None:

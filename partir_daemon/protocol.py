@@ -26,10 +26,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 PROTOCOL_VERSION = 1
 JSONRPC = "2.0"
@@ -552,8 +554,29 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a line longer than this is refused
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """One message as a line of the stream."""
+    """One message as a line of the stream (also of the daemon's own line protocol with
+    its compiler process and job runners)."""
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def child_stream() -> BinaryIO:
+    """In a child process: a private duplicate of stdout for its messages to the daemon,
+    with stdout itself sent to stderr (the log), so that nothing the user's code or a
+    library prints can corrupt them."""
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def child_message(line: bytes) -> dict[str, Any] | None:
+    """A line the daemon and its child processes exchange, as its JSON object; None for
+    anything else (a library printing to the child's stdout)."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
 
 
 def decode(line: bytes | str) -> dict[str, Any]:

@@ -189,7 +189,7 @@ class WorkerSupervisor:
         # The worker checks between tactics and answers with REQUEST_CANCELLED.
         if not item.cancelled and self.proc is not None and self.proc.stdin is not None:
             item.cancelled = True
-            self.proc.stdin.write(json.dumps({"cancel": item.worker_id}).encode() + b"\n")
+            self.proc.stdin.write(P.encode({"cancel": item.worker_id}))
 
     @staticmethod
     def _fail(item: WorkItem, code: int, message: str) -> None:
@@ -234,9 +234,8 @@ class WorkerSupervisor:
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         async for line in proc.stdout:
-            try:
-                message = json.loads(line)
-            except ValueError:
+            message = P.child_message(line)
+            if message is None:
                 continue
             item = self._current
             if item is None or message.get("id") != item.worker_id:
@@ -275,8 +274,8 @@ class WorkerSupervisor:
         item.worker_id = next(self._worker_ids)
         loop = asyncio.get_running_loop()
         response = self._responses[item.worker_id] = loop.create_future()
-        self.proc.stdin.write(json.dumps({"id": item.worker_id, "method": item.method,
-                                          "params": item.params}).encode() + b"\n")
+        self.proc.stdin.write(P.encode({"id": item.worker_id, "method": item.method,
+                                        "params": item.params}))
         start = loop.time()
         try:
             while not response.done():

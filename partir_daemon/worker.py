@@ -19,21 +19,15 @@ process exits when its stdin closes, so it never outlives the daemon.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import queue
 import sys
 import threading
 import traceback
-from typing import Any, BinaryIO
+from typing import Any
 
-
-def _protocol_stream() -> BinaryIO:
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return out
+from partir_daemon import protocol as P
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,11 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-entries", type=int, default=256)
     parser.add_argument("--max-ops", type=int, default=4_000_000)
     args = parser.parse_args(argv)
-    out = _protocol_stream()
+    out = P.child_stream()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
 
-    from partir_daemon import protocol as P
     from partir_daemon.engine import Cancelled, Engine
 
     engine = Engine(args.workspace, load_timeout_s=args.load_timeout,
@@ -57,15 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     lock = threading.Lock()
 
     def send(message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        data = P.encode(message)
         with lock:
             out.write(data)
 
     def read() -> None:
         for line in sys.stdin.buffer:
-            try:
-                message = json.loads(line)
-            except ValueError:
+            message = P.child_message(line)
+            if message is None:
                 continue
             if "cancel" in message:
                 cancelled.add(message["cancel"])
