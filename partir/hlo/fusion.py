@@ -490,15 +490,9 @@ def localize_arguments(fn: Function) -> Function:
             narrowed[op] = _drop(op.params["axes"], prefix)
     if not narrowed:
         return fn
-    sub, out, producer = rw.sub, rw.out, rw.producer
     for op in fn.ops:
         if op not in narrowed:
-            # rw.keep(op), inlined as in _sweep
-            if not sub.keys().isdisjoint(op.operands):
-                op = rw.current(op)
-            out.append(op)
-            for r in op.results:
-                producer[r] = op
+            rw.keep(op)
         elif any(narrowed[op]):
             rw.sub[op.results[0]] = rw.emit(make_all_slice(
                 rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
