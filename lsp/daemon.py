@@ -67,13 +67,18 @@ class DaemonLink:
             self._client = None
         client.close()
 
-    async def call(self, method: str, params: Any) -> Any:
-        """Send a request and await its result dataclass. A lost connection (the daemon
-        exited or crashed) is retried once on a new connection (the daemon is started
-        again). Raises DaemonUnavailable, or the client's errors."""
+    async def call(self, method: str, params: Any, *,
+                   on_partial: Callable[[Any], None] | None = None) -> Any:
+        """Send a request and await its result dataclass; `on_partial` runs on the event
+        loop with each partial result first. A lost connection (the daemon exited or
+        crashed) is retried once on a new connection (the daemon is started again).
+        Raises DaemonUnavailable, or the client's errors."""
+        loop = asyncio.get_running_loop()
+        relay = None if on_partial is None else \
+            (lambda result: loop.call_soon_threadsafe(on_partial, result))
         for attempt in range(2):
             client = await self.client()
-            future = client.request_future(method, params)
+            future = client.request_future(method, params, on_partial=relay)
             try:
                 return await _await(future, client)
             except DaemonConnectionLost:

@@ -177,30 +177,31 @@ class PartirServer(LanguageServer):
                 self.schedule(doc, 0.0)
 
     async def analyze(self, doc: Document, version: int, text: str, delay: float) -> None:
-        """Two requests, as the daemon suggests: the tactics alone first (diagnostics:
-        errors and conflicts, published at once), then with their lowering and cost
-        (collective counts for lenses, hints and hovers), which reuses the states the
-        first one cached. Tactics lowered before come with their counts the first time."""
-        try:
-            if delay > 0:
-                await asyncio.sleep(delay)
-            fast: P.PartitionResult = await self.link().call(
-                "partition", P.PartitionParams(doc.path, text, version, metadata=False))
+        """One request, answered twice: first with the tactics alone applied (a partial
+        result: errors and conflicts, published as diagnostics at once), then with their
+        lowering and cost (collective counts for lenses, hints and hovers). Tactics lowered
+        before come with their counts in the first answer, which is then the only one."""
+        lines = Lines.of(text)
+        published: list[lsp.Diagnostic] | None = None
+
+        def publish(result: P.PartitionResult) -> None:
+            nonlocal published
             if not self.is_current(doc, version):
                 return  # the document changed (or closed) meanwhile: drop the result
             self._daemon_error_shown = None
-            lines = Lines.of(text)
-            published = render.schedule_diagnostics(fast, lines)
-            self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-                doc.uri, published, version))
-            self.log_timings(doc, version, fast)
-            result = fast
-            if any("collectives" not in t.metadata for t in fast.tactics):
-                result = await self.link().call(
-                    "partition", P.PartitionParams(doc.path, text, version))
-                if not self.is_current(doc, version):
-                    return
-                self.log_timings(doc, version, result)
+            diagnostics = render.schedule_diagnostics(result, lines)
+            if diagnostics != published:
+                self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                    doc.uri, diagnostics, version))
+                published = diagnostics
+            self.log_timings(doc, version, result)
+
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result: P.PartitionResult = await self.link().call(
+                "partition", P.PartitionParams(doc.path, text, version, partial=True),
+                on_partial=publish)
         except asyncio.CancelledError:
             raise
         except DaemonUnavailable as e:
@@ -218,12 +219,10 @@ class PartirServer(LanguageServer):
                 lsp.MessageType.Error, f"PartIR: analysing {doc.path} failed: {e}"))
             self.finish(doc, version)
             return
+        if not self.is_current(doc, version):
+            return
+        publish(result)
         doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
-        if result is not fast:
-            diagnostics = render.schedule_diagnostics(result, lines)
-            if diagnostics != published:
-                self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-                    doc.uri, diagnostics, version))
         self.finish(doc, version)
         self.refresh()
         if self.settings.collective_markers_in_model:

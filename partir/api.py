@@ -8,6 +8,7 @@ reports `Metadata` without devices; `jit` runs the partitioned program on local 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -109,21 +110,35 @@ def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
             for name, s in {**program.input_shardings(), **program.output_shardings()}.items()}
 
 
+# The fields of TacticMetadata that lowering and simulating the program fill in;
+# `applied_metadata` leaves them empty.
+LOWERED_FIELDS = ("collectives", "cost")
+
+
+def applied_metadata(record: TacticRecord) -> TacticMetadata:
+    """What applying a tactic tells, without lowering its program: no `collectives` (an
+    empty dict), no `cost`, no `core_ir`. Tools show it first, as it is fast."""
+    with paused_gc():
+        return TacticMetadata(record.name, record.axis, record.actions, {},
+                              tactic_shardings(record.program),
+                              [c.to_json() for c in record.conflicts], record.notes, "",
+                              record.elapsed_s)
+
+
 def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                     core_ir: bool = True, lowered: Lowered | None = None,
-                    shardings: dict[str, list[list[str]]] | None = None) -> TacticMetadata:
+                    applied: TacticMetadata | None = None) -> TacticMetadata:
     """What partitioning reports for one tactic: its program lowered to PartIR:HLO (unless
     `lowered` already is) for the collectives and simulated for the cost. Printing the
     Core program of a large model costs more than lowering it: tools that show it on
-    request pass `core_ir=False`. Tools that already hold `tactic_shardings` of the
-    program pass them."""
+    request pass `core_ir=False`. Tools that hold the tactic's `applied_metadata` pass
+    it, so that only what lowering adds is computed."""
     with paused_gc():
         lowered = lowered or lower(record.program)
-        return TacticMetadata(record.name, record.axis, record.actions, lowered.collectives,
-                              shardings or tactic_shardings(record.program),
-                              [c.to_json() for c in record.conflicts], record.notes,
-                              record.core_ir() if core_ir else "", record.elapsed_s,
-                              simulate(lowered.hlo, device))
+        return dataclasses.replace(applied or applied_metadata(record),
+                                   collectives=lowered.collectives,
+                                   core_ir=record.core_ir() if core_ir else "",
+                                   cost=simulate(lowered.hlo, device))
 
 
 def _partition(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition], args: tuple,

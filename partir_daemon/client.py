@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,15 @@ def stop_daemon(workspace: str | os.PathLike[str], *, runtime_dir: Path | None =
     return True
 
 
+@dataclass
+class Pending:
+    """A request sent and not answered yet."""
+
+    method: str
+    future: concurrent.futures.Future
+    on_partial: Callable[[Any], None] | None = None
+
+
 class DaemonClient:
     def __init__(self, sock: socket.socket, paths: DaemonPaths, *, timeout: float | None,
                  on_progress: ProgressCallback | None = None,
@@ -219,7 +229,7 @@ class DaemonClient:
         self._sock = sock
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending: dict[int | str, tuple[str, concurrent.futures.Future]] = {}
+        self._pending: dict[int | str, Pending] = {}
         self._pending_lock = threading.Lock()
         self._closed = False
         self._lost: str | None = None
@@ -292,14 +302,18 @@ class DaemonClient:
             except OSError as e:
                 raise DaemonConnectionLost(f"cannot send to the daemon: {e}") from None
 
-    def request_future(self, method: str, params: Any) -> concurrent.futures.Future:
+    def request_future(self, method: str, params: Any, *,
+                       on_partial: Callable[[Any], None] | None = None
+                       ) -> concurrent.futures.Future:
         """Send a request; the future resolves to its result dataclass or raises one of
-        the client's errors. `future.request_id` is the id (for `cancel_request`)."""
+        the client's errors. `future.request_id` is the id (for `cancel_request`).
+        `on_partial` is called (on the reader thread) with each partial result the daemon
+        sends for it first (see `PartitionParams.partial`)."""
         request_id = next(self._ids)
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.request_id = request_id  # type: ignore[attr-defined]
         with self._pending_lock:
-            self._pending[request_id] = (method, future)
+            self._pending[request_id] = Pending(method, future, on_partial)
         try:
             self._send(P.request(request_id, method, params))
         except DaemonError as e:
@@ -308,9 +322,10 @@ class DaemonClient:
             future.set_exception(e)
         return future
 
-    def request(self, method: str, params: Any, timeout: float | None = -1.0) -> Any:
+    def request(self, method: str, params: Any, timeout: float | None = -1.0, *,
+                on_partial: Callable[[Any], None] | None = None) -> Any:
         """Send a request and wait for its result (timeout -1: the client's default)."""
-        future = self.request_future(method, params)
+        future = self.request_future(method, params, on_partial=on_partial)
         wait = self.timeout if timeout == -1.0 else timeout
         try:
             return future.result(timeout=wait)
@@ -349,9 +364,9 @@ class DaemonClient:
             self._lost = reason
         with self._pending_lock:
             pending, self._pending = self._pending, {}
-        for method, future in pending.values():
-            if not future.done():
-                future.set_exception(DaemonConnectionLost(f"{method}: {reason}"))
+        for entry in pending.values():
+            if not entry.future.done():
+                entry.future.set_exception(DaemonConnectionLost(f"{entry.method}: {reason}"))
 
     def _dispatch(self, line: bytes) -> None:
         try:
@@ -365,7 +380,7 @@ class DaemonClient:
             entry = self._pending.pop(message.get("id"), None)
         if entry is None:
             return
-        method, future = entry
+        method, future = entry.method, entry.future
         if future.cancelled():  # the caller gave up on it (see `request_future`)
             return
         if "error" in message:
@@ -385,6 +400,13 @@ class DaemonClient:
             if method == P.PROGRESS:
                 if self.on_progress is not None:
                     self.on_progress(P.from_json(P.ProgressParams, params))
+            elif method == P.PARTIAL:
+                with self._pending_lock:
+                    entry = self._pending.get((params or {}).get("token"))
+                if entry is not None and entry.on_partial is not None and \
+                        not entry.future.done():
+                    entry.on_partial(P.from_json(P.METHODS[entry.method].result,
+                                                 params["result"]))
             elif self.on_notification is not None:
                 self.on_notification(method, params)
         except Exception:  # a callback's bug must not kill the reader thread
@@ -395,13 +417,17 @@ class DaemonClient:
     def partition(self, path: str | os.PathLike[str], text: str | None = None, *,
                   version: int | None = None, include_ir: bool = False,
                   metadata: bool = True,
+                  on_partial: Callable[[P.PartitionResult], None] | None = None,
                   timeout: float | None = -1.0) -> P.PartitionResult:
         """Apply the schedule file at `path` (or its unsaved `text`): per-tactic records,
         which tactics were reused from the cache, source ranges and diagnostics. With
         `metadata=False` the records lack `collectives` and `cost` (no lowering): the
-        fast first answer to an edit (see `PartitionParams.metadata`)."""
+        fast first answer to an edit (see `PartitionParams.metadata`). `on_partial`
+        receives that fast answer, when there is lowering left to do, before the
+        complete one is returned (see `PartitionParams.partial`)."""
         return self.request("partition", P.PartitionParams(
-            os.fspath(path), text, version, include_ir, metadata), timeout)
+            os.fspath(path), text, version, include_ir, metadata, on_partial is not None),
+            timeout, on_partial=on_partial)
 
     def ir(self, path: str | os.PathLike[str], *, level: P.IrLevel = "core",
            after: int | None = None, text: str | None = None, version: int | None = None,

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from partir.api import tactic_metadata, tactic_shardings
+from partir.api import LOWERED_FIELDS, applied_metadata, tactic_metadata
 from partir.core.module import CoreModule
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
@@ -40,6 +40,7 @@ from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
 from partir.hlo.ops import COLLECTIVES
 from partir.ir import Location
+from partir.metadata import TacticMetadata
 from partir.pipeline import Lowered, lower
 from partir.schedule_file import (
     ScheduleExecutionError,
@@ -90,8 +91,8 @@ class StateEntry:
     trace_key: str
     module: CoreModule  # the state after this tactic; never rewritten again
     record: TacticRecord | None  # None for the traced program (state 0)
-    metadata: dict[str, Any] | None = None  # TacticMetadata as plain data, made once
-    summary: dict[str, Any] | None = None  # the metadata short of lowering (_applied_only)
+    metadata: TacticMetadata | None = None  # complete: lowered and simulated, made once
+    applied: TacticMetadata | None = None  # short of lowering, made once
     attribution: Counter | None = None  # collective signature -> count, for explain
     core_ir: str | None = None  # printed on request
     _initial: CoreProgram | None = None
@@ -131,8 +132,6 @@ class Engine:
         self.invalidations = 0
         self.cancelled = 0
         self.lowerings = 0
-        self.lowerings_ahead = 0
-        self._ahead: list[StateEntry] = []  # see lower_ahead
         self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
         self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
 
@@ -161,19 +160,34 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------
     def partition(self, params: P.PartitionParams, progress: Progress,
-                  is_cancelled: IsCancelled) -> P.PartitionResult:
+                  is_cancelled: IsCancelled,
+                  partial: Callable[[P.PartitionResult], None] | None = None
+                  ) -> P.PartitionResult:
+        """Apply the schedule; with `params.metadata`, lower and simulate each applied
+        state not lowered before, after handing the result short of that to `partial`
+        (when the request asks for it and there is lowering to do)."""
         start = time.perf_counter()
-        applied = self.apply(params.path, params.text, progress, is_cancelled,
-                             with_metadata=params.metadata)
-        self._ahead = [] if params.metadata else [
-            st for st in applied.states if st.metadata is None]
+        applied = self.apply(params.path, params.text, progress, is_cancelled)
+        unlowered = [st for st in applied.states if st.metadata is None]
+        if params.metadata and unlowered:
+            if params.partial and partial is not None:
+                applied.timings.total_s = time.perf_counter() - start
+                partial(self._partition_result(params, applied))
+            t0 = time.perf_counter()
+            for i, st in enumerate(applied.states, 1):
+                if st.metadata is None:
+                    if is_cancelled():
+                        raise Cancelled
+                    progress(f"collectives after tactic {i}/{len(applied.states)}", i,
+                             len(applied.states))
+                    self._lower(st)
+            applied.timings.metadata_s = time.perf_counter() - t0
         applied.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, applied)
 
     def ir(self, params: P.IrParams, progress: Progress, is_cancelled: IsCancelled
            ) -> P.IrResult:
-        applied = self.apply(params.path, params.text, progress, is_cancelled,
-                             with_metadata=False)
+        applied = self.apply(params.path, params.text, progress, is_cancelled)
         n = len(applied.states)
         after = n if params.after is None else params.after
         if applied.initial is None or not 0 <= after <= n:
@@ -196,8 +210,7 @@ class Engine:
                 is_cancelled: IsCancelled) -> P.ExplainResult:
         if params.name is None and params.file is None:
             raise ValueError("explain needs a `name`, or a `file` (and `line`)")
-        applied = self.apply(params.path, params.text, progress, is_cancelled,
-                             with_metadata=False)
+        applied = self.apply(params.path, params.text, progress, is_cancelled)
         result = P.ExplainResult(params.path, params.version, [], [], applied.diagnostics)
         if applied.trace is None or not applied.states:
             return result
@@ -246,28 +259,15 @@ class Engine:
                 "evictions": self.traces.counters.evictions + self.states.counters.evictions,
                 "held_ops": self.traces.cost + self.states.cost,
                 "max_ops": self.states.max_cost, "max_entries": self.states.max_entries,
-                "cancelled_requests": self.cancelled, "lowered": self.lowerings,
-                "lowered_ahead": self.lowerings_ahead}
+                "cancelled_requests": self.cancelled, "lowered": self.lowerings}
 
     def _lower(self, state: StateEntry) -> None:
         # the lowered program stays cached for `ir` and `explain`, which need it next
         with paused_gc():
-            state.metadata = dataclasses.asdict(tactic_metadata(
-                state.record, core_ir=False, lowered=self._lowered(state),
-                shardings=state.summary["shardings"] if state.summary else None))
+            state.metadata = tactic_metadata(state.record, core_ir=False,
+                                             lowered=self._lowered(state),
+                                             applied=state.applied)
         self.lowerings += 1
-
-    def lower_ahead(self) -> bool:
-        """Between requests: lower one state that the last `metadata=False` partition
-        left without collectives and cost, as the editor asks for them next. False when
-        none is left."""
-        while self._ahead:
-            state = self._ahead.pop(0)
-            if state.metadata is None and state.record is not None:
-                self._lower(state)
-                self.lowerings_ahead += 1
-                return True
-        return False
 
     def _drop_trace(self, key: str) -> None:
         self.traces.pop(key)
@@ -285,7 +285,7 @@ class Engine:
 
     # -- the incremental pipeline --------------------------------------------------------
     def apply(self, path: str, text: str | None, progress: Progress,
-              is_cancelled: IsCancelled, *, with_metadata: bool) -> Applied:
+              is_cancelled: IsCancelled) -> Applied:
         path = os.path.abspath(os.path.join(self.workspace, path))
         timings = P.Timings()
         start = time.perf_counter()
@@ -351,16 +351,6 @@ class Engine:
             applied.states.append(found)
             state = found
         timings.tactics_s = time.perf_counter() - t0
-        if with_metadata:
-            t0 = time.perf_counter()
-            for i, st in enumerate(applied.states, 1):
-                if st.metadata is None:
-                    if is_cancelled():
-                        raise Cancelled
-                    progress(f"collectives after tactic {i}/{len(applied.states)}", i,
-                             len(applied.states))
-                    self._lower(st)
-            timings.metadata_s = time.perf_counter() - t0
         return applied
 
     def _check_previous_trace(self, path: str, trace_key: str) -> None:
@@ -401,7 +391,8 @@ class Engine:
                           applied: Applied) -> P.PartitionResult:
         sf = applied.schedule_file
         result = P.PartitionResult(params.path, params.version, not applied.diagnostics,
-                                   applied.diagnostics, timings=applied.timings)
+                                   applied.diagnostics,
+                                   timings=dataclasses.replace(applied.timings))
         if sf is None:
             return result
         result.mesh = dict(sf.mesh)
@@ -417,10 +408,9 @@ class Engine:
                                        sorted(t.files), applied.invalidated_by)
         for i, (st, reused) in enumerate(zip(applied.states, applied.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            if st.metadata is None and st.summary is None:
-                with paused_gc():
-                    st.summary = _applied_only(st.record)
-            metadata = dict(st.metadata if st.metadata is not None else st.summary)
+            if st.metadata is None and st.applied is None:
+                st.applied = applied_metadata(st.record)
+            metadata = _plain(st.metadata or st.applied, lowered=st.metadata is not None)
             if params.include_ir:
                 if st.core_ir is None:
                     st.core_ir = print_core(st.program)
@@ -434,12 +424,15 @@ class Engine:
         return result
 
 
-def _applied_only(record: TacticRecord) -> dict[str, Any]:
-    """A tactic's metadata without what lowering and simulation add (collectives, cost)."""
-    return {"name": record.name, "axis": record.axis, "actions": record.actions,
-            "shardings": tactic_shardings(record.program),
-            "conflicts": [c.to_json() for c in record.conflicts], "notes": record.notes,
-            "core_ir": "", "elapsed_s": record.elapsed_s}
+def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:
+    """The metadata as the dict a `TacticResult` carries, without the fields lowering
+    fills when it has not run. Shallow: its values are the cached state's, and are only
+    encoded, never changed."""
+    out = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)
+           if lowered or f.name not in LOWERED_FIELDS}
+    if out.get("cost") is not None:
+        out["cost"] = metadata.cost.to_json()
+    return out
 
 
 def _range(span: SourceRange | None) -> P.Range | None:

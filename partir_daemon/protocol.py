@@ -17,6 +17,8 @@ cancelled requests and internal failures.
 Notifications from the daemon:
     `$/progress`           ProgressParams: partition phases, tactics, job steps
     `partir/invalidated`   InvalidatedParams: a watched model file changed on disk
+    `partir/partial`       PartialResultParams: a partition's tactics applied, before
+                           their lowering (requests with `partial`)
 Notifications to the daemon:
     `$/cancelRequest`      CancelRequestParams: cancel an in-flight request of this client
 """
@@ -50,6 +52,7 @@ REQUEST_CANCELLED = -32800  # as in LSP: superseded by a newer revision, or $/ca
 
 PROGRESS = "$/progress"
 INVALIDATED = "partir/invalidated"
+PARTIAL = "partir/partial"
 CANCEL_REQUEST = "$/cancelRequest"
 
 IrLevel = Literal["core", "spmd", "hlo"]
@@ -166,6 +169,10 @@ class PartitionParams(DocumentParams):
     # shows first); asking again with it then costs only the lowering, as the states are
     # cached. Tactics already lowered keep their collectives and cost either way.
     metadata: bool = True
+    # With `metadata`: once the tactics are applied, and before any lowering, send that
+    # result (as `metadata=False` would return it) in a `partir/partial` notification, so
+    # that one request serves both an editor's first answer and its complete one.
+    partial: bool = False
 
 
 @dataclass
@@ -358,7 +365,6 @@ class CacheStats:
     worker_restarts: int
     cancelled_requests: int
     lowered: int = 0  # tactic programs lowered and simulated for their metadata
-    lowered_ahead: int = 0  # of which between requests, after a `metadata=False` partition
 
 
 @dataclass
@@ -408,6 +414,14 @@ class ProgressParams:
 class InvalidatedParams:
     paths: list[str]
     traces: int  # how many cached traces were dropped
+
+
+@dataclass
+class PartialResultParams:
+    """`token` is the id of the partition request this partial result belongs to."""
+
+    token: str | int
+    result: PartitionResult
 
 
 @dataclass
@@ -469,7 +483,8 @@ class DaemonConfig:
 
 
 def to_json(value: Any) -> Any:
-    """A dataclass (or list/dict of them) as plain JSON data."""
+    """A dataclass (or list/dict of them) as plain JSON data. (`encode` does not need
+    it: it converts dataclasses as the JSON encoder meets them.)"""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
@@ -555,8 +570,17 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a line longer than this is refused
 
 def encode(message: dict[str, Any]) -> bytes:
     """One message as a line of the stream (also of the daemon's own line protocol with
-    its compiler process and job runners)."""
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    its compiler process and job runners). Dataclasses in it are encoded as objects of
+    their fields, by the encoder as it meets them: a walk in Python over a large result
+    (the shardings of every input after every tactic) first would cost more than the
+    encoding itself."""
+    return json.dumps(message, separators=(",", ":"), default=_fields).encode() + b"\n"
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def child_stream() -> BinaryIO:
@@ -604,22 +628,22 @@ def valid_id(value: Any) -> bool:
 
 
 def request(id: int | str, method: str, params: Any) -> dict[str, Any]:
-    return {"jsonrpc": JSONRPC, "id": id, "method": method, "params": to_json(params)}
+    return {"jsonrpc": JSONRPC, "id": id, "method": method, "params": params}
 
 
 def notification(method: str, params: Any) -> dict[str, Any]:
-    return {"jsonrpc": JSONRPC, "method": method, "params": to_json(params)}
+    return {"jsonrpc": JSONRPC, "method": method, "params": params}
 
 
 def response(id: int | str | None, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": JSONRPC, "id": id, "result": to_json(result)}
+    return {"jsonrpc": JSONRPC, "id": id, "result": result}
 
 
 def error_response(id: int | str | None, code: int, message: str,
                    data: Any = None) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
-        error["data"] = to_json(data)
+        error["data"] = data
     return {"jsonrpc": JSONRPC, "id": id, "error": error}
 
 

@@ -130,6 +130,11 @@ class WorkItem:
                 self.request_id, "partition", message, step, total, self.params.get("path"),
                 self.version)))
 
+    def partial(self, result: dict[str, Any]) -> None:
+        if self.conn is not None and self.request_id is not None:
+            self.conn.send(P.notification(P.PARTIAL, P.PartialResultParams(
+                self.request_id, result)))  # type: ignore[arg-type]  # as the worker sent it
+
 
 class WorkerSupervisor:
     def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
@@ -245,6 +250,8 @@ class WorkerSupervisor:
                 if p["message"] == "loaded":
                     item.loaded = True
                 item.progress(p["message"], p.get("step"), p.get("total"))
+            elif "partial" in message:
+                item.partial(message["partial"])
             else:
                 future = self._responses.get(item.worker_id)
                 if future is not None and not future.done():

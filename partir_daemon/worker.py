@@ -9,6 +9,7 @@ It speaks line-delimited JSON with the daemon on its stdin/stdout:
                        {"cancel": n}                   cancel request n between tactics
     worker -> daemon   {"ready": pid}                  once, when it can take requests
                        {"id": n, "progress": {"message", "step", "total"}}
+                       {"id": n, "partial": {...}}     a partition's partial result
                        {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
 
 The user's code runs here and may print: file descriptor 1 is pointed at stderr (the
@@ -67,17 +68,8 @@ def main(argv: list[str] | None = None) -> None:
 
     threading.Thread(target=read, name="worker-stdin", daemon=True).start()
     send({"ready": os.getpid()})
-    params_types = {"partition": P.PartitionParams, "ir": P.IrParams,
-                    "explain": P.ExplainParams}
+    params_types = {"ir": P.IrParams, "explain": P.ExplainParams}
     while True:
-        while requests.empty():
-            try:
-                if not engine.lower_ahead():
-                    break
-            except Exception as e:
-                logging.error("lowering ahead failed:\n%s",
-                              "".join(traceback.format_exception(e)))
-                break
         message = requests.get()
         request_id = message.get("id")
         method = message.get("method")
@@ -93,7 +85,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             if request_id in cancelled:
                 raise Cancelled
-            if method in params_types:
+            if method == "partition":
+                params = P.from_json(P.PartitionParams, message.get("params"))
+                result = engine.partition(
+                    params, progress, is_cancelled,
+                    lambda partial, request_id=request_id: send(
+                        {"id": request_id, "partial": partial}))
+            elif method in params_types:
                 params = P.from_json(params_types[method], message.get("params"))
                 result = getattr(engine, method)(params, progress, is_cancelled)
             elif method == "invalidate":
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 result = engine.stats()
             else:
                 raise ValueError(f"unknown worker method {method!r}")
-            send({"id": request_id, "result": P.to_json(result)})
+            send({"id": request_id, "result": result})
         except Cancelled:
             engine.cancelled += 1
             send({"id": request_id, "error": {"code": P.REQUEST_CANCELLED,

@@ -83,16 +83,36 @@ def test_applying_without_metadata_answers_first_and_metadata_follows(shared):
     assert z3["shardings"]["w2"] == [["model"], ["batch"]]
     assert z3["actions"] == ['tile<%w2,1,"batch">', "propagate"]
     assert "collectives" not in z3 and "cost" not in z3
-    # Idle, the compiler lowers the new state ahead of the request for its metadata.
-    assert wait_until(lambda: client.cache_stats().lowered_ahead >= 1, timeout=30)
     lowered = client.cache_stats().lowered
     full = client.partition(SCHEDULE, edited, version=11)
-    assert client.cache_stats().lowered == lowered
-    # the tactics come from the cache: only the metadata is computed
+    # the tactics come from the cache: only the new state is lowered
+    assert client.cache_stats().lowered == lowered + 1
     assert full.reused == [1, 2, 3] and full.reapplied == []
     assert full.tactics[2].metadata["shardings"] == z3["shardings"]
     assert full.tactics[2].metadata["collectives"]["all_gather"] == 1
     assert full.tactics[2].metadata["cost"]["flops"] > 0
+
+
+def test_one_request_sends_the_applied_tactics_before_their_lowering(shared):
+    client = shared.connect()
+    text = (shared.workspace / SCHEDULE).read_text()
+    edited = text.replace('{"w1": 0, "w2": 1}', '{"w1": 0}')
+    edited = edited.replace('name="Z3"', 'name="Z3-partial"')
+    partials: list[P.PartitionResult] = []
+    full = client.partition(SCHEDULE, edited, version=21, on_partial=partials.append)
+    assert len(partials) == 1
+    (partial,) = partials
+    assert partial.version == 21 and partial.reapplied == full.reapplied
+    assert [t.name for t in partial.tactics] == ["BP", "MP", "Z3-partial"]
+    first = partial.tactics[2].metadata
+    assert "collectives" not in first and "cost" not in first
+    assert first["shardings"] == full.tactics[2].metadata["shardings"]
+    assert full.tactics[2].metadata["collectives"]["all_gather"] >= 1
+    assert full.timings.metadata_s > 0 and partial.timings.metadata_s == 0
+    # Nothing left to lower: the complete answer is the only one.
+    again = client.partition(SCHEDULE, edited, version=22, on_partial=partials.append)
+    assert len(partials) == 1 and again.reused == [1, 2, 3]
+    assert again.tactics[2].metadata["collectives"] == full.tactics[2].metadata["collectives"]
 
 
 def test_model_file_edit_invalidates_the_trace(shared):
