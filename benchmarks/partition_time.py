@@ -130,7 +130,7 @@ def partition_and_lower(inputs: tuple, mesh: dict,
         spmd = lower_core_to_spmd(core, program.mesh)
         times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        hlo = lower_spmd_to_hlo(spmd)
+        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
         times.append(time.perf_counter() - start)
         start = time.perf_counter()
         hlo = locate_by_users(optimize(hlo))

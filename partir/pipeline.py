@@ -34,4 +34,5 @@ def lower(program: CoreProgram) -> Lowered:
     with paused_gc():
         core = materialize(program)
         spmd = lower_core_to_spmd(core, program.mesh)
-        return Lowered(core, spmd, locate_by_users(optimize(lower_spmd_to_hlo(spmd))))
+        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
+        return Lowered(core, spmd, locate_by_users(optimize(hlo)))

@@ -21,9 +21,11 @@ class CacheCounters:
 
 
 class LruCache(Generic[K, V]):
-    def __init__(self, max_entries: int, max_cost: int) -> None:
+    def __init__(self, max_entries: int, max_cost: int,
+                 on_evict: Callable[[V], None] | None = None) -> None:
         self.max_entries = max_entries
         self.max_cost = max_cost
+        self.on_evict = on_evict  # receives each entry the bound evicts
         self.cost = 0
         self.counters = CacheCounters()
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
@@ -80,5 +82,7 @@ class LruCache(Generic[K, V]):
             key = next(iter(self._entries))
             if key == keep:
                 break
-            self.pop(key)
+            value = self.pop(key)
             self.counters.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(value)

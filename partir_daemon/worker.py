@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     send({"ready": os.getpid()})
     params_types = {"ir": P.IrParams, "explain": P.ExplainParams}
     while True:
+        if requests.empty():
+            engine.release()
         message = requests.get()
         request_id = message.get("id")
         method = message.get("method")

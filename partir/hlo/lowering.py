@@ -68,24 +68,32 @@ def redistribution(src: DTensorType, dst: DTensorType) -> tuple[AxesPerDim, Axes
     return tuple(gather), tuple(slice_)
 
 
-def lower_spmd_to_hlo(fn: Function) -> Function:
-    """The device-local PartIR:HLO program of an SPMD function."""
+def lower_spmd_to_hlo(fn: Function, *, defer_gathers: bool = False) -> Function:
+    """The device-local PartIR:HLO program of an SPMD function, as the paper lowers it.
+
+    With `defer_gathers`, each all_gather is emitted at its first use, and not at all when
+    every use slices it back on the same axes (all_slice . all_gather = id): a loop's
+    tiled result that the next loop slices alike, the common case, which `optimize` would
+    cancel anyway. The program is the same after `optimize`, and built faster."""
     mesh = fn.attributes.get("mesh")
     if not isinstance(mesh, Mapping):
         raise HloLoweringError(f"@{fn.name} needs its mesh in attributes['mesh'], got {mesh!r}")
-    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh)).run()
+    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh), defer_gathers).run()
 
 
 class _Lowering:
-    def __init__(self, fn: Function, mesh: Mesh) -> None:
+    def __init__(self, fn: Function, mesh: Mesh, defer_gathers: bool) -> None:
         self.fn = fn
         self.mesh = mesh
+        self.defer_gathers = defer_gathers
         self.out: list[Op] = []
         self.env: dict[Value, Value] = {}  # SPMD value -> its device-local HLO value
         self.origin: dict[Value, Location] = {}  # HLO value -> where its op was written
         self.sizes = dict(mesh.items())  # for the collectives' types: cheaper than the Mesh
         # L(mu) per SPMD type: values share few types, and `clone` asks per result.
         self.local_types: dict[Type, Type] = {}
+        # With defer_gathers, the gathers not emitted yet, by result.
+        self.pending: dict[Value, Op] = {}
 
     def run(self) -> Function:
         args = []
@@ -115,6 +123,8 @@ class _Lowering:
             replicated = DTensorType((), tuple(((), n) for n in t.sizes), t.dtype)
             results.append(self.redistribute(self.env[v], t, replicated, v.name,
                                              UNKNOWN_LOCATION))
+        for r in results:
+            self.need(r)
         attributes = {**self.fn.attributes, "mesh": self.mesh,
                       "in_shardings": tuple(((),) * a.type.rank for a in args),
                       "out_shardings": tuple(((),) * r.type.rank for r in results)}
@@ -126,6 +136,9 @@ class _Lowering:
         results to the clone's."""
         local_types = self.local_types
         operands = [sub[v] for v in op.operands]
+        if self.pending:
+            for v in operands:
+                self.need(v)
         results = []
         for r in op.results:
             t = local_types.get(r.type)
@@ -170,6 +183,11 @@ class _Lowering:
                 x, r = body_op.operands
                 axes_per_dim = [()] * x.type.rank
                 axes_per_dim[body_op.params["dim"]] = (r.type.axis,)
+                gather = self.pending.get(sub[x])
+                if gather is not None and gather.params["axes"] == tuple(axes_per_dim):
+                    sub[body_op.results[0]] = gather.operands[0]
+                    continue
+                self.need(sub[x])
                 sliced = make_all_slice(sub[x], axes_per_dim, self.sizes, body_op.results[0].name,
                                         body_op.loc)
                 self.out.append(sliced)
@@ -189,6 +207,7 @@ class _Lowering:
         action = op.params["action"]
         if isinstance(action, Sum):
             local = self.env[x]
+            self.need(local)
             reduced = make_all_reduce(local, (op.params["axis"],), action.monoid, r.name,
                                       self.origin.get(local, op.loc))
             self.out.append(reduced)
@@ -205,13 +224,24 @@ class _Lowering:
             loc = self.origin.get(x, loc)
         if any(gather):
             op = make_all_gather(x, gather, self.sizes, name, loc)
-            self.out.append(op)
             x = op.results[0]
+            if self.defer_gathers:
+                self.pending[x] = op
+            else:
+                self.out.append(op)
         if any(slice_):
+            self.need(x)
             op = make_all_slice(x, slice_, self.sizes, name, loc)
             self.out.append(op)
             x = op.results[0]
         return x
+
+    def need(self, v: Value) -> None:
+        """Emit the pending gather computing v, if any (and those it reads first)."""
+        op = self.pending.pop(v, None)
+        if op is not None:
+            self.need(op.operands[0])
+            self.out.append(op)
 
 
 

@@ -49,11 +49,14 @@ SizesFn = Callable[[object], tuple[int, int]]
 
 
 def size_table() -> SizesFn:
-    """A memoized (elements, bytes) of a type: programs repeat a few types many times."""
-    cache: dict[object, tuple[int, int]] = {}
+    """A memoized (elements, bytes) of a type: programs repeat a few types many times.
+    Keyed by identity, which is cheaper than hashing the type, and safe as the table
+    keeps every type it has seen alive (their ids are not reused)."""
+    cache: dict[int, tuple[int, int]] = {}
+    seen: list[object] = []
 
     def sizes(t: object) -> tuple[int, int]:
-        found = cache.get(t)
+        found = cache.get(id(t))
         if found is None:
             if isinstance(t, TensorType):
                 n = 1
@@ -62,7 +65,8 @@ def size_table() -> SizesFn:
                 found = (n, n * np.dtype(t.dtype).itemsize)
             else:  # a range (axis_index): one int32 coordinate
                 found = (1, 4)
-            cache[t] = found
+            cache[id(t)] = found
+            seen.append(t)
         return found
 
     return sizes
