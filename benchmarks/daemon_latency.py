@@ -34,35 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from t32_edits import Z3, add_arguments, edited_tactic, schedule_text  # noqa: E402
+
 from partir_daemon import protocol as P  # noqa: E402
 from partir_daemon.client import DaemonClient  # noqa: E402
-
-SCHEDULE = '''\
-import dataclasses
-
-import model
-from schedules import BP, MP, Z3
-
-import partir
-
-config = dataclasses.replace(model.T32, layers={layers})
-program = partir.Program(model.train_step, *model.abstract_inputs(config))
-mesh = {{"batch": {batch}, "model": {model_axis}}}
-schedule = [
-    BP,
-    MP,
-    {last},
-]
-'''
-Z3_TEXT = "Z3"
-# Edited last tactics: ZeRO-2 and ZeRO-3 variants under new names, so that each edit is a
-# tactic the daemon has not applied yet.
-EDITS = [
-    'partir.ManualPartition({{"params": partir.REPLICATED, '
-    '"opt_state": partir.FIRST_DIVISIBLE_DIM}}, axis="batch", name="Z2-edit{k}")',
-    'partir.ManualPartition({{"params": partir.FIRST_DIVISIBLE_DIM, '
-    '"opt_state": partir.FIRST_DIVISIBLE_DIM}}, axis="batch", name="Z3-edit{k}")',
-]
 
 
 def timed(client: DaemonClient, path: str, text: str, version: int
@@ -93,9 +68,7 @@ def describe(result: P.PartitionResult) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--batch-axis", type=int, default=16)
-    parser.add_argument("--model-axis", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=32)
+    add_arguments(parser)
     args = parser.parse_args()
 
     workspace = Path(tempfile.mkdtemp(prefix="partir-bench-"))
@@ -106,11 +79,7 @@ def main() -> None:
     shutil.copytree(ROOT / "examples" / "mlp", workspace / "mlp")
     path = str(workspace / "t32.partir.py")
 
-    def text(last: str) -> str:
-        return SCHEDULE.format(layers=args.layers, batch=args.batch_axis,
-                               model_axis=args.model_axis, last=last)
-
-    Path(path).write_text(text(Z3_TEXT))
+    Path(path).write_text(schedule_text(args, Z3))
     config = P.DaemonConfig(idle_timeout_s=600, compile_timeout_s=3600,
                             load_timeout_s=300)
     client = DaemonClient.connect(workspace, config=config, runtime_dir=runtime,
@@ -131,16 +100,15 @@ def main() -> None:
                                               runtime_dir=runtime, timeout=3600)
                 client.partition("mlp/bp_mp_z3.partir.py")
             version += 1
-            t, res, _ = timed(client, path, text(Z3_TEXT), version)
+            t, res, _ = timed(client, path, schedule_text(args, Z3), version)
             cold.append(t)
             details["cold"] = res
             version += 1
-            t, res, _ = timed(client, path, text(Z3_TEXT), version)
+            t, res, _ = timed(client, path, schedule_text(args, Z3), version)
             warm.append(t)
             details["warm"] = res
             version += 1
-            last = EDITS[r % len(EDITS)].format(k=r)
-            t, res, partial = timed(client, path, text(last), version)
+            t, res, partial = timed(client, path, schedule_text(args, edited_tactic(r)), version)
             if partial is None:
                 raise SystemExit("no partial result for the edit of the last tactic")
             edit.append(partial[0])

@@ -35,37 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lsprotocol import types as T  # noqa: E402
+from t32_edits import Z3, add_arguments, edited_tactic, schedule_text  # noqa: E402
 
 from tests.lsp.support import Session, Workspace, start_session, stop_session  # noqa: E402
 
-SCHEDULE = '''\
-import dataclasses
-
-import model
-from schedules import megatron
-
-import partir
-from partir import FIRST_DIVISIBLE_DIM, REPLICATED
-
-config = dataclasses.replace(model.T32, layers={layers})
-program = partir.Program(model.train_step, *model.abstract_inputs(config))
-mesh = {{"batch": {batch}, "model": {model_axis}}}
-schedule = [
-    partir.ManualPartition({{"batch": 0}}, axis="batch", name="BP"),
-    partir.ManualPartition({{"params": megatron, "opt_state": megatron}}, axis="model",
-                           name="MP"),
-    {last},
-]
-'''
-Z3 = ('partir.ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": '
-      'FIRST_DIVISIBLE_DIM}, axis="batch", name="Z3")')
-# Edited last tactics: ZeRO-2 and ZeRO-3 under new names, so that each is new to the daemon.
-EDITS = [
-    'partir.ManualPartition({{"params": REPLICATED, "opt_state": FIRST_DIVISIBLE_DIM}}, '
-    'axis="batch", name="Z2-edit{k}")',
-    'partir.ManualPartition({{"params": FIRST_DIVISIBLE_DIM, "opt_state": '
-    'FIRST_DIVISIBLE_DIM}}, axis="batch", name="Z3-edit{k}")',
-]
 COUNTS = re.compile(r"^\+AG \d+ \+AR \d+ \+RS \d+ \+A2A \d+")
 
 
@@ -100,12 +73,8 @@ async def run(args: argparse.Namespace) -> None:
     workspace = Workspace.create()
     path = workspace.path("transformer/t32.partir.py")
 
-    def text(last: str) -> str:
-        return SCHEDULE.format(layers=args.layers, batch=args.batch_axis,
-                               model_axis=args.model_axis, last=last)
-
-    path.write_text(text(Z3))
-    last_line = text(Z3).splitlines().index(f"    {Z3},")
+    path.write_text(schedule_text(args, Z3))
+    last_line = schedule_text(args, Z3).splitlines().index(f"    {Z3},")
     options = {"collectiveMarkersInModel": False, "debounceMs": args.debounce_ms}
     session = await start_session(workspace, options)
     session.client.set_configuration(options, section="partir")
@@ -121,12 +90,13 @@ async def run(args: argparse.Namespace) -> None:
         diag_times, lens_times, titles = [], [], []
         for k in range(args.repeat):
             t_diag, t_lens, title = await edit(session, uri,
-                                               text(EDITS[k % len(EDITS)].format(k=k)),
+                                               schedule_text(args, edited_tactic(k)),
                                                last_line, timeout=600)
             diag_times.append(t_diag)
             lens_times.append(t_lens)
             titles.append(title)
-        cached_diag, cached_lens, _ = await edit(session, uri, text(Z3), last_line, 600)
+        cached_diag, cached_lens, _ = await edit(session, uri, schedule_text(args, Z3),
+                                                 last_line, 600)
     finally:
         await stop_session(session)
         workspace.teardown()
@@ -151,9 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--debounce-ms", type=int, default=300)
-    parser.add_argument("--batch-axis", type=int, default=16)
-    parser.add_argument("--model-axis", type=int, default=2)
-    parser.add_argument("--layers", type=int, default=32)
+    add_arguments(parser)
     asyncio.run(run(parser.parse_args()))
 
 
