@@ -62,6 +62,20 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool
     return predicate()
 
 
+def remove_workspace(workspace: Path, runtime: Path) -> None:
+    """After its daemon was asked to stop: wait for the processes of the workspace to
+    exit, kill whatever is left (a test killed something half-way) and fail, and remove
+    the workspace and its runtime directory."""
+    wait_until(lambda: not processes_mentioning(str(workspace)), timeout=15)
+    leftovers = processes_mentioning(str(workspace))
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(workspace, ignore_errors=True)
+    shutil.rmtree(runtime, ignore_errors=True)
+    assert not leftovers, f"processes left running: {leftovers}"
+
+
 @dataclass
 class Env:
     """A workspace with its runtime directory, and the clients opened on it."""
@@ -98,15 +112,7 @@ class Env:
                 self.workspace, runtime_dir=self.runtime, autostart=False,
                 timeout=20) as client:
             client.shutdown()
-        wait_until(lambda: not processes_mentioning(str(self.workspace)), timeout=15)
-        # Whatever is left (a test killed something half-way): kill it, and fail.
-        leftovers = processes_mentioning(str(self.workspace))
-        for p in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
-        shutil.rmtree(self.workspace, ignore_errors=True)
-        shutil.rmtree(self.runtime, ignore_errors=True)
-        assert not leftovers, f"processes left running: {leftovers}"
+        remove_workspace(self.workspace, self.runtime)
 
 
 def make_env() -> Env:

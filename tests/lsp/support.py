@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pytest_lsp import LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
 
 from partir_daemon.client import stop_daemon
-from tests.daemon.support import BP_MP_Z3, processes_mentioning
+from tests.daemon.support import BP_MP_Z3, remove_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,16 +116,7 @@ class Workspace:
     def teardown(self) -> None:
         with contextlib.suppress(Exception):
             stop_daemon(self.root, runtime_dir=self.runtime, timeout=20)
-        deadline = time.monotonic() + 15
-        while processes_mentioning(str(self.root)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        leftovers = processes_mentioning(str(self.root))
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(self.runtime, ignore_errors=True)
-        assert not leftovers, f"processes left running: {leftovers}"
+        remove_workspace(self.root, self.runtime)
 
 
 @dataclass
