@@ -1,6 +1,6 @@
 """Language server latency on the 32-layer transformer step (paper's T32) with BP+MP+Z3.
 
-Through the real server (`python -m lsp` over stdio, pytest-lsp's client, as an editor
+Through the real server (`python -m partir_lsp` over stdio, pytest-lsp's client, as an editor
 drives it) and the daemon it starts, on a private copy of examples/transformer with a T32
 schedule file whose tactics are written out:
 
@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace) -> None:
 
     print(f"T32 train step ({args.layers} layers), BP+MP+Z3 on mesh {{batch: "
           f"{args.batch_axis}, model: {args.model_axis}}}, debounce {args.debounce_ms} ms; "
-          f"through python -m lsp and its daemon")
+          f"through python -m partir_lsp and its daemon")
     print(f"  open (daemon start, trace, 3 tactics): diagnostics {opened:7.3f}s, lenses "
           f"{opened_lenses:7.3f}s   lens: {first}")
     for k, (d, lens, title) in enumerate(zip(diag_times, lens_times, titles, strict=True)):

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "daemon":
         return _daemon(args)
     if args.command == "lsp":
-        from lsp.server import main as lsp_main
+        from partir_lsp.server import main as lsp_main
 
         return lsp_main()
     try:

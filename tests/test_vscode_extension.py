@@ -1,6 +1,6 @@
 """The VS Code extension (vscode-extension/): installs from package-lock.json, type-checks,
 bundles, passes its unit tests and packages as a .vsix; and its protocol-level test drives
-the real language server (`python -m lsp`, this interpreter) over stdio.
+the real language server (`python -m partir_lsp`, this interpreter) over stdio.
 
 Needs Node.js and npm; skipped with a message when npm is not on PATH."""
 
@@ -80,8 +80,8 @@ def test_extension_typechecks_builds_tests_and_packages(installed: None) -> None
 
 
 def test_protocol_against_the_python_language_server(installed: None) -> None:
-    if not (ROOT / "lsp" / "__main__.py").is_file():
-        pytest.skip("lsp/ (the language server started as `python -m lsp`) is not in this "
+    if not (ROOT / "lsp" / "partir_lsp" / "__main__.py").is_file():
+        pytest.skip("lsp/ (the language server started as `python -m partir_lsp`) is not in this "
                     "checkout: nothing to drive over stdio")
     # The server starts a daemon for the repository: in a runtime directory of the test's
     # own, stopped afterwards, so that none outlives the test or meets the user's.

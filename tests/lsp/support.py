@@ -1,5 +1,5 @@
 """Helpers of the language server tests: a workspace with copies of the examples and a
-private daemon runtime directory, the real server (`python -m lsp`) started over stdio
+private daemon runtime directory, the real server (`python -m partir_lsp`) started over stdio
 with pytest-lsp's client, and waits on what it publishes."""
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ async def start_session(workspace: Workspace, options: dict[str, Any] | None = N
     session_box.append(session)
     client.set_configuration({"collectiveMarkersInModel": False, "debounceMs": 50},
                              section="partir")
-    await client.start_io(sys.executable, "-m", "lsp", env=env or workspace.env(),
+    await client.start_io(sys.executable, "-m", "partir_lsp", env=env or workspace.env(),
                           cwd=str(workspace.root))
     await client.initialize_session(T.InitializeParams(
         capabilities=CAPABILITIES, root_uri=workspace.root.as_uri(),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from lsprotocol import types as T
 
-from lsp import render
-from lsp.positions import Lines, contains, to_range
-from lsp.settings import Settings
+from partir_lsp import render
+from partir_lsp.positions import Lines, contains, to_range
+from partir_lsp.settings import Settings
 from partir_daemon import protocol as P
 
 

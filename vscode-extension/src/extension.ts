@@ -1,4 +1,4 @@
-// The PartIR extension: starts the language server (`python -m lsp` over stdio) for schedule
+// The PartIR extension: starts the language server (`python -m partir_lsp` over stdio) for schedule
 // files and contributes the restart / show IR / run job commands. See PROTOCOL.md.
 
 import * as vscode from "vscode";

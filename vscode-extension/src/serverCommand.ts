@@ -1,7 +1,7 @@
 // How the language server is started, from the extension's settings. No `vscode` import.
 
 export const DEFAULT_PYTHON = "python3";
-export const SERVER_MODULE_ARGS: readonly string[] = ["-m", "lsp"];
+export const SERVER_MODULE_ARGS: readonly string[] = ["-m", "partir_lsp"];
 
 export interface ServerSettings {
   /** `partir.pythonPath`: an interpreter; empty means "not set". */
@@ -55,7 +55,7 @@ export function expandVariables(value: string, ctx: ResolveContext): string {
   return out;
 }
 
-/** Resolution order: `partir.serverCommand`, then `<python> -m lsp` with `partir.pythonPath`,
+/** Resolution order: `partir.serverCommand`, then `<python> -m partir_lsp` with `partir.pythonPath`,
  * the Python extension's interpreter, or `python3`. */
 export function resolveServerCommand(settings: ServerSettings, ctx: ResolveContext): ServerCommand {
   const { serverCommand, pythonPath } = settings;

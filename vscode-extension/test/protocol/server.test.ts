@@ -1,4 +1,4 @@
-// Drives the real Python language server (`python -m lsp`, interpreter from $PARTIR_PYTHON,
+// Drives the real Python language server (`python -m partir_lsp`, interpreter from $PARTIR_PYTHON,
 // default python3, cwd the repository root) over stdio, as VS Code does, on the MLP schedule
 // file. Expected values (tactic lines, collective counts, IR text) come from the `partir`
 // CLI run on the same file. See PROTOCOL.md for what the server is held to.
@@ -80,7 +80,7 @@ describe("the PartIR language server over stdio", () => {
     assert.notEqual(BROKEN, VALID, "the schedule file's mesh line changed: update this test");
     tactics = (JSON.parse(cli(["partition", SCHEDULE, "--json"])) as { tactics: CliTactic[] }).tactics;
     assert.equal(tactics.length, 3);
-    server = ServerHarness.spawn(PYTHON, ["-m", "lsp"], REPO, SETTINGS);
+    server = ServerHarness.spawn(PYTHON, ["-m", "partir_lsp"], REPO, SETTINGS);
   });
 
   after(() => {

@@ -13,8 +13,8 @@ import {
 const ctx: ResolveContext = { workspaceFolder: "/home/u/proj", env: { HOME: "/home/u", VENV: "/opt/venv" } };
 
 describe("resolveServerCommand", () => {
-  it("defaults to python3 -m lsp", () => {
-    assert.deepEqual(resolveServerCommand({}, { env: {} }), { command: "python3", args: ["-m", "lsp"], source: "default" });
+  it("defaults to python3 -m partir_lsp", () => {
+    assert.deepEqual(resolveServerCommand({}, { env: {} }), { command: "python3", args: ["-m", "partir_lsp"], source: "default" });
   });
 
   it("treats empty settings as unset", () => {
@@ -23,10 +23,10 @@ describe("resolveServerCommand", () => {
     assert.equal(r.command, "python3");
   });
 
-  it("uses partir.pythonPath with -m lsp, expanding variables", () => {
+  it("uses partir.pythonPath with -m partir_lsp, expanding variables", () => {
     assert.deepEqual(resolveServerCommand({ pythonPath: "${workspaceFolder}/.venv/bin/python" }, ctx), {
       command: "/home/u/proj/.venv/bin/python",
-      args: ["-m", "lsp"],
+      args: ["-m", "partir_lsp"],
       source: "partir.pythonPath",
     });
     assert.equal(resolveServerCommand({ pythonPath: "${env:VENV}/bin/python" }, ctx).command, "/opt/venv/bin/python");
@@ -49,12 +49,12 @@ describe("resolveServerCommand", () => {
   it("uses the Python extension's interpreter, keeping a multi-part command as a prefix", () => {
     assert.deepEqual(resolveServerCommand({}, { env: {}, pythonExtensionCommand: ["/x/bin/python"] }), {
       command: "/x/bin/python",
-      args: ["-m", "lsp"],
+      args: ["-m", "partir_lsp"],
       source: "python extension",
     });
     assert.deepEqual(resolveServerCommand({}, { env: {}, pythonExtensionCommand: ["conda", "run", "-n", "jax", "python"] }), {
       command: "conda",
-      args: ["run", "-n", "jax", "python", "-m", "lsp"],
+      args: ["run", "-n", "jax", "python", "-m", "partir_lsp"],
       source: "python extension",
     });
     assert.equal(resolveServerCommand({}, { env: {}, pythonExtensionCommand: [] }).source, "default");
@@ -85,7 +85,7 @@ describe("expandVariables", () => {
 
 describe("formatCommandLine", () => {
   it("quotes only what needs quoting", () => {
-    assert.equal(formatCommandLine({ command: "/usr/bin/python3", args: ["-m", "lsp"] }), "/usr/bin/python3 -m lsp");
+    assert.equal(formatCommandLine({ command: "/usr/bin/python3", args: ["-m", "partir_lsp"] }), "/usr/bin/python3 -m partir_lsp");
     assert.equal(formatCommandLine({ command: "/My Apps/py", args: ["it's"] }), `'/My Apps/py' 'it'\\''s'`);
   });
 });

@@ -1,6 +1,6 @@
 """What the editor shows, computed from the daemon's results: diagnostics, code lenses,
 inlay hints and hover text. Pure functions of a result and the text it was computed for
-(no I/O, no daemon), so that the protocol layer in `lsp.server` stays thin."""
+(no I/O, no daemon), so that the protocol layer in `partir_lsp.server` stays thin."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
-from lsp.positions import Lines, line_range, to_range
+from partir_lsp.positions import Lines, line_range, to_range
 from partir_daemon import protocol as P
 
 SOURCE = "partir"

@@ -16,7 +16,7 @@ from typing import Any
 from partir_daemon import protocol as P
 from partir_daemon.client import DaemonClient, DaemonConnectionLost, DaemonError
 
-log = logging.getLogger("lsp.daemon")
+log = logging.getLogger("partir_lsp.daemon")
 
 # After a failed start, calls fail at once for this long instead of trying again.
 RETRY_AFTER_S = 10.0

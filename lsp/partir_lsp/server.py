@@ -6,7 +6,7 @@ last result (a snapshot: version, text, result), drops results for stale version
 cancels requests a newer version supersedes (the daemon also cancels them), so the event
 loop never waits on compiler work: every daemon call is awaited on a future the client's
 reader thread resolves. Results become diagnostics, code lenses, inlay hints and hovers
-(`lsp.render`); `partir/ir` and the `partir.runJob` command are forwarded to the daemon.
+(`partir_lsp.render`); `partir/ir` and the `partir.runJob` command are forwarded to the daemon.
 See vscode-extension/PROTOCOL.md for what the extension expects.
 """
 
@@ -28,14 +28,14 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcException, JsonRpcIn
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
-from lsp import render
-from lsp.daemon import DaemonLink, DaemonUnavailable
-from lsp.positions import Lines, contains
-from lsp.settings import Settings
+from partir_lsp import render
+from partir_lsp.daemon import DaemonLink, DaemonUnavailable
+from partir_lsp.positions import Lines, contains
+from partir_lsp.settings import Settings
 from partir_daemon import protocol as P
 from partir_daemon.client import DaemonError, RequestCancelled, RequestError
 
-log = logging.getLogger("lsp")
+log = logging.getLogger("partir_lsp")
 
 IR_REQUEST = "partir/ir"
 REQUEST_FAILED = -32803
@@ -98,7 +98,7 @@ class PartirProtocol(LanguageServerProtocol):
 
 class PartirServer(LanguageServer):
     def __init__(self) -> None:
-        from lsp import __version__
+        from partir_lsp import __version__
 
         super().__init__("partir-lsp", __version__, protocol_cls=PartirProtocol,
                          text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
@@ -381,7 +381,7 @@ class PartirServer(LanguageServer):
     @staticmethod
     def markdown(text: str, r: P.Range | None = None,
                  lines: Lines | None = None) -> lsp.Hover:
-        from lsp.positions import to_range
+        from partir_lsp.positions import to_range
 
         return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text),
                          to_range(r, lines) if r is not None and lines is not None else None)
@@ -621,7 +621,7 @@ def build() -> PartirServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lsp` / `partir lsp`: serve over stdio. Logs go to stderr (stdout carries
+    """`python -m partir_lsp` / `partir lsp`: serve over stdio. Logs go to stderr (stdout carries
     only LSP messages)."""
     logging.basicConfig(stream=sys.stderr, level=os.environ.get("PARTIR_LSP_LOG", "WARNING"),
                         format="partir-lsp %(levelname)s %(name)s: %(message)s")
