@@ -15,8 +15,8 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
-from partir_lsp.positions import Lines, line_range, to_range
 from partir_daemon import protocol as P
+from partir_lsp.positions import Lines, line_range, to_range
 
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"

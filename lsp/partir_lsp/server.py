@@ -28,12 +28,12 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcException, JsonRpcIn
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
+from partir_daemon import protocol as P
+from partir_daemon.client import DaemonError, RequestCancelled, RequestError
 from partir_lsp import render
 from partir_lsp.daemon import DaemonLink, DaemonUnavailable
 from partir_lsp.positions import Lines, contains
 from partir_lsp.settings import Settings
-from partir_daemon import protocol as P
-from partir_daemon.client import DaemonError, RequestCancelled, RequestError
 
 log = logging.getLogger("partir_lsp")
 

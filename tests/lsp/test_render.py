@@ -4,10 +4,10 @@ hand-made daemon results (no server, no daemon)."""
 from __future__ import annotations
 
 from lsprotocol import types as T
-
 from partir_lsp import render
 from partir_lsp.positions import Lines, contains, to_range
 from partir_lsp.settings import Settings
+
 from partir_daemon import protocol as P
 
 
