@@ -191,6 +191,17 @@ class PartitionResult:
     mesh_range: Range | None = None
     schedule_range: Range | None = None
     timings: Timings = field(default_factory=Timings)
+    # Every input, output and tagged value of the traced program, with its sharding after
+    # each applied tactic and where it is defined: what editors need to answer hovers,
+    # completions and go-to-definition from this result alone, without another request.
+    values: list[ExplainedValue] = field(default_factory=list)
+    # The final program's collectives, attributed to the value they move, the model line
+    # they serve and the tactic that introduced them (empty until the states are lowered:
+    # a partial result has none).
+    collectives: list[AttributedCollective] = field(default_factory=list)
+    # The user's modules (files) the schedule file imported while it ran, also when it
+    # failed: a change of any of them calls for analysing the schedule file again.
+    dependencies: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -237,6 +248,10 @@ class ExplainedValue:
     shape: list[int]
     dtype: str
     history: list[ShardingStep]
+    # Where the value is defined: for an input, the function's parameter and the places
+    # in the user's modules that create the pytree leaf (a dict key or attribute named
+    # like its last path component); for a tag, the `partir.tag` call. Best first.
+    definitions: list[SourceLocation] = field(default_factory=list)
 
 
 @dataclass
