@@ -1,9 +1,10 @@
-// The PartIR extension: starts the language server (`python -m partir_lsp` over stdio) for schedule
-// files and contributes the restart / show IR / run job commands. See PROTOCOL.md.
+// The PartIR extension: starts the language server (`python -m partir_lsp` over stdio) once a
+// schedule file is opened or found in the workspace, and contributes the restart and IR
+// picker commands; `partir.showIr` and `partir.runJob` are the server's commands, which
+// vscode-languageclient registers. See PROTOCOL.md.
 
 import * as vscode from "vscode";
 import {
-  ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
   RevealOutputChannelOn,
@@ -16,6 +17,8 @@ import { IrDocuments } from "./irDocuments";
 import { IR_SCHEME, irDocumentPath, irQuery, irTitle, uriBasename } from "./irUri";
 import { formatJobMessage, formatJobReport, parseJobResult } from "./jobResult";
 import {
+  ACTIVE_CONTEXT,
+  type ClientCommand,
   CONFIG_SECTION,
   DOCUMENT_SELECTOR,
   IR_LEVEL_LABELS,
@@ -23,18 +26,22 @@ import {
   type IrLevel,
   type IrParams,
   initializationOptions,
-  isScheduleFile,
   type LensInfo,
+  missingServerCommands,
   RESTART_COMMAND,
   RUN_JOB_COMMAND,
   type RunJobArgs,
+  SCHEDULE_GLOB,
+  SERVER_RUNNING_CONTEXT,
   SHOW_IR_COMMAND,
+  SHOW_IR_PICKER_COMMAND,
   type ShowIrArgs,
   parseRunJobArgs,
   parseShowIrArgs,
   tacticChoices,
 } from "./protocol";
 import { formatCommandLine, interpreterFromPythonApi, resolveServerCommand, type ServerCommand } from "./serverCommand";
+import { isScheduleDocument, StartGate } from "./startGate";
 
 const PYTHON_EXTENSION_ID = "ms-python.python";
 const STOP_TIMEOUT_MS = 5000;
@@ -44,7 +51,7 @@ let extension: PartirExtension | undefined;
 export function activate(context: vscode.ExtensionContext): void {
   extension = new PartirExtension();
   context.subscriptions.push(extension);
-  void extension.start();
+  extension.startForScheduleFiles();
 }
 
 export async function deactivate(): Promise<void> {
@@ -57,37 +64,90 @@ function errorMessage(e: unknown): string {
 }
 
 class PartirExtension implements vscode.Disposable {
-  /** Job results and the extension's own messages. */
-  private readonly output = vscode.window.createOutputChannel("PartIR");
+  /** Job results and the extension's own messages; created with the first server start, so
+   * that a Python project without schedule files shows no trace of the extension. */
+  private outputChannel: vscode.OutputChannel | undefined;
   /** The language client's log and the server's stderr; kept across restarts. */
-  private readonly serverLog = vscode.window.createOutputChannel("PartIR Language Server");
+  private serverLogChannel: vscode.OutputChannel | undefined;
   private readonly irDocuments = new IrDocuments(() => this.client);
   private readonly subscriptions: vscode.Disposable[] = [];
+  /** Listeners that wait for the first schedule file; disposed when the gate opens. */
+  private readonly gateListeners: vscode.Disposable[] = [];
+  private readonly gate = new StartGate(() => {
+    for (const listener of this.gateListeners.splice(0)) {
+      listener.dispose();
+    }
+    void vscode.commands.executeCommand("setContext", ACTIVE_CONTEXT, true);
+    void this.start();
+  });
   private client: LanguageClient | undefined;
   private serverCommand: ServerCommand | undefined;
-  /** `partir.runJob` registered by the extension itself, while the running server does not
-   * list the command in `executeCommandProvider` (vscode-languageclient registers the ones
-   * it lists, and a second registration would fail). */
-  private fallbackRunJob: vscode.Disposable | undefined;
   /** Serialises start/stop/restart. */
   private lifecycle: Promise<void> = Promise.resolve();
   private pythonApiSubscription: vscode.Disposable | undefined;
 
   constructor() {
+    // Never `partir.showIr` or `partir.runJob`: the language client registers those (see
+    // SERVER_COMMANDS), and a second registration would fail.
+    const commands: Record<ClientCommand, (...args: unknown[]) => unknown> = {
+      [RESTART_COMMAND]: () => (this.gate.isOpen ? this.restart() : this.gate.open()),
+      [SHOW_IR_PICKER_COMMAND]: (...args: unknown[]) => this.showIrPicker(args),
+    };
     this.subscriptions.push(
-      this.output,
-      this.serverLog,
       this.irDocuments,
       vscode.workspace.registerTextDocumentContentProvider(IR_SCHEME, this.irDocuments),
-      vscode.commands.registerCommand(RESTART_COMMAND, () => this.restart()),
-      vscode.commands.registerCommand(SHOW_IR_COMMAND, (...args: unknown[]) => this.showIr(args)),
+      ...Object.entries(commands).map(([name, run]) => vscode.commands.registerCommand(name, run)),
       vscode.workspace.onDidChangeConfiguration((e) => {
-        if (e.affectsConfiguration(`${CONFIG_SECTION}.pythonPath`) || e.affectsConfiguration(`${CONFIG_SECTION}.serverCommand`)) {
+        if (
+          this.gate.isOpen &&
+          (e.affectsConfiguration(`${CONFIG_SECTION}.pythonPath`) || e.affectsConfiguration(`${CONFIG_SECTION}.serverCommand`))
+        ) {
           void this.restart();
         }
       }),
     );
-    this.updateFallbackRunJob();
+  }
+
+  private get output(): vscode.OutputChannel {
+    if (this.outputChannel === undefined) {
+      this.outputChannel = vscode.window.createOutputChannel("PartIR");
+      this.subscriptions.push(this.outputChannel);
+    }
+    return this.outputChannel;
+  }
+
+  private get serverLog(): vscode.OutputChannel {
+    if (this.serverLogChannel === undefined) {
+      this.serverLogChannel = vscode.window.createOutputChannel("PartIR Language Server");
+      this.subscriptions.push(this.serverLogChannel);
+    }
+    return this.serverLogChannel;
+  }
+
+  /** Starts the server at the first schedule file: one open now, one opened later, or one
+   * in the workspace folders (searched now and when the folders change). */
+  startForScheduleFiles(): void {
+    this.gateListeners.push(
+      vscode.workspace.onDidOpenTextDocument((doc) => this.gate.documentOpened(doc.uri)),
+      vscode.workspace.onDidChangeWorkspaceFolders(() => void this.searchWorkspace()),
+    );
+    for (const doc of vscode.workspace.textDocuments) {
+      this.gate.documentOpened(doc.uri);
+    }
+    void this.searchWorkspace();
+  }
+
+  private async searchWorkspace(): Promise<void> {
+    if (this.gate.isOpen || !vscode.workspace.workspaceFolders?.length) {
+      return;
+    }
+    try {
+      // The default excludes (files.exclude), as for the workspaceContains activation event.
+      this.gate.workspaceSearched((await vscode.workspace.findFiles(SCHEDULE_GLOB, undefined, 1)).length);
+    } catch (e) {
+      // Not worth a message: opening a schedule file still starts the server.
+      console.warn(`PartIR: searching the workspace for schedule files failed: ${errorMessage(e)}`);
+    }
   }
 
   start(): Promise<void> {
@@ -147,9 +207,18 @@ class PartirExtension implements vscode.Disposable {
       synchronize: { configurationSection: CONFIG_SECTION },
       outputChannel: this.serverLog,
       revealOutputChannelOn: RevealOutputChannelOn.Never,
+      // The server's commands, run from its code lenses or (partir.runJob) the palette.
       middleware: {
-        executeCommand: (name, args, next) =>
-          name === RUN_JOB_COMMAND ? this.runJob(args, async (a) => next(name, a)) : next(name, args),
+        executeCommand: (name, args, next) => {
+          switch (name) {
+            case RUN_JOB_COMMAND:
+              return this.runJob(args, async (a) => next(name, a));
+            case SHOW_IR_COMMAND:
+              return this.showServerIr(args, async (a) => next(name, a));
+            default:
+              return next(name, args);
+          }
+        },
       },
     };
     const client = new LanguageClient("partir", "PartIR", serverOptions, clientOptions);
@@ -157,14 +226,20 @@ class PartirExtension implements vscode.Disposable {
     this.serverCommand = command;
     client.onDidChangeState((e) => {
       if (client === this.client) {
-        this.updateFallbackRunJob(e.newState);
+        void vscode.commands.executeCommand("setContext", SERVER_RUNNING_CONTEXT, e.newState === State.Running);
       }
     });
     this.serverLog.appendLine(`Starting ${formatCommandLine(command)} (from ${command.source})${cwd ? ` in ${cwd}` : ""}`);
     try {
       await client.start();
+      const missing = missingServerCommands(client.initializeResult?.capabilities.executeCommandProvider?.commands);
+      if (missing.length > 0) {
+        this.serverLog.appendLine(
+          `The server does not provide ${missing.join(", ")}: its code lenses invoking ${missing.length > 1 ? "them" : "it"} will fail. ` +
+            `Update partir in the server's environment.`,
+        );
+      }
     } catch (e) {
-      this.updateFallbackRunJob();
       const choice = await vscode.window.showErrorMessage(
         `PartIR: the language server did not start (${formatCommandLine(command)}, from ${command.source}): ${errorMessage(e)}. ` +
           `Set "partir.pythonPath" to an interpreter with partir installed, or "partir.serverCommand".`,
@@ -190,44 +265,7 @@ class PartirExtension implements vscode.Disposable {
         this.serverLog.appendLine(`Stopping the server failed: ${errorMessage(e)}`);
       }
     }
-    this.updateFallbackRunJob();
-  }
-
-  /** Whether the name `partir.runJob` belongs to the language client: while it starts (it
-   * registers the server's commands during `initialize`) and while it runs a server that
-   * lists the command. */
-  private runJobReservedForClient(state?: State): boolean {
-    const client = this.client;
-    if (client === undefined) {
-      return false;
-    }
-    switch (state ?? client.state) {
-      case State.Starting:
-        return true;
-      case State.Running:
-        return (client.initializeResult?.capabilities.executeCommandProvider?.commands ?? []).includes(RUN_JOB_COMMAND);
-      default:
-        return false;
-    }
-  }
-
-  /** Keeps exactly one `partir.runJob` command: the client's (registered while a running
-   * server lists it) or this extension's. */
-  private updateFallbackRunJob(state?: State): void {
-    if (this.runJobReservedForClient(state)) {
-      this.fallbackRunJob?.dispose();
-      this.fallbackRunJob = undefined;
-    } else if (this.fallbackRunJob === undefined) {
-      this.fallbackRunJob = vscode.commands.registerCommand(RUN_JOB_COMMAND, (...args: unknown[]) =>
-        this.runJob(args, async (a) => {
-          const running = this.client;
-          if (running === undefined || !running.isRunning()) {
-            throw new Error("the PartIR language server is not running (command: PartIR: Restart Language Server)");
-          }
-          return running.sendRequest(ExecuteCommandRequest.type, { command: RUN_JOB_COMMAND, arguments: a });
-        }),
-      );
-    }
+    void vscode.commands.executeCommand("setContext", SERVER_RUNNING_CONTEXT, false);
   }
 
   private async pythonExtensionCommand(resource: vscode.Uri | undefined): Promise<{ pythonExtensionCommand?: string[] }> {
@@ -266,36 +304,60 @@ class PartirExtension implements vscode.Disposable {
 
   private activeScheduleDocument(): vscode.TextDocument | undefined {
     const doc = vscode.window.activeTextEditor?.document;
-    return doc !== undefined && doc.uri.scheme === "file" && isScheduleFile(doc.uri.path) ? doc : undefined;
+    return doc !== undefined && isScheduleDocument(doc.uri) ? doc : undefined;
   }
 
-  // ---- partir.showIr -----------------------------------------------------------------
+  // ---- partir.showIr (server) and partir.showIrPicker --------------------------------
 
-  private async showIr(args: readonly unknown[]): Promise<void> {
+  /** The `partir/ir` params for `args` (`[]`: the active schedule file), asking the user
+   * for a missing tactic or level; undefined when there is no schedule file or the user
+   * cancels. */
+  private async completeIrParams(args: readonly unknown[]): Promise<IrParams | undefined> {
     let parsed: ShowIrArgs | undefined;
     try {
       parsed = parseShowIrArgs(args);
     } catch (e) {
       void vscode.window.showErrorMessage(`PartIR: ${errorMessage(e)}`);
-      return;
+      return undefined;
     }
     if (parsed === undefined) {
       const doc = this.activeScheduleDocument();
       if (doc === undefined) {
         void vscode.window.showErrorMessage("PartIR: open a schedule file (*.partir.py) to show its IR.");
-        return;
+        return undefined;
       }
       parsed = { uri: doc.uri.toString() };
     }
     const tactic = parsed.tactic ?? (await this.pickTactic(parsed.uri));
     if (tactic === undefined) {
-      return;
+      return undefined;
     }
     const level = parsed.level ?? (await pickLevel());
-    if (level === undefined) {
+    return level === undefined ? undefined : { uri: parsed.uri, tactic, level };
+  }
+
+  /** The server's `partir.showIr` (a code lens): the server writes the IR to a file under
+   * `.partir/ir/` and opens it with `window/showDocument`, which the client handles. */
+  private async showServerIr(args: readonly unknown[], send: (args: unknown[]) => Promise<unknown>): Promise<unknown> {
+    const params = await this.completeIrParams(args);
+    if (params === undefined) {
+      return undefined;
+    }
+    try {
+      return await send([params]);
+    } catch (e) {
+      void vscode.window.showErrorMessage(`PartIR: could not show ${irTitle(params)}: ${errorMessage(e)}`);
+      return undefined;
+    }
+  }
+
+  /** `partir.showIrPicker` (palette): a read-only `partir-ir:` document fetched with the
+   * `partir/ir` request, refreshed as the schedule file changes. */
+  private async showIrPicker(args: readonly unknown[]): Promise<void> {
+    const params = await this.completeIrParams(args);
+    if (params === undefined) {
       return;
     }
-    const params: IrParams = { uri: parsed.uri, tactic, level };
     const uri = vscode.Uri.from({ scheme: IR_SCHEME, path: irDocumentPath(params), query: irQuery(params) });
     try {
       const doc = await vscode.workspace.openTextDocument(uri);
@@ -394,9 +456,7 @@ class PartirExtension implements vscode.Disposable {
   }
 
   dispose(): void {
-    this.fallbackRunJob?.dispose();
-    this.fallbackRunJob = undefined;
-    for (const s of this.subscriptions) {
+    for (const s of [...this.gateListeners.splice(0), ...this.subscriptions]) {
       s.dispose();
     }
   }

@@ -6,7 +6,23 @@ export const IR_REQUEST = "partir/ir";
 export const SHOW_IR_COMMAND = "partir.showIr";
 export const RUN_JOB_COMMAND = "partir.runJob";
 export const RESTART_COMMAND = "partir.restartServer";
+export const SHOW_IR_PICKER_COMMAND = "partir.showIrPicker";
 export const CONFIG_SECTION = "partir";
+
+/** Commands the server lists in `executeCommandProvider.commands`: vscode-languageclient
+ * registers a VS Code command for each, so the extension must never register these names
+ * itself (a second registration fails with "command already exists"). */
+export const SERVER_COMMANDS = [SHOW_IR_COMMAND, RUN_JOB_COMMAND] as const;
+
+/** Commands the extension registers. Disjoint from `SERVER_COMMANDS`. */
+export const CLIENT_COMMANDS = [RESTART_COMMAND, SHOW_IR_PICKER_COMMAND] as const;
+export type ClientCommand = (typeof CLIENT_COMMANDS)[number];
+
+/** Context key, true while the language server runs: gates the palette entries of server
+ * commands, which exist only then. */
+export const SERVER_RUNNING_CONTEXT = "partir.serverRunning";
+/** Context key, true once the extension has started the server for schedule files. */
+export const ACTIVE_CONTEXT = "partir.active";
 
 export const IR_LEVELS = ["core", "spmd", "hlo"] as const;
 export type IrLevel = (typeof IR_LEVELS)[number];
@@ -29,8 +45,8 @@ export interface IrResult {
   text: string;
 }
 
-/** Arguments of the `partir.showIr` command (code lens or palette). Missing fields are
- * asked for interactively. */
+/** Arguments of the `partir.showIr` (server) and `partir.showIrPicker` (extension)
+ * commands. Missing fields are asked for interactively. */
 export interface ShowIrArgs {
   uri: string;
   tactic?: number;
@@ -79,7 +95,8 @@ function requireUri(what: string, x: unknown): string {
   return x;
 }
 
-/** `partir.showIr` arguments: `[]` (palette: undefined) or `[{uri, tactic?, level?}]`. */
+/** `partir.showIr` / `partir.showIrPicker` arguments: `[]` (palette: undefined) or
+ * `[{uri, tactic?, level?}]`. */
 export function parseShowIrArgs(args: readonly unknown[]): ShowIrArgs | undefined {
   if (args.length === 0 || args[0] === undefined) {
     return undefined;
@@ -261,12 +278,20 @@ export function sameUri(a: string, b: string): boolean {
   return a === b || norm(a) === norm(b);
 }
 
-/** Documents the client syncs to the server: schedule files, which stay Python files (no
- * language of their own), and other Python files, where model-code hovers and collective
- * markers appear. The server answers requests on files it does not know with empty
- * results. */
+/** The server commands `capabilities.executeCommandProvider.commands` lacks: code lenses
+ * invoking them would fail with "command not found". */
+export function missingServerCommands(advertised: readonly string[] | undefined): string[] {
+  return SERVER_COMMANDS.filter((c) => !(advertised ?? []).includes(c));
+}
+
+export const SCHEDULE_GLOB = "**/*.partir.py";
+
+/** Documents the client syncs to the server once it runs (the extension starts it only for
+ * schedule files, see `StartGate`): schedule files, which stay Python files (no language of
+ * their own), and other Python files, where model-code hovers and collective markers
+ * appear. The server answers requests on files it does not know with empty results. */
 export const DOCUMENT_SELECTOR = [
-  { scheme: "file", language: "python", pattern: "**/*.partir.py" },
+  { scheme: "file", language: "python", pattern: SCHEDULE_GLOB },
   { scheme: "file", language: "python" },
 ] as const;
 

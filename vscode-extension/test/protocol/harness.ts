@@ -14,6 +14,8 @@ import {
   PublishDiagnosticsNotification,
   type PublishDiagnosticsParams,
   RegistrationRequest,
+  ShowDocumentRequest,
+  type ShowDocumentParams,
   ShowMessageNotification,
   UnregistrationRequest,
   WorkDoneProgress,
@@ -33,6 +35,8 @@ export class ServerHarness {
   readonly diagnostics: PublishDiagnosticsParams[] = [];
   readonly progress: ProgressEvent[] = [];
   readonly createdTokens: (string | number)[] = [];
+  /** `window/showDocument` requests, answered with success as VS Code does. */
+  readonly shownDocuments: ShowDocumentParams[] = [];
   readonly serverRequests: string[] = [];
   readonly logs: string[] = [];
   private stderr = "";
@@ -106,6 +110,11 @@ export class ServerHarness {
         this.changed();
       });
       return null;
+    });
+    c.onRequest(ShowDocumentRequest.type, (params) => {
+      this.shownDocuments.push(params);
+      record(ShowDocumentRequest.method);
+      return { success: true };
     });
     c.onRequest(RegistrationRequest.type, () => {
       record(RegistrationRequest.method);

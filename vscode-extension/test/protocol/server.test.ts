@@ -5,10 +5,10 @@
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { existsSync, readFileSync, rmSync } from "node:fs";
+import { isAbsolute, join, relative, resolve } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 import {
   type CodeLens,
@@ -34,7 +34,9 @@ import {
   IR_REQUEST,
   parseCollectiveCounts,
   parseIrResult,
+  ProtocolError,
   RUN_JOB_COMMAND,
+  SERVER_COMMANDS,
   SHOW_IR_COMMAND,
 } from "../../src/protocol";
 import { brief, ServerHarness } from "./harness";
@@ -58,6 +60,15 @@ interface CliTactic {
   source: { line: number } | null;
   collectives: Counts;
   conflicts: unknown[];
+}
+
+/** The result of the server's `partir.showIr`: where it wrote the IR, and the IR. */
+function parseShowIrResult(x: unknown): { path: string; text: string } {
+  const r = x as { path?: unknown; text?: unknown } | null;
+  if (typeof r !== "object" || r === null || typeof r.path !== "string" || typeof r.text !== "string") {
+    throw new ProtocolError(`${SHOW_IR_COMMAND}: the server's result must be {path: string, text: string}, got ${JSON.stringify(x)}`);
+  }
+  return { path: r.path, text: r.text };
 }
 
 function cli(args: string[]): string {
@@ -112,7 +123,7 @@ describe("the PartIR language server over stdio", () => {
             executeCommand: {},
             workspaceFolders: true,
           },
-          window: { workDoneProgress: true },
+          window: { workDoneProgress: true, showDocument: { support: true } },
         },
       }),
     );
@@ -120,8 +131,9 @@ describe("the PartIR language server over stdio", () => {
     assert.ok(caps.textDocumentSync !== undefined, "no textDocumentSync capability");
     assert.ok(caps.codeLensProvider, `no codeLensProvider capability\n${server.context()}`);
     const commands = caps.executeCommandProvider?.commands ?? [];
-    assert.ok(commands.includes(RUN_JOB_COMMAND), `executeCommandProvider must list ${RUN_JOB_COMMAND}, got ${JSON.stringify(commands)}`);
-    assert.ok(!commands.includes(SHOW_IR_COMMAND), `${SHOW_IR_COMMAND} is a client command: the server must not list it`);
+    for (const command of SERVER_COMMANDS) {
+      assert.ok(commands.includes(command), `executeCommandProvider must list ${command}, got ${JSON.stringify(commands)}`);
+    }
     await server.connection.sendNotification(InitializedNotification.type, {});
   });
 
@@ -228,6 +240,32 @@ describe("the PartIR language server over stdio", () => {
         result.text.includes(expected),
         `partir/ir {tactic: ${tactic}, level: ${level}} differs from the CLI's text:\n--- server\n${result.text}\n--- CLI\n${expected}`,
       );
+    }
+  });
+
+  it("runs partir.showIr: writes the IR under .partir/ir/ and asks the client to show it", { timeout: 60_000 }, async () => {
+    const expected = cli(["partition", SCHEDULE, "--ir", "spmd", "--after", "2"]).trim();
+    const shownBefore = server.shownDocuments.length;
+    const result = parseShowIrResult(
+      await server.guard(
+        `workspace/executeCommand ${SHOW_IR_COMMAND}`,
+        60_000,
+        server.connection.sendRequest(ExecuteCommandRequest.type, {
+          command: SHOW_IR_COMMAND,
+          arguments: [{ uri: URI, tactic: 2, level: "spmd" }],
+        }),
+      ),
+    );
+    try {
+      const under = relative(join(REPO, ".partir", "ir"), result.path);
+      assert.ok(isAbsolute(result.path) && !under.startsWith("..") && !isAbsolute(under), `${result.path} is not under the workspace's .partir/ir/`);
+      assert.ok(result.text.includes(expected), `${SHOW_IR_COMMAND} differs from the CLI's text:\n--- server\n${result.text}\n--- CLI\n${expected}`);
+      assert.equal(readFileSync(result.path, "utf8"), result.text, `${result.path} does not hold the text the server returned`);
+      const shown = await server.waitFor("a window/showDocument request", 10_000, () => server.shownDocuments[shownBefore]);
+      assert.equal(fileURLToPath(shown.uri), result.path, `window/showDocument ${JSON.stringify(shown)}`);
+    } finally {
+      // The server wrote into the repository's .partir/ (ignored by git): leave no trace.
+      rmSync(result.path, { force: true });
     }
   });
 

@@ -4,12 +4,15 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import {
+  ACTIVE_CONTEXT,
+  CLIENT_COMMANDS,
   CONFIG_SECTION,
   DOCUMENT_SELECTOR,
   formatCollectiveCounts,
   initializationOptions,
   isScheduleFile,
   type LensInfo,
+  missingServerCommands,
   parseCollectiveCounts,
   parseIrResult,
   parseRunJobArgs,
@@ -17,7 +20,11 @@ import {
   RESTART_COMMAND,
   RUN_JOB_COMMAND,
   sameUri,
+  SCHEDULE_GLOB,
+  SERVER_COMMANDS,
+  SERVER_RUNNING_CONTEXT,
   SHOW_IR_COMMAND,
+  SHOW_IR_PICKER_COMMAND,
   tacticChoices,
 } from "../../src/protocol";
 
@@ -50,6 +57,23 @@ describe("command arguments", () => {
     assert.deepEqual(parseIrResult({ text: "func @main" }), { text: "func @main" });
     assert.throws(() => parseIrResult({ ir: "x" }), /must be \{text: string\}/);
     assert.throws(() => parseIrResult(null), /must be \{text: string\}/);
+  });
+});
+
+describe("server commands", () => {
+  it("are never the extension's own: the language client registers them", () => {
+    assert.deepEqual([...SERVER_COMMANDS].sort(), [RUN_JOB_COMMAND, SHOW_IR_COMMAND].sort());
+    assert.deepEqual([...CLIENT_COMMANDS].sort(), [RESTART_COMMAND, SHOW_IR_PICKER_COMMAND].sort());
+    assert.deepEqual(
+      CLIENT_COMMANDS.filter((c) => (SERVER_COMMANDS as readonly string[]).includes(c)),
+      [],
+    );
+  });
+
+  it("reports the ones a server does not advertise", () => {
+    assert.deepEqual(missingServerCommands([RUN_JOB_COMMAND, SHOW_IR_COMMAND, "other"]), []);
+    assert.deepEqual(missingServerCommands([RUN_JOB_COMMAND]), [SHOW_IR_COMMAND]);
+    assert.deepEqual(missingServerCommands(undefined), [SHOW_IR_COMMAND, RUN_JOB_COMMAND]);
   });
 });
 
@@ -137,11 +161,27 @@ describe("package.json", () => {
   const pkg = JSON.parse(readFileSync(join(__dirname, "..", "..", "..", "package.json"), "utf8")) as {
     main: string;
     activationEvents: string[];
-    contributes: { commands: { command: string }[]; configuration: { properties: Record<string, { default: unknown }> } };
+    contributes: {
+      commands: { command: string }[];
+      menus: { commandPalette: { command: string; when: string }[] };
+      configuration: { properties: Record<string, { default: unknown }> };
+    };
   };
+  const palette = new Map(pkg.contributes.menus.commandPalette.map((m) => [m.command, m.when]));
 
-  it("contributes the commands the extension registers", () => {
-    assert.deepEqual(pkg.contributes.commands.map((c) => c.command).sort(), [RESTART_COMMAND, RUN_JOB_COMMAND, SHOW_IR_COMMAND].sort());
+  it("contributes the extension's commands and, for the palette, the server's partir.runJob", () => {
+    assert.deepEqual(pkg.contributes.commands.map((c) => c.command).sort(), [...CLIENT_COMMANDS, RUN_JOB_COMMAND].sort());
+  });
+
+  it("offers commands in the palette only where they work", () => {
+    const clauses = (command: string): string[] => (palette.get(command) ?? "").split("&&").map((c) => c.trim());
+    const inScheduleFile = "resourceFilename =~ /\\.partir\\.py$/";
+    assert.deepEqual([...palette.keys()].sort(), [...CLIENT_COMMANDS, RUN_JOB_COMMAND].sort());
+    // partir.runJob exists only while a server runs (the client registers it).
+    assert.deepEqual(clauses(RUN_JOB_COMMAND).sort(), [inScheduleFile, SERVER_RUNNING_CONTEXT].sort());
+    assert.deepEqual(clauses(SHOW_IR_PICKER_COMMAND), [inScheduleFile]);
+    // Restarting a server that never started would start it in a project without schedule files.
+    assert.deepEqual(clauses(RESTART_COMMAND), [ACTIVE_CONTEXT]);
   });
 
   it("contributes the settings the extension reads, with defaults the code agrees with", () => {
@@ -157,8 +197,9 @@ describe("package.json", () => {
   });
 
   it("activates on schedule files without claiming a language for them", () => {
-    assert.ok(pkg.activationEvents.includes("workspaceContains:**/*.partir.py"));
-    assert.ok(pkg.activationEvents.includes("onLanguage:python"));
+    // No file-pattern activation event exists: onLanguage:python sees a schedule file opened
+    // outside a workspace that contains one, and StartGate keeps other Python files inert.
+    assert.deepEqual([...pkg.activationEvents].sort(), [`workspaceContains:${SCHEDULE_GLOB}`, "onLanguage:python"].sort());
     assert.equal((pkg.contributes as { languages?: unknown }).languages, undefined);
     assert.deepEqual(DOCUMENT_SELECTOR[0], { scheme: "file", language: "python", pattern: "**/*.partir.py" });
     assert.ok(DOCUMENT_SELECTOR.every((s) => s.language === "python" && s.scheme === "file"));
