@@ -34,6 +34,31 @@ class Program:
         self.args = args
         self.static_argnums = tuple(static_argnums)
 
+    def abstract(self) -> Program:
+        """This program with its JAX values (arrays, or tracers when computed under a
+        trace) as `jax.ShapeDtypeStruct`s; other leaves (numpy arrays, Python numbers) and
+        static arguments as they are. Raises ValueError when a static argument holds a
+        tracer: it needs the concrete value."""
+        import jax
+
+        def shape_of(leaf: Any) -> Any:
+            if isinstance(leaf, jax.Array | jax.core.Tracer):
+                aval = leaf.aval
+                return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                            weak_type=getattr(aval, "weak_type", False))
+            return leaf
+
+        args = []
+        for i, arg in enumerate(self.args):
+            if i in self.static_argnums:
+                if any(isinstance(leaf, jax.core.Tracer)
+                       for leaf in jax.tree_util.tree_leaves(arg)):
+                    raise ValueError(f"static argument {i} holds a traced value")
+                args.append(arg)
+            else:
+                args.append(jax.tree_util.tree_map(shape_of, arg))
+        return Program(self.fn, *args, static_argnums=self.static_argnums)
+
     def core_partition(self, mesh: Mesh | Any,
                        schedule: Sequence[ManualPartition]) -> CorePartition:
         """`partir.core_partition` of this function and arguments."""

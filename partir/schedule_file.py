@@ -15,14 +15,14 @@ three assignments. Every problem with the file is a `ScheduleFileError` at a lin
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import importlib
 import importlib.util
 import os
 import sys
-import sysconfig
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +31,8 @@ from partir.ir.location import Location
 from partir.mesh import Mesh
 from partir.program import Program
 from partir.tactics import ManualPartition
+from partir.user_modules import USER_MODULES, imported_names, is_library
 
-_PARTIR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Where the interpreter's own and installed packages live: frames and modules there are
-# libraries, not the user's code.
-_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key, p in
-                              sysconfig.get_paths().items()
-                              if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 # The name the file runs under while it executes: not "__main__", so that an
 # `if __name__ == "__main__":` block (e.g. a training loop) does not run.
 MODULE_NAME = "__partir_schedule__"
@@ -91,6 +86,8 @@ class ScheduleFile:
     schedule_span: SourceRange | None
     # One per tactic of `schedule`.
     tactics: list[TacticSource]
+    # The user's module files the file imported, directly or through each other.
+    dependencies: list[str] = field(default_factory=list)
 
 
 class ScheduleFileError(PartitionError):
@@ -99,6 +96,9 @@ class ScheduleFileError(PartitionError):
     def __init__(self, message: str, file: str, span: SourceRange | None = None) -> None:
         self.file = file
         self.span = span
+        # The user's module files the schedule file imported before the problem (with the
+        # one that failed to import, if any): fixing one of them may fix the file.
+        self.dependencies: list[str] = []
         super().__init__(message, loc=Location(file, span.line if span else 0))
 
     @property
@@ -140,16 +140,22 @@ class ScheduleTypeError(ScheduleFileError):
     """`program`, `mesh` or `schedule` holds the wrong kind of value."""
 
 
-def load_schedule_file(path: str | os.PathLike[str], text: str | None = None) -> ScheduleFile:
+def load_schedule_file(path: str | os.PathLike[str], text: str | None = None, *,
+                       abstract_args: bool = False) -> ScheduleFile:
     """Execute the schedule file at `path` (or `text`, its unsaved contents) and return
     its program, mesh and schedule with their source ranges.
 
     The file's directory is first on `sys.path` while it executes, so it can import the
-    user's modules next to it. Those are imported afresh on every load (cached copies are
-    dropped first: they may be stale, or come from another directory that has a module of
-    the same name). Afterwards `sys.path` is as before, and `sys.modules` differs only by
-    the modules the file imported. Loading changes these process-wide tables while the file
-    runs, so only one thread at a time may load schedule files.
+    user's modules next to it. Those stay imported for the next load of a file of that
+    directory, and are imported again once their file, or one they import, changes
+    (`partir.user_modules`). Afterwards `sys.path` is as before, and `sys.modules` holds
+    the directory's user modules. Loading changes these process-wide tables while the
+    file runs, so only one thread at a time may load schedule files.
+
+    With `abstract_args`, the `program = partir.Program(fn, *args)` statement computes
+    its example arguments abstractly when it can (under a JAX trace: shapes and dtypes,
+    nothing allocated or compiled), for tools that only partition; it runs them
+    concretely when they need concrete values (e.g. `int(x)`).
     """
     filename = os.fspath(path)
     if text is None:
@@ -160,8 +166,16 @@ def load_schedule_file(path: str | os.PathLike[str], text: str | None = None) ->
             raise ScheduleFileError(f"cannot read the schedule file: {e}", filename) from None
     source = _Source(filename, text)
     tree = source.parse()
-    namespace = _execute(source, tree)
-    return _read_definitions(source, tree, namespace)
+    directory = os.path.dirname(os.path.abspath(filename))
+    try:
+        namespace = _execute(source, tree, abstract_args)
+        schedule_file = _read_definitions(source, tree, namespace)
+    except ScheduleFileError as e:
+        e.dependencies = USER_MODULES.dependencies(directory, imported_names(tree, ""))
+        raise
+    schedule_file.dependencies = USER_MODULES.dependencies(directory,
+                                                           imported_names(tree, ""))
+    return schedule_file
 
 
 class _Source:
@@ -215,23 +229,25 @@ class _Source:
         return len(self.lines[line - 1].encode()[:byte_col].decode(errors="ignore"))
 
 
-def _execute(source: _Source, tree: ast.Module) -> dict[str, Any]:
+def _execute(source: _Source, tree: ast.Module, abstract_args: bool) -> dict[str, Any]:
     try:
-        code = compile(tree, source.filename, "exec", dont_inherit=True)
+        code = compile(_with_abstract_program(tree) if abstract_args else tree,
+                       source.filename, "exec", dont_inherit=True)
     except SyntaxError as e:  # errors only the compiler finds, e.g. `return` at top level
         raise source.syntax_error(e) from None
     module = types.ModuleType(MODULE_NAME)
     module.__file__ = os.path.abspath(source.filename)
+    module.__dict__[_ABSTRACTLY] = _abstractly
     directory = os.path.dirname(module.__file__)
     saved_path = list(sys.path)
     saved_module = sys.modules.get(MODULE_NAME)
-    _drop_cached_neighbours(directory)
     importlib.invalidate_caches()  # the user may just have created a module there
     sys.path.insert(0, directory)
     # Registered while it runs: dataclasses, typing and pickle look classes up by module.
     sys.modules[MODULE_NAME] = module
     try:
-        exec(code, module.__dict__)
+        with USER_MODULES.loading(directory):
+            exec(code, module.__dict__)
     except (Exception, SystemExit) as e:
         raise _execution_error(source, e) from None
     finally:
@@ -243,33 +259,54 @@ def _execute(source: _Source, tree: ast.Module) -> dict[str, Any]:
     return module.__dict__
 
 
-def _drop_cached_neighbours(directory: str) -> None:
-    """Remove from `sys.modules` the modules a fresh interpreter running a file in
-    `directory` would import from there: the user's own modules (`model.py`, packages),
-    possibly edited since, or cached from another directory under the same name."""
+# The name under which the file calls `_abstractly`.
+_ABSTRACTLY = "__partir_abstractly__"
+
+
+def _with_abstract_program(tree: ast.Module) -> ast.Module:
+    """`tree` with each module-level `program = <...>.Program(...)` computing its value
+    through `_abstractly(lambda: <...>.Program(...))`. The call keeps its positions, so
+    tracebacks point at the user's text."""
+    tree = copy.deepcopy(tree)
+    for stmt in _module_statements(tree.body):
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == "program" \
+                and isinstance(stmt.value, ast.Call) and _called_name(stmt.value) == "Program":
+            call = stmt.value
+            thunk = ast.Lambda(ast.arguments([], [], None, [], [], None, []), call)
+            stmt.value = ast.Call(ast.Name(_ABSTRACTLY, ast.Load()), [thunk], [])
+            for node in (thunk, thunk.args, stmt.value, stmt.value.func):
+                ast.copy_location(node, call)
+    return ast.fix_missing_locations(tree)
+
+
+def _called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else \
+        func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _abstractly(make: Callable[[], Any]) -> Any:
+    """`make()`, a `Program`, with its example arguments computed under a JAX trace so that
+    they are shapes and dtypes only: nothing is allocated on devices, and what the user's
+    code jits is traced, not compiled. Code that needs concrete values fails under the
+    trace (e.g. `int(x)`, `np.asarray(x)`); then, as for any other failure there, `make`
+    runs again concretely, and its own error, if any, is the one reported."""
+    import jax
+
+    made: list[Program] = []
+
+    def run() -> tuple[()]:
+        program = make()
+        if isinstance(program, Program):
+            made.append(program.abstract())
+        return ()
+
     try:
-        entries = os.listdir(directory)
-    except OSError:
-        return
-    local = set()
-    for entry in entries:
-        stem, ext = os.path.splitext(entry)
-        if ext == ".py" and stem.isidentifier():
-            local.add(stem)
-        elif entry.isidentifier() and os.path.isfile(os.path.join(directory, entry,
-                                                                  "__init__.py")):
-            local.add(entry)
-    for name in [n for n in sys.modules if n.partition(".")[0] in local]:
-        file = getattr(sys.modules[name], "__file__", None)
-        # partir itself and installed libraries stay: the loader and the user's other
-        # modules already hold them, and a second copy would not be the same module.
-        if file and not _is_library(file):
-            del sys.modules[name]
-
-
-def _is_library(file: str) -> bool:
-    file = os.path.abspath(file)
-    return file.startswith(_PARTIR_DIR) or file.startswith(_LIBRARY_DIRS)
+        jax.make_jaxpr(run)()
+    except Exception:
+        made.clear()
+    return made[0] if made else make()
 
 
 def _execution_error(source: _Source, e: BaseException) -> ScheduleExecutionError:
@@ -284,7 +321,7 @@ def _execution_error(source: _Source, e: BaseException) -> ScheduleExecutionErro
     # exception came from in their model (frames in libraries would not help them).
     below = frames[here[-1] + 1:] if here else frames
     user = [Location(code.co_filename, line, code.co_name) for code, line, _ in below
-            if not code.co_filename.startswith("<") and not _is_library(code.co_filename)]
+            if not code.co_filename.startswith("<") and not is_library(code.co_filename)]
     inner = user[-1] if user else None
     if isinstance(e, SyntaxError) and e.filename and e.filename != source.filename:
         inner = Location(e.filename, e.lineno or 0)  # a user module that does not parse

@@ -18,6 +18,7 @@ Both main caches share one LRU bound on entries and on held ops.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -54,9 +55,11 @@ from partir.schedule_file import (
 )
 from partir.tactics import TacticRecord
 from partir.tactics.driver import apply_tactic, named_values
+from partir.user_modules import USER_MODULES, content_hash
 from partir_daemon import protocol as P
 from partir_daemon.cache import LruCache
-from partir_daemon.fingerprint import Fingerprinter, chain, file_hash, mesh_key
+from partir_daemon.definitions import definitions
+from partir_daemon.fingerprint import Fingerprinter, chain, mesh_key
 
 log = logging.getLogger("partir_daemon.engine")
 _DAEMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -83,6 +86,8 @@ class TraceEntry:
     files: dict[str, str | None]  # workspace dependencies -> content hash when traced
     function: str
     elapsed_s: float
+    # (kind, name) -> where inputs and tags are defined in the user's code, made once
+    definitions: dict[tuple[str, str], list[P.SourceLocation]] | None = None
 
 
 @dataclass
@@ -95,6 +100,8 @@ class StateEntry:
     applied: TacticMetadata | None = None  # short of lowering, made once
     attribution: Counter | None = None  # collective signature -> count, for explain
     core_ir: str | None = None  # printed on request
+    # (kind, name) -> the sharding of each value so named after this state, made once
+    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
     _initial: CoreProgram | None = None
 
     @property
@@ -119,6 +126,17 @@ class Applied:
     states: list[StateEntry] = field(default_factory=list)  # one per applied tactic
     reused: list[bool] = field(default_factory=list)
     timings: P.Timings = field(default_factory=P.Timings)
+    dependencies: list[str] = field(default_factory=list)  # the user's modules it imported
+
+
+@dataclass
+class Loaded:
+    """A schedule file as last executed, reused while its text and the user's modules it
+    imported are unchanged: hovers, IR and explain requests ask again for the text the
+    last analysis ran."""
+
+    text: str
+    schedule_file: ScheduleFile
 
 
 class Engine:
@@ -138,6 +156,7 @@ class Engine:
         self.lowerings = 0
         self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
         self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
+        self._loaded: dict[str, Loaded] = {}  # schedule path -> as last executed
 
     # -- the shared bound ----------------------------------------------------------------
     def _put_trace(self, entry: TraceEntry) -> None:
@@ -221,7 +240,8 @@ class Engine:
         traced = applied.trace.traced
         states = applied.states
         if params.name is not None:
-            result.values = _explain_names(params.name, traced, states)
+            result.values = [v for v in _values(traced, states, self._definitions(
+                applied.trace, applied.schedule_file)) if _matches(v.name, params.name)]
         elif params.line is not None:
             result.values = _explain_line(params.file, params.line, states)
         attributions = []
@@ -232,16 +252,33 @@ class Engine:
                 progress(f"lowering the program after tactic {i}", i, len(states))
                 state.attribution = _attribute(self._lowered(state))
             attributions.append(state.attribution)
-        result.collectives = _introductions(attributions, states, params)
+        result.collectives = [c for c in _introductions(attributions, states)
+                              if _concerns(c, params)]
         return result
+
+    def _definitions(self, trace: TraceEntry, sf: ScheduleFile
+                     ) -> dict[tuple[str, str], list[P.SourceLocation]]:
+        if trace.definitions is None:
+            # The function's own modules first: they build its inputs more often than
+            # the schedule's helpers (which name leaves too, to partition them).
+            trace.definitions = definitions(trace.traced, sf.program.fn,
+                                            [*sorted(trace.files), *sf.dependencies])
+        return trace.definitions
 
     def invalidate(self, paths: list[str]) -> P.InvalidatedParams:
         """Drop the traces (and their states) that depend on a changed file, confirmed by
-        its content hash (an editor that rewrites a file unchanged invalidates nothing)."""
+        its content hash (an editor that rewrites a file unchanged invalidates nothing).
+        Returns the files whose content differs from what a trace or an import saw (the
+        user's modules are imported again at the next load that needs them)."""
         changed = {os.path.realpath(p) for p in paths}
-        current = {p: file_hash(p) for p in changed}
+        current = {p: content_hash(p) for p in changed}
+        known: dict[str, set[str | None]] = {}
+        for file, digest in USER_MODULES.digests().items():
+            known.setdefault(os.path.realpath(file), set()).add(digest)
         doomed: dict[str, list[str]] = {}
         for key, entry in self.traces.items():
+            for f, digest in entry.files.items():
+                known.setdefault(os.path.realpath(f), set()).add(digest)
             stale = sorted(f for f in entry.files if os.path.realpath(f) in changed
                            and current[os.path.realpath(f)] != entry.files[f])
             if stale:
@@ -251,7 +288,8 @@ class Engine:
             for path, last in self._last_trace.items():
                 if last == key:
                     self._invalidated_by[path] = stale
-        return P.InvalidatedParams(sorted(changed), len(doomed))
+        differ = sorted(p for p in changed if p in known and known[p] != {current[p]})
+        return P.InvalidatedParams(differ, len(doomed))
 
     def stats(self) -> dict[str, Any]:
         return {"traces": len(self.traces), "states": len(self.states),
@@ -268,9 +306,10 @@ class Engine:
     def _lower(self, state: StateEntry) -> None:
         # the lowered program stays cached for `ir` and `explain`, which need it next
         with paused_gc():
-            state.metadata = tactic_metadata(state.record, core_ir=False,
-                                             lowered=self._lowered(state),
+            lowered = self._lowered(state)
+            state.metadata = tactic_metadata(state.record, core_ir=False, lowered=lowered,
                                              applied=state.applied)
+            state.attribution = _attribute(lowered)
         self.lowerings += 1
 
     def release(self) -> None:
@@ -302,11 +341,12 @@ class Engine:
         try:
             sf = self._load(path, text)
         except ScheduleFileError as e:
-            return Applied(None, [_file_diagnostic(e)], timings=timings)
+            return Applied(None, [_file_diagnostic(e)], timings=timings,
+                           dependencies=e.dependencies)
         timings.load_s = time.perf_counter() - start
         # The daemon measures the load timeout until this message, then the compile one.
         progress("loaded", None, None)
-        applied = Applied(sf, [], timings=timings)
+        applied = Applied(sf, [], timings=timings, dependencies=sf.dependencies)
 
         fp = Fingerprinter([self.workspace, os.path.dirname(path)])
         trace_key = fp.trace_key(sf.program)
@@ -371,15 +411,29 @@ class Engine:
         entry = self.traces.peek(previous)
         if entry is None:
             return
-        stale = sorted(f for f, h in entry.files.items() if file_hash(f) != h)
+        stale = sorted(f for f, h in entry.files.items() if content_hash(f) != h)
         if stale:
             self._drop_trace(previous)
             self._invalidated_by[path] = stale
 
     def _load(self, path: str, text: str | None) -> ScheduleFile:
+        if text is None:
+            try:
+                with open(path, "rb") as f:
+                    text = importlib.util.decode_source(f.read())
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                pass  # reported by load_schedule_file
+        last = self._loaded.get(path)
+        if last is not None and last.text == text and \
+                not USER_MODULES.stale(os.path.dirname(path)):
+            return last.schedule_file
+        self._loaded.pop(path, None)
         with _time_limit(self.load_timeout_s):
             try:
-                return load_schedule_file(path, text)
+                sf = load_schedule_file(path, text, abstract_args=True)
+                if text is not None:
+                    self._loaded[path] = Loaded(text, sf)
+                return sf
             except ScheduleExecutionError as e:
                 if e.exc_type == ScheduleLoadTimeout.__name__:
                     # Where the loop is, below the schedule file: the deepest user frame
@@ -401,7 +455,8 @@ class Engine:
         sf = applied.schedule_file
         result = P.PartitionResult(params.path, params.version, not applied.diagnostics,
                                    applied.diagnostics,
-                                   timings=dataclasses.replace(applied.timings))
+                                   timings=dataclasses.replace(applied.timings),
+                                   dependencies=list(applied.dependencies))
         if sf is None:
             return result
         result.mesh = dict(sf.mesh)
@@ -430,6 +485,12 @@ class Engine:
                 {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
                 metadata))
             (result.reused if reused else result.reapplied).append(i)
+        if applied.trace is not None:
+            result.values = _values(applied.trace.traced, applied.states,
+                                    self._definitions(applied.trace, sf))
+        if applied.states and all(st.attribution is not None for st in applied.states):
+            result.collectives = _introductions([st.attribution for st in applied.states],
+                                                applied.states)
         return result
 
 
@@ -577,29 +638,43 @@ def _history(shardings: list[list[list[str]]], states: list[StateEntry],
     return steps
 
 
-def _explain_names(key: str, traced: TracedProgram,
-                   states: list[StateEntry]) -> list[P.ExplainedValue]:
+def _value_shardings(state: StateEntry, traced: TracedProgram
+                     ) -> dict[tuple[str, str], list[list[list[str]]]]:
+    if state.value_shardings is None:
+        program = state.program
+        out: dict[tuple[str, str], list[list[list[str]]]] = {}
+        for kind, shardings in (("input", program.input_shardings()),
+                                ("output", program.output_shardings())):
+            for name, s in shardings.items():
+                out[(kind, name)] = [[list(a) for a in s.dims]]
+        for tag, tagged in traced.tags.items():
+            out[("tag", tag)] = [[list(a) for a in program.sharding(v).dims] for v in tagged]
+        state.value_shardings = out
+    return state.value_shardings
+
+
+def _values(traced: TracedProgram, states: list[StateEntry],
+            found: dict[tuple[str, str], list[P.SourceLocation]]) -> list[P.ExplainedValue]:
+    """Every input, output and tagged value with its sharding after each state."""
+    per_state = [_value_shardings(st, traced) for st in states]
+    named = [*(("input", n, t) for n, t in zip(traced.input_names, traced.in_types,
+                                               strict=True)),
+             *(("output", n, v.type) for n, v in zip(traced.output_names,
+                                                     traced.function.results, strict=True))]
     values = []
-    per_state_in = [st.program.input_shardings() for st in states]
-    per_state_out = [st.program.output_shardings() for st in states]
-    for name, t in zip(traced.input_names, traced.in_types, strict=True):
-        if _matches(name, key):
-            dims = [[list(a) for a in s[name].dims] for s in per_state_in]
-            values.append(P.ExplainedValue(name, "input", list(t.shape), str(t.dtype),
-                                           _history(dims, states, t.shape)))
-    for name, v in zip(traced.output_names, traced.function.results, strict=True):
-        if _matches(name, key) and name in per_state_out[0]:
-            dims = [[list(a) for a in s[name].dims] for s in per_state_out]
-            values.append(P.ExplainedValue(name, "output", list(v.type.shape),
-                                           str(v.type.dtype),
-                                           _history(dims, states, v.type.shape)))
+    for kind, name, t in named:
+        if states and (kind, name) not in per_state[0]:
+            continue
+        dims = [s[(kind, name)][0] for s in per_state]
+        values.append(P.ExplainedValue(name, kind, list(t.shape), str(t.dtype),
+                                       _history(dims, states, t.shape),
+                                       found.get((kind, name), [])))
     for tag, tagged in traced.tags.items():
-        if _matches(tag, key):
-            for v in tagged:
-                dims = [[list(a) for a in st.program.sharding(v).dims] for st in states]
-                values.append(P.ExplainedValue(tag, "tag", list(v.type.shape),
-                                               str(v.type.dtype),
-                                               _history(dims, states, v.type.shape)))
+        for k, v in enumerate(tagged):
+            dims = [s[("tag", tag)][k] for s in per_state]
+            values.append(P.ExplainedValue(tag, "tag", list(v.type.shape), str(v.type.dtype),
+                                           _history(dims, states, v.type.shape),
+                                           found.get(("tag", tag), [])))
     return values
 
 
@@ -655,20 +730,21 @@ def _attribute(lowered: Lowered) -> Counter:
     return counts
 
 
-def _introductions(attributions: list[Counter], states: list[StateEntry],
-                   params: P.ExplainParams) -> list[P.AttributedCollective]:
-    """The collectives of the final program that concern the request, each attributed to
-    the tactic after which its count first reached the final count's share."""
+def _concerns(c: P.AttributedCollective, params: P.ExplainParams) -> bool:
+    if params.name is not None:
+        return c.value is not None and _matches(c.value, params.name)
+    return (params.line is None or c.loc.line == params.line) and \
+        _same_file(c.loc.file, params.file or "")
+
+
+def _introductions(attributions: list[Counter],
+                   states: list[StateEntry]) -> list[P.AttributedCollective]:
+    """The collectives of the final program, each attributed to the tactic after which
+    its count first reached the final count's share."""
     final = attributions[-1]
     out = []
     for sig, count in sorted(final.items(), key=lambda kv: tuple(map(str, kv[0]))):
         kind, axes, name, file, line, function = sig
-        if params.name is not None:
-            if name is None or not _matches(name, params.name):
-                continue
-        elif not ((params.line is None or line == params.line) and
-                  _same_file(file, params.file or "")):
-            continue
         previous = 0
         for i, counts in enumerate(attributions, 1):
             now = min(counts.get(sig, 0), count)

@@ -33,9 +33,9 @@ import numpy as np
 import partir
 from partir.mesh import Mesh
 from partir.program import Program
-from partir.schedule_file import _is_library
 from partir.tactics import ManualPartition
 from partir.tactics.forms import _Form
+from partir.user_modules import content_hash, is_library
 
 _DAEMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Arrays captured by functions are hashed by content up to this size, by identity above.
@@ -48,14 +48,6 @@ def _h(*parts: str) -> str:
         digest.update(p.encode())
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def file_hash(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
 
 
 class Fingerprinter:
@@ -72,7 +64,7 @@ class Fingerprinter:
         if not file or file.startswith("<"):
             return False
         file = os.path.abspath(file)
-        return (file.startswith(self.roots) and not _is_library(file)
+        return (file.startswith(self.roots) and not is_library(file)
                 and not file.startswith(_DAEMON_DIR))
 
     def _workspace_module(self, name: str | None) -> types.ModuleType | None:
@@ -93,7 +85,7 @@ class Fingerprinter:
             return _h("cycle", name)
         active.add(name)
         file = os.path.abspath(module.__file__)
-        content = self.files.setdefault(file, file_hash(file))
+        content = self.files.setdefault(file, content_hash(file))
         deps = set()
         for value in list(vars(module).values()):
             dep = value if isinstance(value, types.ModuleType) else \
@@ -235,7 +227,7 @@ def _lookup(module: types.ModuleType, qualname: str) -> Any:
 def _is_library_object(fn: Any) -> bool:
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     file = getattr(module, "__file__", None)
-    return bool(file) and _is_library(file)
+    return bool(file) and is_library(file)
 
 
 @functools.lru_cache(maxsize=4096)
