@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _partition(args: argparse.Namespace) -> int:
     device = get_device(args.device)  # an unknown name fails before any work
-    schedule_file = load_schedule_file(args.file)
+    # Partitioning needs the example arguments' shapes only.
+    schedule_file = load_schedule_file(args.file, abstract_args=True)
     result = schedule_file.program.core_partition(schedule_file.mesh, schedule_file.schedule)
     if args.ir is not None:
         if args.after is not None and not 0 <= args.after <= len(result.tactics):
