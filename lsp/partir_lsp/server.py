@@ -30,7 +30,7 @@ from pygls.protocol import LanguageServerProtocol
 
 from partir_daemon import protocol as P
 from partir_daemon.client import DaemonError, RequestCancelled, RequestError
-from partir_lsp import render
+from partir_lsp import actions, completion, navigation, render, symbols
 from partir_lsp.daemon import DaemonLink, DaemonUnavailable
 from partir_lsp.positions import Lines, contains
 from partir_lsp.settings import Settings
@@ -600,6 +600,38 @@ def build() -> PartirServer:
         except DaemonError as e:
             log.warning("hover: %s", e)
             return None
+
+    # Editor features answered at once from the last analysis and the current text.
+    def last_result(doc: Document) -> P.PartitionResult | None:
+        return doc.snapshot.result if doc.snapshot is not None else None
+
+    @server.feature(lsp.TEXT_DOCUMENT_COMPLETION,
+                    lsp.CompletionOptions(trigger_characters=list(completion.TRIGGERS)))
+    def complete(ls: PartirServer, params: lsp.CompletionParams) -> lsp.CompletionList | None:
+        doc = ls.documents.get(params.text_document.uri)
+        return completion.complete(doc.text, params.position, last_result(doc)) \
+            if doc is not None else None
+
+    @server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
+    def definition(ls: PartirServer, params: lsp.DefinitionParams) -> list[lsp.Location]:
+        doc = ls.documents.get(params.text_document.uri)
+        return navigation.definitions(doc.path, doc.text, params.position, last_result(doc),
+                                      ls.workspace_root) if doc is not None else []
+
+    @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
+    def document_symbol(ls: PartirServer,
+                        params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
+        doc = ls.documents.get(params.text_document.uri)
+        snap = doc.snapshot if doc is not None else None
+        return symbols.outline(snap.result, snap.lines) if snap is not None else []
+
+    @server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
+        code_action_kinds=[lsp.CodeActionKind.QuickFix]))
+    def code_action(ls: PartirServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
+        uri = params.text_document.uri
+        doc = ls.documents.get(uri)
+        return actions.quick_fixes(uri, doc.text, last_result(doc),
+                                   params.context.diagnostics) if doc is not None else []
 
     @server.feature(IR_REQUEST)
     async def ir(ls: PartirServer, params: Any) -> dict[str, str]:
