@@ -336,17 +336,15 @@ class PartirExtension implements vscode.Disposable {
     return level === undefined ? undefined : { uri: parsed.uri, tactic, level };
   }
 
-  /** The server's `partir.showIr` (a code lens): the server writes the IR to a file under
-   * `.partir/ir/` and opens it with `window/showDocument`, which the client handles. */
-  private async showServerIr(args: readonly unknown[], send: (args: unknown[]) => Promise<unknown>): Promise<unknown> {
-    const params = await this.completeIrParams(args);
-    if (params === undefined) {
-      return undefined;
-    }
+  /** The server's `partir.showIr` (a code lens, one click: the server picks the level a
+   * lens leaves out): the server writes the IR to a file under `.partir/ir/` and opens it
+   * with `window/showDocument`, which the client handles. Only its errors need showing:
+   * the client logs failed requests without a message (RevealOutputChannelOn.Never). */
+  private async showServerIr(args: unknown[], send: (args: unknown[]) => Promise<unknown>): Promise<unknown> {
     try {
-      return await send([params]);
+      return await send(args);
     } catch (e) {
-      void vscode.window.showErrorMessage(`PartIR: could not show ${irTitle(params)}: ${errorMessage(e)}`);
+      void vscode.window.showErrorMessage(`PartIR: could not show the IR: ${errorMessage(e)}`);
       return undefined;
     }
   }

@@ -229,11 +229,18 @@ export interface TacticChoice {
 }
 
 /** The tactics a schedule file's `partir.showIr` lenses offer, in order, with the summary
- * lens title on the same line as detail; tactic 0 (the traced program) comes first. */
+ * lens title (the one with collective counts, whatever its command) on the same line as
+ * detail; tactic 0 (the traced program) comes first. */
 export function tacticChoices(uri: string, lenses: readonly LensInfo[]): TacticChoice[] {
   const summaries = new Map<number, string>();
   for (const lens of lenses) {
-    if (lens.command !== SHOW_IR_COMMAND && lens.command !== RUN_JOB_COMMAND && lens.title) {
+    let counts: Partial<Record<CollectiveKind, number>> = {};
+    try {
+      counts = parseCollectiveCounts(lens.title);
+    } catch {
+      continue;
+    }
+    if (Object.keys(counts).length > 0 && !summaries.has(lens.line)) {
       summaries.set(lens.line, lens.title);
     }
   }

@@ -121,7 +121,8 @@ describe("tacticChoices", () => {
 
   it("lists the traced program and each tactic with its summary", () => {
     const lenses = [
-      lens(16, "+AG 0 +AR 1 +RS 0 +A2A 0", ""),
+      // The summary lens shows the SPMD IR (the server's lenses), or nothing.
+      lens(16, "+AG 0 +AR 1 +RS 0 +A2A 0 · 1.2 ms", SHOW_IR_COMMAND, [{ uri, tactic: 2, level: "spmd" }]),
       lens(16, "Show IR after this tactic", SHOW_IR_COMMAND, [{ uri, tactic: 2 }]),
       lens(16, "Run partitioned job", RUN_JOB_COMMAND, [{ uri }]),
       lens(14, "+AG 0 +AR 0 +RS 0 +A2A 0", ""),
@@ -133,7 +134,7 @@ describe("tacticChoices", () => {
     assert.deepEqual(tacticChoices(uri, lenses), [
       { tactic: 0, label: "Traced program (before tactic 1)" },
       { tactic: 1, label: "After tactic 1 (line 15)", detail: "+AG 0 +AR 0 +RS 0 +A2A 0" },
-      { tactic: 2, label: "After tactic 2 (line 17)", detail: "+AG 0 +AR 1 +RS 0 +A2A 0" },
+      { tactic: 2, label: "After tactic 2 (line 17)", detail: "+AG 0 +AR 1 +RS 0 +A2A 0 · 1.2 ms" },
     ]);
   });
 
