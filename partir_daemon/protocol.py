@@ -380,6 +380,7 @@ class CacheStats:
     worker_restarts: int
     cancelled_requests: int
     lowered: int = 0  # tactic programs lowered and simulated for their metadata
+    worker_pids: list[int] = field(default_factory=list)  # every running compiler process
 
 
 @dataclass
@@ -478,12 +479,18 @@ class DaemonConfig:
     max_cache_entries: int = 256  # traces + tactic states
     max_cache_ops: int = 4_000_000  # ops held by cached traces and states
     log_level: str = "INFO"
+    # Compiler processes: a schedule file that loops holds one of them, not every file's
+    # analysis. Each holds JAX and caches of its own; two match a two-core machine.
+    compiler_processes: int = 2
 
     def __post_init__(self) -> None:
         # 300 and 300.0 are one setting: the hash must not tell them apart.
         for f in dataclasses.fields(self):
             if isinstance(f.default, float):
                 setattr(self, f.name, float(getattr(self, f.name)))
+        if self.compiler_processes < 1:
+            raise ValueError(f"compiler_processes must be >= 1, not "
+                             f"{self.compiler_processes}")
 
     def to_args(self) -> list[str]:
         return [f"--{f.name.replace('_', '-')}={getattr(self, f.name)}"

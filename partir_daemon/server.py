@@ -3,7 +3,7 @@
     python -m partir_daemon.server --workspace W [--runtime-dir D] [--detach]
         [--idle-timeout-s S]
         [--load-timeout-s S] [--compile-timeout-s S] [--max-cache-entries N]
-        [--max-cache-ops N] [--log-level L]
+        [--max-cache-ops N] [--log-level L] [--compiler-processes N]
 
 (`partir daemon start` and `DaemonClient.connect` start it detached.) The process:
 - takes an exclusive lock per workspace: a second daemon refuses to start and names the
@@ -11,9 +11,12 @@
 - listens on `<runtime dir>/<workspace key>.sock` (mode 0600, private directory) and
   serves only peers of its own uid; writes a status file (pid, socket, version, config
   hash) next to it; logs to `<workspace>/.partir/daemon.log`, never to stdout;
-- runs schedule files and compiles in a worker process (`partir_daemon.worker`), one
-  request at a time, killed and restarted when it hangs past its deadline or crashes;
-  document requests for an older `version` of a path are cancelled by newer ones;
+- runs schedule files and compiles in a pool of worker processes
+  (`partir_daemon.worker`, `--compiler-processes`), each one request at a time, killed
+  and restarted when it hangs past its deadline or crashes; a document goes to the
+  worker that has its path in hand, else to the one that served it last when idle, else
+  to an idle one, so a schedule file that loops delays no other file; document requests
+  for an older `version` of a path are cancelled by newer ones;
 - runs jobs in processes of their own (`partir_daemon.jobs`);
 - watches the workspace's `.py` files (`watchfiles`) and drops traces whose files changed;
 - exits after `idle-timeout` without clients or jobs, on SIGTERM/SIGINT, or on `shutdown`.
@@ -137,6 +140,8 @@ class WorkItem:
 
 
 class WorkerSupervisor:
+    """One compiler process: its queue, (re)start, deadlines and cancellation."""
+
     def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
         self.config = config
         self.paths = paths
@@ -150,10 +155,22 @@ class WorkerSupervisor:
         self._responses: dict[int, asyncio.Future] = {}
         self._loop_task = asyncio.create_task(self._run())
         self._reader_task: asyncio.Task | None = None
+        self._start_lock = asyncio.Lock()
+        self._starting: asyncio.Task | None = None
+
+    @property
+    def load(self) -> int:
+        """Requests running or queued."""
+        return len(self._queue) + (self._current is not None)
 
     @property
     def busy(self) -> bool:
-        return self._current is not None or bool(self._queue)
+        return self.load > 0
+
+    def holds(self, path: str) -> bool:
+        """Whether a request for `path` is running or queued here."""
+        return any(item.path == path for item in
+                   [*self._queue, *([self._current] if self._current else [])])
 
     @property
     def pid(self) -> int | None:
@@ -216,6 +233,24 @@ class WorkerSupervisor:
             finally:
                 self._current = None
 
+    def start_soon(self) -> None:
+        """Start the process in the background, unless it runs or is being started."""
+        if self.pid is None and (self._starting is None or self._starting.done()):
+            self._starting = asyncio.create_task(self._start_in_background())
+
+    async def _start_in_background(self) -> None:
+        try:
+            await self._ensure_process()
+        except Exception:  # the next request starts it again and reports why it cannot
+            log.exception("starting a compiler process failed")
+
+    async def _ensure_process(self) -> None:
+        async with self._start_lock:
+            if self.proc is None or self.proc.returncode is not None:
+                if self.proc is not None:
+                    self.restarts += 1
+                await self._start_worker()
+
     async def _start_worker(self) -> None:
         cmd = [sys.executable, "-m", "partir_daemon.worker", "--workspace",
                str(self.paths.workspace), f"--load-timeout={self.config.load_timeout_s}",
@@ -273,10 +308,7 @@ class WorkerSupervisor:
                 await asyncio.wait_for(self._reader_task, timeout=5)
 
     async def _serve(self, item: WorkItem) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            if self.proc is not None:
-                self.restarts += 1
-            await self._start_worker()
+        await self._ensure_process()
         assert self.proc is not None and self.proc.stdin is not None
         item.worker_id = next(self._worker_ids)
         loop = asyncio.get_running_loop()
@@ -343,7 +375,114 @@ class WorkerSupervisor:
         for item in [*self._queue, *([self._current] if self._current else [])]:
             self._fail(item, P.SHUTTING_DOWN, "the daemon is shutting down")
         self._queue.clear()
+        if self._starting is not None:
+            # Cancelled mid-spawn, asyncio kills the child; once spawned, we do below.
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
         await self._kill_worker()
+
+
+# CacheStats fields that are not a sum over the compiler processes.
+_POOL_STATS = {"max_ops", "max_entries", "worker_pid", "worker_restarts", "worker_pids"}
+
+
+class CompilerPool:
+    """The compiler processes, and which of them serves each request.
+
+    A path's requests go to the worker running or queueing one (so that they keep their
+    order and a newer version cancels older ones), else to its home, the worker that
+    served it last (its trace, tactic states and imported modules are cached there), when
+    idle, else to any idle worker, which becomes its home, else they queue at home. A
+    schedule file that loops thus holds its own worker until its timeout, and the others
+    serve every other file.
+
+    The first worker starts with the first request; the others start in the background
+    once the pool is idle after that: a user with one file open never waits for, or
+    shares the CPU with, the start of a process they do not need yet, and a second file
+    that overflows later finds a process ready rather than paying JAX's import.
+    """
+
+    def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
+        self.config = config
+        self.workers = [WorkerSupervisor(config, paths)
+                        for _ in range(config.compiler_processes)]
+        self._home: dict[str, WorkerSupervisor] = {}
+
+    @property
+    def busy(self) -> bool:
+        return any(w.busy for w in self.workers)
+
+    @property
+    def pid(self) -> int | None:
+        return self.workers[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    async def call(self, item: WorkItem) -> Any:
+        """Serve a request for a document (`item.path`) on the worker routed to."""
+        assert item.path is not None
+        worker = self._home[item.path] = self._route(item.path)
+        try:
+            return await worker.call(item)
+        finally:
+            if self.workers[0].pid is not None and not self.busy:
+                for spare in self.workers[1:]:
+                    spare.start_soon()
+
+    def _route(self, path: str) -> WorkerSupervisor:
+        holder = next((w for w in self.workers if w.holds(path)), None)
+        if holder is not None:
+            return holder
+        home = self._home.get(path)
+        if home is not None and not home.busy:
+            return home
+        idle = [w for w in self.workers if not w.busy]
+        if idle:
+            return min(idle, key=lambda w: w.pid is None)  # a running process first
+        return home or min(self.workers, key=lambda w: w.load)
+
+    def cancel_request(self, conn: Connection, request_id: int | str) -> None:
+        for w in self.workers:
+            w.cancel_request(conn, request_id)
+
+    async def _everywhere(self, method: str, params: dict[str, Any],
+                          workers: list[WorkerSupervisor]) -> list[dict[str, Any]]:
+        """`method` on each of `workers`; the answers of those that gave one."""
+        answers = await asyncio.gather(*(w.call(WorkItem(method, params)) for w in workers),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, RpcError):
+                log.warning("%s failed in a compiler process: %s", method, answer.message)
+            elif isinstance(answer, BaseException):
+                raise answer
+        return [a for a in answers if not isinstance(a, BaseException)]
+
+    async def invalidate(self, paths: list[str]) -> P.InvalidatedParams:
+        """Drop what the running workers cached of changed files (one that is not running
+        has nothing cached)."""
+        answers = await self._everywhere("invalidate", {"paths": paths},
+                                         [w for w in self.workers if w.pid is not None])
+        return P.InvalidatedParams(sorted({p for a in answers for p in a["paths"]}),
+                                   sum(a["traces"] for a in answers))
+
+    async def stats(self) -> P.CacheStats:
+        answers = await self._everywhere("stats", {}, [w for w in self.workers
+                                                       if w.pid is not None or w.busy])
+        summed = [f.name for f in dataclasses.fields(P.CacheStats)
+                  if f.name not in _POOL_STATS]
+        stats = {name: sum(a.get(name, 0) for a in answers) for name in summed}
+        stats["cancelled_requests"] += sum(w.cancelled for w in self.workers)
+        # The cache bounds hold for each process.
+        return P.CacheStats(**stats, max_ops=self.config.max_cache_ops,
+                            max_entries=self.config.max_cache_entries, worker_pid=self.pid,
+                            worker_restarts=sum(w.restarts for w in self.workers),
+                            worker_pids=self.pids)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self.workers))
 
 
 # --- the daemon -----------------------------------------------------------------------------
@@ -359,7 +498,7 @@ class Daemon:
         self._stopped = asyncio.Event()
         self._stopping = False
         self.jobs = JobManager(paths)
-        self.worker = WorkerSupervisor(config, paths)
+        self.compilers = CompilerPool(config, paths)
         self._watch_stop = threading.Event()
         self._tasks: set[asyncio.Task] = set()
 
@@ -392,7 +531,7 @@ class Daemon:
         log.info("shutting down: %s", reason)
         self._watch_stop.set()
         await self.jobs.stop_all()
-        await self.worker.stop()
+        await self.compilers.stop()
         for conn in list(self.connections):
             await conn.close()
         self._stopped.set()
@@ -401,7 +540,7 @@ class Daemon:
         interval = max(0.2, min(5.0, self.config.idle_timeout_s / 4))
         while True:
             await asyncio.sleep(interval)
-            if self.connections or self.jobs.running or self.worker.busy:
+            if self.connections or self.jobs.running or self.compilers.busy:
                 self.last_activity = time.monotonic()
             elif time.monotonic() - self.last_activity > self.config.idle_timeout_s:
                 await self.stop(f"idle for {self.config.idle_timeout_s:g} s")
@@ -425,18 +564,13 @@ class Daemon:
             log.exception("the file watcher stopped")
 
     async def _changed(self, paths: list[str]) -> None:
-        if self.worker.pid is None:
-            return  # nothing cached
-        try:
-            result = await self.worker.call(WorkItem("invalidate", {"paths": paths}))
-        except RpcError as e:
-            log.warning("invalidation failed: %s", e.message)
-            return
-        if result["traces"]:
-            log.info("files changed: %s; %d trace(s) dropped", paths, result["traces"])
+        result = await self.compilers.invalidate(paths)
+        # Changed files, even with no trace dropped: the language server analyses again
+        # the schedule files that depend on them (one that failed to load holds no trace).
+        if result.paths:
+            log.info("files changed: %s; %d trace(s) dropped", result.paths, result.traces)
             for conn in list(self.connections):
-                conn.send(P.notification(P.INVALIDATED, P.InvalidatedParams(
-                    result["paths"], result["traces"])))
+                conn.send(P.notification(P.INVALIDATED, result))
 
     # -- connections ---------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader,
@@ -487,7 +621,7 @@ class Daemon:
         elif P.is_notification(message) and message["method"] == P.CANCEL_REQUEST:
             params = message.get("params") or {}
             if P.valid_id(params.get("id")):
-                self.worker.cancel_request(conn, params["id"])
+                self.compilers.cancel_request(conn, params["id"])
         # Responses from clients: the daemon sends no requests, so there are none to match.
 
     async def _request(self, conn: Connection, message: dict[str, Any]) -> None:
@@ -518,16 +652,16 @@ class Daemon:
 
     async def _m_partition(self, conn: Connection, request_id: Any,
                            params: P.PartitionParams) -> Any:
-        return await self.worker.call(self._document("partition", conn, request_id, params))
+        return await self.compilers.call(self._document("partition", conn, request_id, params))
 
     async def _m_ir(self, conn: Connection, request_id: Any, params: P.IrParams) -> Any:
-        return await self.worker.call(self._document("ir", conn, request_id, params))
+        return await self.compilers.call(self._document("ir", conn, request_id, params))
 
     async def _m_explain(self, conn: Connection, request_id: Any,
                          params: P.ExplainParams) -> Any:
         if params.name is None and params.file is None:
             raise RpcError(P.INVALID_PARAMS, "explain needs `name`, or `file` (and `line`)")
-        return await self.worker.call(self._document("explain", conn, request_id, params))
+        return await self.compilers.call(self._document("explain", conn, request_id, params))
 
     async def _m_run(self, conn: Connection, request_id: Any,
                      params: P.RunParams) -> P.RunResult:
@@ -535,7 +669,7 @@ class Daemon:
             raise RpcError(P.INVALID_PARAMS, "steps must be >= 0")
         path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
         # Partition first (cached): it validates the file and gives the mesh's size.
-        checked = await self.worker.call(WorkItem(
+        checked = await self.compilers.call(WorkItem(
             "partition", P.to_json(P.PartitionParams(path)), path, None, conn, request_id))
         if not checked["ok"]:
             d = checked["diagnostics"][0]
@@ -570,23 +704,14 @@ class Daemon:
 
     async def _m_cache_stats(self, conn: Connection, request_id: Any,
                              params: P.CacheStatsParams) -> P.CacheStats:
-        if self.worker.pid is None and not self.worker.busy:
-            stats = {"traces": 0, "states": 0, "trace_hits": 0, "trace_misses": 0,
-                     "state_hits": 0, "state_misses": 0, "invalidations": 0,
-                     "evictions": 0, "held_ops": 0, "max_ops": self.config.max_cache_ops,
-                     "max_entries": self.config.max_cache_entries, "cancelled_requests": 0}
-        else:
-            stats = await self.worker.call(WorkItem("stats", {}))
-        stats["cancelled_requests"] += self.worker.cancelled
-        return P.CacheStats(**stats, worker_pid=self.worker.pid,
-                            worker_restarts=self.worker.restarts)
+        return await self.compilers.stats()
 
     async def _m_status(self, conn: Connection, request_id: Any,
                         params: P.StatusParams) -> P.DaemonStatus:
         return P.DaemonStatus(os.getpid(), __version__, P.PROTOCOL_VERSION,
                               str(self.paths.workspace), str(self.paths.socket),
                               self.config.hash(), self.started, time.time() - self.started,
-                              len(self.connections), self.worker.pid, str(self.paths.log))
+                              len(self.connections), self.compilers.pid, str(self.paths.log))
 
     async def _m_shutdown(self, conn: Connection, request_id: Any,
                           params: P.ShutdownParams) -> P.ShutdownResult:
