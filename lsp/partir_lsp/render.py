@@ -16,7 +16,7 @@ from typing import Any
 from lsprotocol import types as lsp
 
 from partir_daemon import protocol as P
-from partir_lsp.positions import Lines, line_range, to_range
+from partir_lsp.positions import Lines, line_range, to_range, visible_range
 
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"
@@ -36,6 +36,19 @@ _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "Alrea
 # Above this many shards per side the layout table is left out of the hover.
 MAX_LAYOUT_SIDE = 16
 MAX_HOVER_VALUES = 24
+# Diagnostic messages longer than this are cut, their whole text going to the related
+# information: the Problems panel shows a message on one line.
+MAX_MESSAGE = 300
+# Related entries listing a grouped conflict's occurrences, at most.
+MAX_RELATED = 12
+# What each kind of conflict (`partir.core.conflicts`) means, in the user's terms.
+CONFLICT_MEANING = {
+    "axis_in_scope": "the op is already inside a loop over this axis",
+    "multiple_matches": "several shardings of the op fit and none was chosen",
+    "indivisible": "the axis size does not divide the dimensions the op would be sharded on",
+    "replicated_operand": "sharding the op would slice an operand kept replicated",
+    "unsupported": "partir has no propagation rule for this primitive",
+}
 
 
 # --- formatting -----------------------------------------------------------------------------
@@ -111,10 +124,12 @@ def cost_of(metadata: dict[str, Any]) -> dict[str, Any] | None:
 def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Diagnostic]:
     """The errors of a partition result, and the conflicts and blocked propagations of its
     tactics as warnings on the tactic, with the model line of the op as related info."""
-    out = [_error(d, result, lines) for d in result.diagnostics]
+    uri = uri_of(result.path)
+    out = [_error(d, result, lines, uri) for d in result.diagnostics]
     for tactic in result.tactics:
-        if tactic.range is not None:
-            out += _conflicts(tactic, to_range(tactic.range, lines))
+        written = tactic.range or result.schedule_range
+        r = to_range(written, lines) if written is not None else line_range(0, lines)
+        out += _conflicts(tactic, visible_range(r, lines), uri)
     return out
 
 
@@ -122,9 +137,21 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _error(d: P.Diagnostic, result: P.PartitionResult, lines: Lines) -> lsp.Diagnostic:
+def _diagnostic(r: lsp.Range, message: str, severity: lsp.DiagnosticSeverity, code: str,
+                related: list[lsp.DiagnosticRelatedInformation], uri: str) -> lsp.Diagnostic:
+    """A diagnostic whose message is at most MAX_MESSAGE characters: a longer one is cut
+    at a word, and its whole text is the first related information."""
+    if len(message) > MAX_MESSAGE:
+        related = [lsp.DiagnosticRelatedInformation(lsp.Location(uri, r), message), *related]
+        cut = message[:MAX_MESSAGE - 1]
+        message = (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
+    return lsp.Diagnostic(r, message, severity=severity, code=code, source=SOURCE,
+                          related_information=related or None)
+
+
+def _error(d: P.Diagnostic, result: P.PartitionResult, lines: Lines,
+           uri: str) -> lsp.Diagnostic:
     related: list[lsp.DiagnosticRelatedInformation] = []
-    message = d.message
     if d.file and not _same_path(d.file, result.path) and d.line:
         # Raised in another file (an imported module): point there, and at the schedule
         # file's program line here.
@@ -148,9 +175,8 @@ def _error(d: P.Diagnostic, result: P.PartitionResult, lines: Lines) -> lsp.Diag
         related.append(lsp.DiagnosticRelatedInformation(
             lsp.Location(uri_of(d.inner.file), line_range(d.inner.line)),
             f"raised here ({where})"))
-    return lsp.Diagnostic(r, message, severity=lsp.DiagnosticSeverity.Error,
-                          code=d.exc_type or d.kind, source=SOURCE,
-                          related_information=related or None)
+    return _diagnostic(visible_range(r, lines), d.message, lsp.DiagnosticSeverity.Error,
+                       d.exc_type or d.kind, related, uri)
 
 
 def _snippet_call(r: P.Range, lines: Lines) -> tuple[ast.Call, int, int] | None:
@@ -215,42 +241,58 @@ def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
     return None
 
 
-def _conflicts(tactic: P.TacticResult, r: lsp.Range) -> list[lsp.Diagnostic]:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
+    """One warning per kind of conflict, op and model line (a model's layers repeat the
+    same conflict on one line), with its occurrences as related information."""
+    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
     for c in tactic.metadata.get("conflicts") or []:
         loc = c.get("loc") or {}
-        key = (c.get("kind", ""), c.get("op", ""), loc.get("file", ""), loc.get("line", 0),
-               c.get("axis", ""))
+        key = (c.get("kind", ""), c.get("op", ""), loc.get("file", ""), loc.get("line", 0))
         groups.setdefault(key, []).append(c)
     out = []
-    for (kind, op, file, line, axis), items in groups.items():
-        detail = "; ".join(sorted({c.get("detail", "") for c in items} - {""}))
-        choices = [" vs ".join(c.get("choices") or []) for c in items]
-        choices = [c for c in choices if c]
+    for (kind, op, file, line), items in groups.items():
+        axes = list(dict.fromkeys(c.get("axis", "") for c in items))
+        on = ("axis " if len(axes) == 1 else "axes ") + ", ".join(f"'{a}'" for a in axes)
+        meaning = CONFLICT_MEANING.get(kind, kind)
         if kind == "unsupported":
-            message = (f"propagation of tactic {tactic.index} ({tactic.name}) on axis "
-                       f"'{axis}' is blocked at `{op}`: partir has no propagation rule for "
-                       f"this primitive")
+            message = (f"propagation of tactic {tactic.index} ({tactic.name}) on {on} is "
+                       f"blocked at `{op}`")
             code = "unsupported"
         else:
-            message = (f"conflict in tactic {tactic.index} ({tactic.name}) at `{op}` on "
-                       f"axis '{axis}' ({kind})")
+            message = f"conflict in tactic {tactic.index} ({tactic.name}) at `{op}` on {on}"
             code = f"conflict/{kind}"
         if len(items) > 1:
             message += f", {len(items)} times"
-        if choices:
-            message += ": " + "; ".join(choices)
-        if detail:
-            message += f" [{detail}]"
-        related = None
+        message += f": {meaning}"
+        related = []
+        site = lsp.Location(uri, r)
         if file and line and os.path.isabs(file):
-            related = [lsp.DiagnosticRelatedInformation(
-                lsp.Location(uri_of(file), line_range(line)),
-                f"the {'blocking' if kind == 'unsupported' else 'conflicting'} op `{op}` "
-                f"({os.path.basename(file)}:{line})")]
-        out.append(lsp.Diagnostic(r, message, severity=lsp.DiagnosticSeverity.Warning,
-                                  code=code, source=SOURCE, related_information=related))
+            site = lsp.Location(uri_of(file), line_range(line))
+            related.append(lsp.DiagnosticRelatedInformation(
+                site, f"the {'blocking' if kind == 'unsupported' else 'conflicting'} op "
+                      f"`{op}` ({os.path.basename(file)}:{line})"))
+        occurrences = list(dict.fromkeys(filter(None, (_occurrence(c, meaning)
+                                                       for c in items))))
+        related += [lsp.DiagnosticRelatedInformation(site, text)
+                    for text in occurrences[:MAX_RELATED]]
+        if len(occurrences) > MAX_RELATED:
+            related.append(lsp.DiagnosticRelatedInformation(
+                site, f"… and {len(occurrences) - MAX_RELATED} more"))
+        out.append(_diagnostic(r, message, lsp.DiagnosticSeverity.Warning, code, related,
+                               uri))
     return out
+
+
+def _occurrence(c: dict[str, Any], meaning: str) -> str:
+    """What one conflict adds to its group's message: the choices propagation could not
+    decide between, with a detail other than the kind's meaning; "" when it has none (a
+    blocked primitive: the message says it all)."""
+    choices = c.get("choices") or []
+    if not choices:
+        return ""
+    text = f"on axis '{c.get('axis', '')}': " + " vs ".join(choices)
+    detail = c.get("detail", "")
+    return text + f" ({detail})" if detail and detail != meaning else text
 
 
 # --- code lenses and inlay hints ------------------------------------------------------------
@@ -268,17 +310,19 @@ def lens_title(metadata: dict[str, Any]) -> str:
 
 
 def code_lenses(uri: str, result: P.PartitionResult, lines: Lines) -> list[lsp.CodeLens]:
+    """Above each tactic: its counts (showing the HLO-level program after it, where those
+    collectives are), its Core IR, and running the partitioned job."""
     out = []
     for t in result.tactics:
         if t.range is None:
             continue
-        line = t.range.line - 1
-        start = lsp.Position(line, lines.utf16_col(line, t.range.col))
-        r = lsp.Range(start, start)
+        r = to_range(t.range, lines)
+        after = {"uri": uri, "tactic": t.index}
         out += [
-            lsp.CodeLens(r, lsp.Command(title=lens_title(t.metadata), command="")),
+            lsp.CodeLens(r, lsp.Command(title=lens_title(t.metadata), command=SHOW_IR,
+                                        arguments=[{**after, "level": "hlo"}])),
             lsp.CodeLens(r, lsp.Command(title="Show IR after this tactic", command=SHOW_IR,
-                                        arguments=[{"uri": uri, "tactic": t.index}])),
+                                        arguments=[after])),
             lsp.CodeLens(r, lsp.Command(title="Run partitioned job", command=RUN_JOB,
                                         arguments=[{"uri": uri}])),
         ]
@@ -300,15 +344,12 @@ def hint_label(metadata: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def inlay_hints(result: P.PartitionResult, lines: Lines,
-                visible: lsp.Range | None = None) -> list[lsp.InlayHint]:
+def inlay_hints(result: P.PartitionResult, lines: Lines) -> list[lsp.InlayHint]:
     out = []
     for t in result.tactics:
         if t.range is None:
             continue
         line = t.range.end_line - 1
-        if visible is not None and not visible.start.line <= line <= visible.end.line:
-            continue
         out.append(lsp.InlayHint(lines.end_of_line(line), hint_label(t.metadata),
                                  padding_left=True,
                                  tooltip=f"tactic {t.index} ({t.name}): {lens_title(t.metadata)}"))
@@ -318,20 +359,21 @@ def inlay_hints(result: P.PartitionResult, lines: Lines,
 # --- model-file markers ---------------------------------------------------------------------
 
 
-def collective_markers(explained: P.ExplainResult, schedule: str,
-                       lines: Lines | None = None) -> list[lsp.Diagnostic]:
-    """Information markers on the model lines where partitioning inserted collectives."""
-    by_line: dict[int, list[P.AttributedCollective]] = {}
-    for c in explained.collectives:
-        if c.loc.line > 0:
-            by_line.setdefault(c.loc.line, []).append(c)
-    out = []
-    for line, items in sorted(by_line.items()):
+def collective_markers(collectives: Sequence[P.AttributedCollective],
+                       schedule: str) -> dict[str, list[lsp.Diagnostic]]:
+    """Information markers on the model lines where partitioning inserted collectives, by
+    model file (collectives attributed to no line of a file get none)."""
+    by_line: dict[tuple[str, int], list[P.AttributedCollective]] = {}
+    for c in collectives:
+        if c.loc.line > 0 and os.path.isabs(c.loc.file):
+            by_line.setdefault((c.loc.file, c.loc.line), []).append(c)
+    out: dict[str, list[lsp.Diagnostic]] = {}
+    for (file, line), items in sorted(by_line.items()):
         message = f"{os.path.basename(schedule)}: " + "; ".join(
             _collective_text(c) for c in items)
-        out.append(lsp.Diagnostic(line_range(line, lines), message,
-                                  severity=lsp.DiagnosticSeverity.Information,
-                                  code="collective", source=SOURCE))
+        out.setdefault(file, []).append(_diagnostic(
+            line_range(line), message, lsp.DiagnosticSeverity.Information, "collective", [],
+            uri_of(file)))
     return out
 
 
@@ -430,6 +472,21 @@ def layout_table(shape: Sequence[int], sharding: Sequence[Sequence[str]],
     return caption + "):\n\n" + "\n".join(out)
 
 
+def key_values(result: P.PartitionResult, key: str) -> P.ExplainResult:
+    """What the daemon's `explain` answers for an input key, from a partition result
+    alone: the inputs and tags the key selects (itself, or every leaf under it as a pytree
+    prefix) and the final program's collectives moving them."""
+    values = [v for v in result.values
+              if v.kind in ("input", "tag") and _selects(key, v.name)]
+    collectives = [c for c in result.collectives
+                   if c.value is not None and _selects(key, c.value)]
+    return P.ExplainResult(result.path, result.version, values, collectives)
+
+
+def _selects(key: str, name: str) -> bool:
+    return name == key or name.startswith(key + "/")
+
+
 def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: str,
                 mesh: dict[str, int] | None) -> str:
     """Hover text of an input key of tactic `tactic`: each value it selects, its global
@@ -497,8 +554,7 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
     t = result.tactics[index - 1]
     previous = result.tactics[index - 2].metadata if index > 1 else None
     md = t.metadata
-    parts = [f"**Tactic {t.index} · {t.name}** on axis `{t.axis}`"
-             + (" (from the cache)" if t.reused else "")]
+    parts = [f"**Tactic {t.index} · {t.name}** on axis `{t.axis}`"]
     actions = [a for a in md.get("actions") or []]
     if actions:
         parts.append("Actions: " + ", ".join(f"`{a}`" for a in actions))
@@ -534,8 +590,9 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
     if conflicts:
         kinds: dict[str, int] = {}
         for c in conflicts:
-            kinds[c.get("kind", "?")] = kinds.get(c.get("kind", "?"), 0) + 1
-        parts.append("Conflicts: " + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+            kinds[c.get("kind", "")] = kinds.get(c.get("kind", ""), 0) + 1
+        parts.append("Conflicts (warnings on this tactic): " + "; ".join(
+            f"{n} where {CONFLICT_MEANING.get(k, k)}" for k, n in kinds.items()))
     for note in md.get("notes") or []:
         parts.append(f"Note: {note}")
     return "\n\n".join(parts)

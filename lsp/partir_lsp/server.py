@@ -6,8 +6,11 @@ last result (a snapshot: version, text, result), drops results for stale version
 cancels requests a newer version supersedes (the daemon also cancels them), so the event
 loop never waits on compiler work: every daemon call is awaited on a future the client's
 reader thread resolves. Results become diagnostics, code lenses, inlay hints and hovers
-(`partir_lsp.render`); `partir/ir` and the `partir.runJob` command are forwarded to the daemon.
-See vscode-extension/PROTOCOL.md for what the extension expects.
+(`partir_lsp.render`); lenses, hints and hovers on input keys and tactics are answered
+from the last snapshot at once (mapped onto the lines that did not change since), never
+waiting for an analysis. `partir/ir`, the `partir.showIr` and `partir.runJob` commands and
+model-line hovers are forwarded to the daemon. See vscode-extension/PROTOCOL.md for what
+the extension expects.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -32,7 +36,7 @@ from partir_daemon import protocol as P
 from partir_daemon.client import DaemonError, RequestCancelled, RequestError
 from partir_lsp import actions, completion, navigation, render, symbols
 from partir_lsp.daemon import DaemonLink, DaemonUnavailable
-from partir_lsp.positions import Lines, contains
+from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
 log = logging.getLogger("partir_lsp")
@@ -40,9 +44,8 @@ log = logging.getLogger("partir_lsp")
 IR_REQUEST = "partir/ir"
 REQUEST_FAILED = -32803
 SCHEDULE_SUFFIX = ".partir.py"
-# How long lens, hint and hover requests wait for the analysis of the current version
-# before answering from the previous one.
-SETTLE_TIMEOUT_S = 60.0
+# Where `partir.showIr` writes the IR it shows, under the workspace.
+IR_DIR = Path(".partir", "ir")
 JOB_POLL_S = 0.25
 
 
@@ -59,6 +62,14 @@ def path_of(uri: str) -> str | None:
 
 def is_schedule(path: str | None) -> bool:
     return path is not None and path.endswith(SCHEDULE_SUFFIX)
+
+
+def dependencies(result: P.PartitionResult) -> set[str]:
+    """The real paths of the user's modules a partition result depends on: those the
+    schedule file imported (listed also when it failed to load), else those its program's
+    trace covers (a daemon that does not list the former)."""
+    files = result.dependencies or (result.trace.dependencies if result.trace else [])
+    return {os.path.realpath(f) for f in files}
 
 
 @dataclass
@@ -80,9 +91,21 @@ class Document:
     text: str
     task: asyncio.Task | None = None
     snapshot: Snapshot | None = None
-    # Set when the analysis of `version` has ended (with a result or not).
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
     markers: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)  # model uri ->
+    # The snapshot's lines matched to the current text's, for the snapshot's version and
+    # the document's version it was computed for.
+    _moved: tuple[int, int, LineMap] | None = None
+
+    def latest(self) -> tuple[Snapshot, LineMap] | None:
+        """The last analysis, and where its lines are in the current text."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        if self._moved is None or self._moved[:2] != (snap.version, self.version):
+            self._moved = (snap.version, self.version,
+                           LineMap(snap.lines, snap.lines if snap.version == self.version
+                                   else Lines.of(self.text)))
+        return snap, self._moved[2]
 
 
 class PartirProtocol(LanguageServerProtocol):
@@ -151,7 +174,6 @@ class PartirServer(LanguageServer):
         cancelling the one in progress (and its daemon request)."""
         if doc.task is not None and not doc.task.done():
             doc.task.cancel()
-        doc.settled.clear()
         delay = self.settings.debounce_s if delay is None else delay
         doc.task = asyncio.get_running_loop().create_task(
             self.analyze(doc, doc.version, doc.text, delay))
@@ -162,18 +184,16 @@ class PartirServer(LanguageServer):
             return
         if doc.task is not None:
             doc.task.cancel()
-        doc.settled.set()
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, []))
         doc.markers.clear()
         self.publish_markers()
 
     def invalidated(self, paths: list[str]) -> None:
-        """Model files changed on disk: analyse again the schedule files that use them."""
+        """Model files changed on disk: analyse again, at once, the schedule files that
+        use them (also those that failed to load: a fixed model fixes them)."""
         changed = {os.path.realpath(p) for p in paths}
         for doc in list(self.documents.values()):
-            trace = doc.snapshot.result.trace if doc.snapshot else None
-            deps = {os.path.realpath(p) for p in (trace.dependencies if trace else [])}
-            if deps & changed:
+            if doc.snapshot is not None and dependencies(doc.snapshot.result) & changed:
                 self.schedule(doc, 0.0)
 
     async def analyze(self, doc: Document, version: int, text: str, delay: float) -> None:
@@ -206,27 +226,23 @@ class PartirServer(LanguageServer):
             raise
         except DaemonUnavailable as e:
             self.daemon_failed(str(e))
-            self.finish(doc, version)
             return
         except RequestCancelled:
             # Superseded by a newer version (that one's task publishes), or cancelled in
             # the daemon for another reason: keep the previous results.
-            self.finish(doc, version)
             return
         except DaemonError as e:
             log.error("partition of %s failed: %s", doc.path, e)
             self.window_log_message(lsp.LogMessageParams(
                 lsp.MessageType.Error, f"PartIR: analysing {doc.path} failed: {e}"))
-            self.finish(doc, version)
             return
         if not self.is_current(doc, version):
             return
         publish(result)
         doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
-        self.finish(doc, version)
         self.refresh()
         if self.settings.collective_markers_in_model:
-            await self.update_markers(doc, doc.snapshot)
+            self.update_markers(doc, doc.snapshot)
         elif doc.markers:
             doc.markers.clear()
             self.publish_markers()
@@ -242,48 +258,25 @@ class PartirServer(LanguageServer):
             f"collectives {t.metadata_s:.3f}); reused {result.reused or '-'}, applied "
             f"{result.reapplied or '-'}")))
 
-    def finish(self, doc: Document, version: int) -> None:
-        if doc.version == version:
-            doc.settled.set()
-
     def refresh(self) -> None:
         if self.capability("workspace", "code_lens", "refresh_support"):
             self.workspace_code_lens_refresh(None)
         if self.capability("workspace", "inlay_hint", "refresh_support"):
             self.workspace_inlay_hint_refresh(None)
 
-    async def current(self, uri: str, wait: bool = True) -> tuple[Document, Snapshot] | None:
-        """The document's snapshot, after waiting (bounded) for the analysis of its
-        current version; None for documents that are not schedule files or have none."""
+    def latest(self, uri: str) -> tuple[Document, Snapshot, LineMap] | None:
+        """The document's last analysis, whatever version it was for (requests never wait
+        for one), and where its lines are now; None for documents that are not schedule
+        files or have none yet."""
         doc = self.documents.get(uri)
-        if doc is None:
-            return None
-        if wait and not doc.settled.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(doc.settled.wait(), SETTLE_TIMEOUT_S)
-        if doc.snapshot is None:
-            return None
-        return doc, doc.snapshot
+        found = doc.latest() if doc is not None else None
+        return None if found is None else (doc, *found)
 
     # -- collective markers in model files -----------------------------------------------
-    async def update_markers(self, doc: Document, snap: Snapshot) -> None:
-        trace = snap.result.trace
-        files = [f for f in (trace.dependencies if trace else [])
-                 if not is_schedule(f) and os.path.isfile(f)]
-        markers: dict[str, list[lsp.Diagnostic]] = {}
-        if snap.result.tactics:
-            for file in files:
-                try:
-                    explained: P.ExplainResult = await self.link().call(
-                        "explain", P.ExplainParams(doc.path, snap.text, snap.version,
-                                                   file=file))
-                except (DaemonError, DaemonUnavailable) as e:
-                    log.warning("collective markers of %s: %s", file, e)
-                    return
-                markers[render.uri_of(file)] = render.collective_markers(explained, doc.path)
-        if doc.version != snap.version or self.documents.get(doc.uri) is not doc:
-            return
-        doc.markers = markers
+    def update_markers(self, doc: Document, snap: Snapshot) -> None:
+        markers = render.collective_markers(snap.result.collectives, doc.path)
+        doc.markers = {render.uri_of(file): diags for file, diags in markers.items()
+                       if not is_schedule(file) and os.path.isfile(file)}
         self.publish_markers()
 
     def publish_markers(self) -> None:
@@ -305,27 +298,29 @@ class PartirServer(LanguageServer):
             if self.settings.collective_markers_in_model:
                 for doc in self.documents.values():
                     if doc.snapshot is not None and doc.snapshot.version == doc.version:
-                        asyncio.get_running_loop().create_task(
-                            self.update_markers(doc, doc.snapshot))
+                        self.update_markers(doc, doc.snapshot)
             else:
                 for doc in self.documents.values():
                     doc.markers.clear()
                 self.publish_markers()
 
     # -- requests ------------------------------------------------------------------------
-    async def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
-        found = await self.current(uri)
+    def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
+        found = self.latest(uri)
         if found is None:
             return []
-        _, snap = found
-        return render.code_lenses(uri, snap.result, snap.lines)
+        _, snap, moved = found
+        lenses = render.code_lenses(uri, snap.result, snap.lines)
+        return [lens for lens in map(moved.lens, lenses) if lens is not None]
 
-    async def inlay_hints(self, uri: str, visible: lsp.Range) -> list[lsp.InlayHint]:
-        found = await self.current(uri)
+    def inlay_hints(self, uri: str, visible: lsp.Range) -> list[lsp.InlayHint]:
+        found = self.latest(uri)
         if found is None:
             return []
-        _, snap = found
-        return render.inlay_hints(snap.result, snap.lines, visible)
+        _, snap, moved = found
+        hints = map(moved.hint, render.inlay_hints(snap.result, snap.lines))
+        return [h for h in hints
+                if h is not None and visible.start.line <= h.position.line <= visible.end.line]
 
     async def hover(self, uri: str, position: lsp.Position) -> lsp.Hover | None:
         path = path_of(uri)
@@ -333,81 +328,103 @@ class PartirServer(LanguageServer):
             return None
         if not is_schedule(path):
             return await self.model_hover(path, position)
-        found = await self.current(uri)
+        found = self.latest(uri)
         if found is None:
             return None
-        doc, snap = found
-        if snap.version != doc.version:
-            return None  # the ranges are those of an older text
-        line = position.line + 1
-        col = snap.lines.char_col(position.line, position.character)
+        _, snap, moved = found
+        analysed = moved.to_old(position.line)
+        if analysed is None:
+            return None  # the line changed since the last analysis
+        line = analysed + 1
+        col = snap.lines.char_col(analysed, position.character)
         for t in snap.result.tactics:
             for key, r in t.inputs.items():
                 if contains(r, line, col):
-                    explained: P.ExplainResult = await self.link().call(
-                        "explain", P.ExplainParams(doc.path, snap.text, snap.version,
-                                                   name=key))
-                    text = render.input_hover(explained, key, t.index, t.name,
-                                              snap.result.mesh)
-                    return self.markdown(text, r, snap.lines)
+                    text = render.input_hover(render.key_values(snap.result, key), key,
+                                              t.index, t.name, snap.result.mesh)
+                    return self.markdown(text, moved.span(to_range(r, snap.lines)))
         for t in snap.result.tactics:
             if t.range is not None and contains(t.range, line, col):
-                return self.markdown(render.tactic_hover(snap.result, t.index), t.range,
-                                     snap.lines)
+                return self.markdown(render.tactic_hover(snap.result, t.index),
+                                     moved.span(to_range(t.range, snap.lines)))
         return None
 
     async def model_hover(self, path: str, position: lsp.Position) -> lsp.Hover | None:
         """A line of model code: explained by the most recently analysed open schedule
         file whose program depends on it."""
         real = os.path.realpath(path)
-        best: tuple[Document, Snapshot] | None = None
+        best: Snapshot | None = None
+        best_doc: Document | None = None
         for doc in self.documents.values():
             snap = doc.snapshot
-            trace = snap.result.trace if snap else None
-            if snap is None or trace is None or not snap.result.tactics:
+            if snap is None or not snap.result.tactics:
                 continue
-            if real in {os.path.realpath(f) for f in trace.dependencies} and (
-                    best is None or snap.at > best[1].at):
-                best = (doc, snap)
-        if best is None:
+            if real in dependencies(snap.result) and (best is None or snap.at > best.at):
+                best, best_doc = snap, doc
+        if best is None or best_doc is None:
             return None
-        doc, snap = best
         explained: P.ExplainResult = await self.link().call(
-            "explain", P.ExplainParams(doc.path, snap.text, snap.version, file=path,
+            "explain", P.ExplainParams(best_doc.path, best.text, best.version, file=path,
                                        line=position.line + 1))
-        text = render.model_line_hover(explained, doc.path, position.line + 1)
+        text = render.model_line_hover(explained, best_doc.path, position.line + 1)
         return self.markdown(text) if text else None
 
     @staticmethod
-    def markdown(text: str, r: P.Range | None = None,
-                 lines: Lines | None = None) -> lsp.Hover:
-        from partir_lsp.positions import to_range
-
-        return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text),
-                         to_range(r, lines) if r is not None and lines is not None else None)
+    def markdown(text: str, r: lsp.Range | None = None) -> lsp.Hover:
+        return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text), r)
 
     async def ir(self, params: Any) -> dict[str, str]:
-        if not isinstance(params, dict):
-            params = _as_dict(params)
-        uri, tactic, level = params.get("uri"), params.get("tactic"), params.get("level")
-        if not isinstance(uri, str) or (path := path_of(uri)) is None:
-            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"uri\" must be a file: URI")
-        if not isinstance(tactic, int) or isinstance(tactic, bool) or tactic < 0:
-            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"tactic\" must be an integer >= 0")
-        if level not in ("core", "spmd", "hlo"):
-            raise JsonRpcInvalidParams(f"{IR_REQUEST}: \"level\" must be core, spmd or hlo")
+        uri, path, tactic, level = ir_args(params, IR_REQUEST, default_level=None)
+        return {"text": await self.ir_text(uri, path, tactic, level, IR_REQUEST)}
+
+    async def show_ir(self, args: Any) -> dict[str, str]:
+        """`partir.showIr`: the IR after a tactic, written to a file of the workspace
+        that the client is asked to open (when it can show documents)."""
+        uri, path, tactic, level = ir_args(args, render.SHOW_IR, default_level="core")
+        text = await self.ir_text(uri, path, tactic, level, render.SHOW_IR)
+        out = self.ir_file(path, tactic, level)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # Replaced whole, so that an editor showing the file never reads half of it.
+        partial = out.with_name(out.name + ".tmp")
+        partial.write_text(text)
+        partial.replace(out)
+        if self.capability("window", "show_document", "support"):
+            try:
+                await self.window_show_document_async(lsp.ShowDocumentParams(
+                    out.as_uri(), take_focus=True))
+            except Exception as e:  # the client could not open it: the result says where
+                log.warning("window/showDocument %s failed: %s", out, e)
+        return {"path": str(out), "text": text}
+
+    def ir_file(self, path: str, tactic: int, level: str) -> Path:
+        """`<workspace>/.partir/ir/<dir>/<stem>.after-<N>.<level>.mlir`, `<dir>` the
+        schedule file's directory relative to the workspace (two directories may have
+        schedule files of one name)."""
+        root = Path(os.path.realpath(self.workspace_root))
+        folder = Path(os.path.realpath(path)).parent
+        relative = folder.relative_to(root) if folder.is_relative_to(root) else Path()
+        stem = os.path.basename(path).removesuffix(SCHEDULE_SUFFIX)
+        return root / IR_DIR / relative / f"{stem}.after-{tactic}.{level}.mlir"
+
+    async def ir_text(self, uri: str, path: str, tactic: int, level: P.IrLevel,
+                      what: str) -> str:
+        """The IR after `tactic`, of the text the last analysis of the document had (its
+        tactic numbers are those the lenses show), else of its current or saved text."""
         doc = self.documents.get(uri)
-        text, version = (doc.text, doc.version) if doc is not None else (None, None)
+        text, version = None, None
+        if doc is not None:
+            snap = doc.snapshot
+            text, version = (snap.text, snap.version) if snap else (doc.text, doc.version)
         try:
             result: P.IrResult = await self.link().call(
                 "ir", P.IrParams(path, text, version, level, tactic))
         except DaemonUnavailable as e:
             raise RequestFailed(str(e)) from None
         except RequestCancelled:
-            raise JsonRpcContentModified(f"{IR_REQUEST}: superseded by a newer version of "
-                                         f"the document") from None
+            raise JsonRpcContentModified(f"{what}: superseded by a newer version of the "
+                                         f"document") from None
         except RequestError as e:
-            raise RequestFailed(f"{IR_REQUEST}: {e.message}") from None
+            raise RequestFailed(f"{what}: {e.message}") from None
         if result.after != tactic or (not result.text and result.diagnostics):
             out_of_range = next((d for d in result.diagnostics
                                  if d.message.startswith(f"after={tactic}:")), None)
@@ -418,7 +435,7 @@ class PartirServer(LanguageServer):
             where = f" (line {first.line})" if first and first.line else ""
             raise RequestFailed(f"the schedule file does not load{where}: "
                                 f"{first.message if first else 'no program'}")
-        return {"text": result.text}
+        return result.text
 
     async def run_job(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
@@ -521,6 +538,23 @@ def _job_result(info: P.JobInfo, log_text: str, name: str) -> dict[str, Any]:
     return out
 
 
+def ir_args(params: Any, what: str,
+            default_level: P.IrLevel | None) -> tuple[str, str, int, P.IrLevel]:
+    """The uri, path, tactic and level of a `partir/ir` request or `partir.showIr`
+    command; `default_level` when it has none (None: the level is required)."""
+    if not isinstance(params, dict):
+        params = _as_dict(params)
+    uri, tactic = params.get("uri"), params.get("tactic")
+    level = params.get("level", default_level)
+    if not isinstance(uri, str) or (path := path_of(uri)) is None:
+        raise JsonRpcInvalidParams(f"{what}: \"uri\" must be a file: URI")
+    if not isinstance(tactic, int) or isinstance(tactic, bool) or tactic < 0:
+        raise JsonRpcInvalidParams(f"{what}: \"tactic\" must be an integer >= 0")
+    if level not in ("core", "spmd", "hlo"):
+        raise JsonRpcInvalidParams(f"{what}: \"level\" must be core, spmd or hlo")
+    return uri, path, tactic, level
+
+
 def _as_dict(value: Any) -> dict[str, Any]:
     if hasattr(value, "_asdict"):
         return dict(value._asdict())
@@ -583,13 +617,12 @@ def build() -> PartirServer:
         ls.closed(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_LENS)
-    async def code_lens(ls: PartirServer, params: lsp.CodeLensParams) -> list[lsp.CodeLens]:
-        return await ls.code_lenses(params.text_document.uri)
+    def code_lens(ls: PartirServer, params: lsp.CodeLensParams) -> list[lsp.CodeLens]:
+        return ls.code_lenses(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_INLAY_HINT)
-    async def inlay_hint(ls: PartirServer,
-                         params: lsp.InlayHintParams) -> list[lsp.InlayHint]:
-        return await ls.inlay_hints(params.text_document.uri, params.range)
+    def inlay_hint(ls: PartirServer, params: lsp.InlayHintParams) -> list[lsp.InlayHint]:
+        return ls.inlay_hints(params.text_document.uri, params.range)
 
     @server.feature(lsp.TEXT_DOCUMENT_HOVER)
     async def hover(ls: PartirServer, params: lsp.HoverParams) -> lsp.Hover | None:
@@ -636,6 +669,10 @@ def build() -> PartirServer:
     @server.feature(IR_REQUEST)
     async def ir(ls: PartirServer, params: Any) -> dict[str, str]:
         return await ls.ir(params)
+
+    @server.command(render.SHOW_IR)
+    async def show_ir(ls: PartirServer, args: Any) -> dict[str, str]:
+        return await ls.show_ir(args)
 
     @server.command(render.RUN_JOB)
     async def run_job(ls: PartirServer, args: Any) -> dict[str, Any]:

@@ -111,7 +111,9 @@ async def test_conflict_appears_and_clears_with_edits(session: Session) -> None:
     assert warning.range.start.line == Z3_LINE
     assert warning.code == "conflict/axis_in_scope"
     assert "tactic 3 (Z3)" in warning.message and "dot_general" in warning.message
-    (related,) = warning.related_information
+    assert "already inside a loop over this axis" in warning.message
+    related, *occurrences = warning.related_information
+    assert occurrences and all(o.location == related.location for o in occurrences)
     model = session.workspace.path("mlp/model.py")
     assert related.location.uri == model.as_uri()
     model_line = related.location.range.start.line

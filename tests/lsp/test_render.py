@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lsprotocol import types as T
 from partir_lsp import render
-from partir_lsp.positions import Lines, contains, to_range
+from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
 from partir_daemon import protocol as P
@@ -51,16 +51,20 @@ def test_layout_table_of_a_2d_sharding() -> None:
 
 
 def test_collective_markers_group_by_model_line() -> None:
-    explained = P.ExplainResult("/ws/s.partir.py", 3, [], [
+    collectives = [
         P.AttributedCollective("all_reduce", ["model"], 1, None,
                                P.SourceLocation("/ws/model.py", 17, "mlp"), 2, "MP"),
         P.AttributedCollective("all_gather", ["batch"], 2, "w1",
                                P.SourceLocation("/ws/model.py", 17, "mlp"), 3, "Z3"),
         P.AttributedCollective("all_gather", ["batch"], 1, "w2",
                                P.SourceLocation("<unknown>", 0), 3, "Z3"),
-    ])
-    (marker,) = render.collective_markers(explained, "/ws/s.partir.py")
-    assert marker.range.start.line == 16
+        P.AttributedCollective("all_to_all", ["model"], 1, "h",
+                               P.SourceLocation("/ws/layers.py", 3, "f"), 2, "MP"),
+    ]
+    markers = render.collective_markers(collectives, "/ws/s.partir.py")
+    assert list(markers) == ["/ws/layers.py", "/ws/model.py"]
+    (marker,) = markers["/ws/model.py"]
+    assert (marker.range.start.line, marker.range.end.line) == (16, 17)  # the whole line
     assert marker.severity == T.DiagnosticSeverity.Information
     assert marker.message == ("s.partir.py: all_reduce ×1 over 'model' (tactic 2, MP); "
                               "all_gather ×2 over 'batch' of `w1` (tactic 3, Z3)")
@@ -74,3 +78,140 @@ def test_settings_from_options_and_configuration() -> None:
     assert s.debounce_ms == 5000
     assert not s.update({"debounceMs": "fast", "collectiveMarkersInModel": 1})
     assert not s.update(None)
+
+
+SCHEDULE = '''\
+
+import partir
+
+program = partir.Program(f, x)
+mesh = {"batch": 4}
+schedule = [
+    partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+]
+'''
+TACTIC = P.Range(7, 4, 7, 62)
+
+
+def tactic(conflicts: list[dict], reused: bool = False) -> P.TacticResult:
+    return P.TacticResult(1, "BP", "batch", TACTIC, {"x": P.Range(7, 28, 7, 31)}, reused,
+                          "s1", {"collectives": {"all_gather": 1}, "conflicts": conflicts,
+                                 "actions": ['tile<%x,0,"batch">', "propagate"]})
+
+
+def result(*tactics: P.TacticResult, diagnostics: list[P.Diagnostic] | None = None,
+           **fields: object) -> P.PartitionResult:
+    return P.PartitionResult("/ws/s.partir.py", 1, not diagnostics, diagnostics or [],
+                             mesh={"batch": 4}, tactics=list(tactics), **fields)
+
+
+def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
+    layers = [{"kind": "axis_in_scope", "op": "dot_general", "axis": "batch",
+               "loc": {"file": "/ws/model.py", "line": 12},
+               "choices": [f"loop 'batch' [%r{i}]", "operand 1 tiled #tile<0>"],
+               "detail": "the op is already inside a loop over this axis"}
+              for i in range(30)]
+    other = {"kind": "multiple_matches", "op": "add", "axis": "batch",
+             "loc": {"file": "/ws/model.py", "line": 14}, "choices": ["a", "b"], "detail": ""}
+    diags = render.schedule_diagnostics(result(tactic([*layers, other])),
+                                        Lines.of(SCHEDULE))
+    assert [d.code for d in diags] == ["conflict/axis_in_scope", "conflict/multiple_matches"]
+    grouped = diags[0]
+    assert grouped.message == ("conflict in tactic 1 (BP) at `dot_general` on axis 'batch', "
+                               "30 times: the op is already inside a loop over this axis")
+    assert grouped.range == T.Range(T.Position(6, 4), T.Position(6, 62))
+    site, *occurrences = grouped.related_information
+    assert site.location.uri == "file:///ws/model.py"
+    assert site.location.range.start.line == 11 and site.location.range.end.line == 12
+    assert len(occurrences) == render.MAX_RELATED + 1
+    assert occurrences[0].message == \
+        "on axis 'batch': loop 'batch' [%r0] vs operand 1 tiled #tile<0>"
+    assert occurrences[-1].message == f"… and {30 - render.MAX_RELATED} more"
+    assert diags[1].message.endswith("several shardings of the op fit and none was chosen")
+
+
+def test_long_messages_are_cut_with_the_whole_text_related() -> None:
+    long = "tracing the program raised TypeError: " + "shapes (8, 16) and (4, 2) " * 40
+    diags = render.schedule_diagnostics(result(diagnostics=[P.Diagnostic(
+        "tracing", long, "/ws/s.partir.py", 4, P.Range(4, 10, 4, 33))]), Lines.of(SCHEDULE))
+    (d,) = diags
+    assert len(d.message) <= render.MAX_MESSAGE and d.message.endswith("…")
+    assert d.message[:-1] in long
+    (whole,) = d.related_information
+    assert whole.message == long and whole.location.range == d.range
+
+
+def test_diagnostics_never_have_empty_ranges() -> None:
+    lines = Lines.of(SCHEDULE)
+    at_a_point = P.Diagnostic("syntax", "invalid syntax", "/ws/s.partir.py", 5,
+                              P.Range(5, 7, 5, 7))
+    whole_file = P.Diagnostic("missing", "no `schedule`", "/ws/s.partir.py", 0)
+    conflict = {"kind": "unsupported", "op": "fft", "axis": "batch",
+                "loc": {"file": "/ws/m.py", "line": 3}, "choices": [], "detail": ""}
+    unplaced = P.TacticResult(1, "BP", "batch", None, {}, False, "s1",
+                              {"conflicts": [conflict]})
+    diags = render.schedule_diagnostics(result(
+        unplaced, diagnostics=[at_a_point, whole_file],
+        schedule_range=P.Range(6, 11, 6, 11)), lines)
+    # The point's line, the first line with text (line 1 is blank), the schedule's line.
+    assert [(d.range.start, d.range.end) for d in diags] == [
+        (T.Position(4, 0), T.Position(4, 19)), (T.Position(1, 0), T.Position(1, 13)),
+        (T.Position(5, 0), T.Position(5, 12))]
+    (site,) = diags[2].related_information  # no choices: nothing more to say
+    assert site.location.range == T.Range(T.Position(2, 0), T.Position(3, 0))
+
+
+def test_tactic_hover_speaks_in_user_terms() -> None:
+    conflict = {"kind": "axis_in_scope", "op": "dot_general", "axis": "batch",
+                "loc": {"file": "/ws/model.py", "line": 12}, "choices": [], "detail": ""}
+    text = render.tactic_hover(result(tactic([conflict, conflict], reused=True)), 1)
+    assert text.startswith("**Tactic 1 · BP** on axis `batch`\n")
+    assert "cache" not in text and "axis_in_scope" not in text
+    assert "Conflicts (warnings on this tactic): 2 where the op is already inside a loop " \
+           "over this axis" in text
+
+
+def test_key_values_select_inputs_and_tags_under_a_prefix() -> None:
+    def value(name: str, kind: str) -> P.ExplainedValue:
+        return P.ExplainedValue(name, kind, [8], "float32",
+                                [P.ShardingStep(1, "BP", [["batch"]], [2], True)])
+
+    def moving(name: str | None) -> P.AttributedCollective:
+        return P.AttributedCollective("all_gather", ["batch"], 1, name,
+                                      P.SourceLocation("/ws/model.py", 3), 1, "BP")
+
+    values = [value("params/w", "input"), value("params/b", "input"),
+              value("params2", "input"), value("params/w", "output"),
+              value("params", "tag")]
+    collectives = [moving("params/w"), moving("params2"), moving(None)]
+    explained = render.key_values(result(values=values, collectives=collectives), "params")
+    assert [(v.name, v.kind) for v in explained.values] == [
+        ("params/w", "input"), ("params/b", "input"), ("params", "tag")]
+    assert [c.value for c in explained.collectives] == ["params/w"]
+    assert render.key_values(result(values=values), "params/w").values == [values[0]]
+
+
+def test_every_lens_runs_a_server_command() -> None:
+    lenses = render.code_lenses("file:///ws/s.partir.py", result(tactic([])),
+                                Lines.of(SCHEDULE))
+    assert [(lens.command.command, lens.command.arguments) for lens in lenses] == [
+        (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1, "level": "hlo"}]),
+        (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1}]),
+        (render.RUN_JOB, [{"uri": "file:///ws/s.partir.py"}])]
+    assert lenses[0].command.title == "+AG 1 +AR 0 +RS 0 +A2A 0"
+
+
+def test_line_map_keeps_results_on_unchanged_lines() -> None:
+    old = Lines.of(SCHEDULE)
+    edited = SCHEDULE.replace("import partir\n", "import partir\nimport jax\n").replace(
+        'mesh = {"batch": 4}', 'mesh = {"batch": 2}')
+    moved = LineMap(old, Lines.of(edited))
+    lenses = render.code_lenses("file:///ws/s.partir.py", result(tactic([])), old)
+    assert {moved.lens(lens).range.start.line for lens in lenses} == {7}  # one line down
+    (hint,) = render.inlay_hints(result(tactic([])), old)
+    assert moved.hint(hint).position == T.Position(7, 62)
+    assert moved.to_old(7) == 6 and moved.to_old(1) == 1
+    assert moved.to_new(4) is None and moved.to_old(2) is None  # the mesh line, the import
+    # A range over a line that changed is dropped.
+    assert moved.span(T.Range(T.Position(3, 0), T.Position(4, 5))) is None
+    assert LineMap(old, old).to_new(4) == 4

@@ -74,9 +74,11 @@ async def test_broken_schedule_files_never_crash_the_server(session: Session) ->
         lenses = await session.lenses(uri)
         assert all(lens.range.start.line >= 0 for lens in lenses)
         await session.hover(uri, 0, 0)
+    refreshes = session.lens_refreshes
     session.change(uri, MLP_BP_MP_Z3)
     diags = await session.diagnostics_for(uri)
     assert not [d for d in diags if d.severity == T.DiagnosticSeverity.Error]
+    await session.wait_until("the lenses refreshed", lambda: session.lens_refreshes > refreshes)
     assert len(await session.lenses(uri)) == 9
     session.close(uri)
 
