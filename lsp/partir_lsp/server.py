@@ -91,6 +91,9 @@ class Document:
     text: str
     task: asyncio.Task | None = None
     snapshot: Snapshot | None = None
+    # The last snapshot whose program was traced (it has values): what completion, go to
+    # definition and quick fixes use while the text being typed does not load.
+    traced: Snapshot | None = None
     markers: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)  # model uri ->
     # The snapshot's lines matched to the current text's, for the snapshot's version and
     # the document's version it was computed for.
@@ -240,6 +243,8 @@ class PartirServer(LanguageServer):
             return
         publish(result)
         doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
+        if result.values:
+            doc.traced = doc.snapshot
         self.refresh()
         if self.settings.collective_markers_in_model:
             self.update_markers(doc, doc.snapshot)
@@ -636,7 +641,7 @@ def build() -> PartirServer:
 
     # Editor features answered at once from the last analysis and the current text.
     def last_result(doc: Document) -> P.PartitionResult | None:
-        return doc.snapshot.result if doc.snapshot is not None else None
+        return doc.traced.result if doc.traced is not None else None
 
     @server.feature(lsp.TEXT_DOCUMENT_COMPLETION,
                     lsp.CompletionOptions(trigger_characters=list(completion.TRIGGERS)))
@@ -655,8 +660,9 @@ def build() -> PartirServer:
     def document_symbol(ls: PartirServer,
                         params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
         doc = ls.documents.get(params.text_document.uri)
-        snap = doc.snapshot if doc is not None else None
-        return symbols.outline(snap.result, snap.lines) if snap is not None else []
+        snap = doc.traced if doc is not None else None
+        return symbols.outline(snap.result, snap.lines, LineMap(snap.lines, Lines.of(doc.text))) \
+            if snap is not None else []
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
         code_action_kinds=[lsp.CodeActionKind.QuickFix]))

@@ -79,6 +79,11 @@ async def test_completion_of_paths_and_axes_in_unfinished_code(session: Session)
     r = w_up.text_edit.range
     assert line[r.start.character:r.end.character] == "params/layers/0/"
 
+    # Once the unfinished text's analysis failed, the last traced one still answers.
+    assert "SyntaxError" in (await session.diagnostics_for(uri))[0].message
+    items = await complete(session, uri, text, '"params/layers/0/|')
+    assert len(items) == len(LAYER_PARAMS)
+
     text = TINY_BP_MP_Z3.replace('{"batch": 0}', '{"batch": 0, ""}')
     session.change(uri, text)
     top = await complete(session, uri, text, '{"batch": 0, "|"}')

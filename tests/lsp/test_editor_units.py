@@ -10,7 +10,7 @@ from lsprotocol import types as T
 from partir_lsp import actions, completion, navigation, symbols
 from partir_lsp.literals import AXIS, KEY, Slot, mesh_axes, parse, slot_at, slots
 from partir_lsp.names import Names
-from partir_lsp.positions import Lines
+from partir_lsp.positions import LineMap, Lines
 
 from partir_daemon import protocol as P
 from tests.lsp.support import MLP_BP_MP_Z3
@@ -263,7 +263,7 @@ def test_outline_nests_the_tactics_under_the_schedule() -> None:
                                                (2, "MP", "model", {}),
                                                (3, "Z3", "batch", {"w1": P.Range(1, 0, 1, 1),
                                                                    "w2": P.Range(1, 0, 1, 1)})]]
-    out = symbols.outline(res, lines)
+    out = symbols.outline(res, lines, LineMap(lines, lines))
     assert [(s.name, s.detail, s.kind) for s in out] == [
         ("program", "mlp", T.SymbolKind.Function),
         ("mesh", "batch: 4, model: 2", T.SymbolKind.Object),
@@ -273,9 +273,19 @@ def test_outline_nests_the_tactics_under_the_schedule() -> None:
         ("1. BP", "axis batch · x"), ("2. MP", "axis model"), ("3. Z3", "axis batch · w1, w2")]
     assert out[2].children[0].range.start == T.Position(BP_LINE, 4)
 
+    # The text moved on: a line inserted above the mesh, the MP line being edited.
+    edited = MLP_BP_MP_Z3.replace("mesh =", "# comment\nmesh =").replace('name="MP"', 'name="M')
+    moved = symbols.outline(res, lines, LineMap(lines, Lines.of(edited)))
+    assert [(s.name, s.range.start.line) for s in moved] == [
+        ("program", out[0].range.start.line), ("mesh", out[1].range.start.line + 1),
+        ("schedule", schedule_line + 1)]
+    assert [(s.name, s.range.start.line) for s in moved[2].children] == [
+        ("1. BP", BP_LINE + 1), ("3. Z3", BP_LINE + 3)]
+
 
 def test_outline_without_ranges_is_empty() -> None:
-    assert symbols.outline(result(), Lines.of("")) == []
+    lines = Lines.of("")
+    assert symbols.outline(result(), lines, LineMap(lines, lines)) == []
 
 
 # --- quick fixes ----------------------------------------------------------------------------
