@@ -79,6 +79,22 @@ class ScheduleLoadTimeout(Exception):
     """Raised inside the schedule file's code when executing it takes too long."""
 
 
+class LoadInterrupted(Exception):
+    """Raised inside the schedule file's code when its request is cancelled (a newer
+    revision arrived): a file that loops must not hold back the fix of its loop."""
+
+
+# Sent to the compiler process to interrupt the schedule file it is executing; ignored
+# outside `_time_limit` (see `ignore_interrupts`).
+INTERRUPT_SIGNAL = signal.SIGUSR1
+
+
+def ignore_interrupts() -> None:
+    """An interrupt that arrives just after the load it was meant for ends is dropped (the
+    request is then cancelled between tactics)."""
+    signal.signal(INTERRUPT_SIGNAL, signal.SIG_IGN)
+
+
 @dataclass
 class TraceEntry:
     key: str
@@ -435,6 +451,8 @@ class Engine:
                     self._loaded[path] = Loaded(text, sf)
                 return sf
             except ScheduleExecutionError as e:
+                if e.exc_type == LoadInterrupted.__name__:
+                    raise Cancelled from None
                 if e.exc_type == ScheduleLoadTimeout.__name__:
                     # Where the loop is, below the schedule file: the deepest user frame
                     # of the interrupted code (the alarm handler's own frame is ours).
@@ -511,8 +529,9 @@ def _range(span: SourceRange | None) -> P.Range | None:
 
 @contextmanager
 def _time_limit(seconds: float):
-    """Raise ScheduleLoadTimeout in the running code after `seconds` (SIGALRM: only in the
-    main thread; elsewhere no limit, and the daemon's hard deadline still applies)."""
+    """Raise ScheduleLoadTimeout in the running code after `seconds` (SIGALRM), and
+    LoadInterrupted on INTERRUPT_SIGNAL. Signals reach only the main thread: elsewhere no
+    limit, and the daemon's hard deadline still applies."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -520,13 +539,18 @@ def _time_limit(seconds: float):
     def expired(signum: int, frame: Any) -> None:
         raise ScheduleLoadTimeout(f"the schedule file ran for more than {seconds:g} s")
 
+    def interrupted(signum: int, frame: Any) -> None:
+        raise LoadInterrupted("superseded by a newer revision")
+
     previous = signal.signal(signal.SIGALRM, expired)
+    previous_interrupt = signal.signal(INTERRUPT_SIGNAL, interrupted)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        signal.signal(INTERRUPT_SIGNAL, previous_interrupt)
 
 
 # --- diagnostics ----------------------------------------------------------------------------

@@ -42,13 +42,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
 
-    from partir_daemon.engine import Cancelled, Engine
+    from partir_daemon.engine import INTERRUPT_SIGNAL, Cancelled, Engine, ignore_interrupts
 
     engine = Engine(args.workspace, load_timeout_s=args.load_timeout,
                     max_entries=args.max_entries, max_ops=args.max_ops)
     requests: queue.Queue = queue.Queue()
     cancelled: set[Any] = set()
     lock = threading.Lock()
+    # The request whose schedule file is executing: cancelling it interrupts the file
+    # (which may loop) rather than waiting for the next check between tactics.
+    loading: list[Any] = [None]
+    ignore_interrupts()
 
     def send(message: dict[str, Any]) -> None:
         data = P.encode(message)
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if "cancel" in message:
                 cancelled.add(message["cancel"])
+                if loading[0] == message["cancel"]:
+                    os.kill(os.getpid(), INTERRUPT_SIGNAL)
             else:
                 requests.put(message)
         os._exit(0)  # the daemon is gone: so are we, whatever is running
@@ -78,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
 
         def progress(text: str, step: int | None, total: int | None,
                      request_id: Any = request_id) -> None:
+            if text == "loading the schedule file":
+                loading[0] = request_id
+            elif text == "loaded":
+                loading[0] = None
             send({"id": request_id, "progress": {"message": text, "step": step,
                                                   "total": total}})
 
@@ -116,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             send({"id": request_id, "error": {"code": code,
                                               "message": f"{type(e).__name__}: {e}"}})
         finally:
+            loading[0] = None
             cancelled.discard(request_id)
 
 

@@ -101,3 +101,21 @@ def test_a_changed_dependency_of_a_failed_load_is_announced(shared):
     assert wait_until(lambda: any(m == P.INVALIDATED and str(broken) in p["paths"]
                                   for m, p in notes), timeout=30)
     assert client.partition(path).ok
+
+
+def test_a_new_version_interrupts_its_own_looping_predecessor(env):
+    """The user removes the loop: the new version cancels the old one mid-execution
+    instead of waiting for its load timeout."""
+    env.config = P.DaemonConfig(idle_timeout_s=300, load_timeout_s=60.0,
+                                compile_timeout_s=300)
+    client = env.connect()
+    path = env.write("edited.partir.py", BP_MP_Z3)
+    assert client.partition(path, version=1).ok  # the compiler process is up and warm
+    loops = client.request_future("partition", P.PartitionParams(path, LOOPS, 2))
+    time.sleep(1.5)  # the loop is running
+    start = time.monotonic()
+    fixed = client.partition(path, text=BP_MP_Z3, version=3)
+    elapsed = time.monotonic() - start
+    assert fixed.ok and elapsed < 10.0, elapsed
+    with pytest.raises(Exception, match="cancel"):
+        loops.result(timeout=10)
