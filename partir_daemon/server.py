@@ -169,8 +169,17 @@ class WorkerSupervisor:
 
     def holds(self, path: str) -> bool:
         """Whether a request for `path` is running or queued here."""
-        return any(item.path == path for item in
-                   [*self._queue, *([self._current] if self._current else [])])
+        return any(item.path == path for item in self._items())
+
+    @property
+    def analysing(self) -> bool:
+        """Whether a document request is running or queued here. Other work (the watcher's
+        invalidations, cache statistics) is short: a path need not leave its home, and
+        its caches, to avoid waiting for it."""
+        return any(item.path is not None for item in self._items())
+
+    def _items(self) -> list[WorkItem]:
+        return [*self._queue, *([self._current] if self._current else [])]
 
     @property
     def pid(self) -> int | None:
@@ -393,7 +402,8 @@ class CompilerPool:
     A path's requests go to the worker running or queueing one (so that they keep their
     order and a newer version cancels older ones), else to its home, the worker that
     served it last (its trace, tactic states and imported modules are cached there), when
-    idle, else to any idle worker, which becomes its home, else they queue at home. A
+    it analyses no other file, else to any worker that does not, which becomes its home,
+    else they queue at home. A
     schedule file that loops thus holds its own worker until its timeout, and the others
     serve every other file.
 
@@ -437,9 +447,9 @@ class CompilerPool:
         if holder is not None:
             return holder
         home = self._home.get(path)
-        if home is not None and not home.busy:
+        if home is not None and not home.analysing:
             return home
-        idle = [w for w in self.workers if not w.busy]
+        idle = [w for w in self.workers if not w.analysing]
         if idle:
             return min(idle, key=lambda w: w.pid is None)  # a running process first
         return home or min(self.workers, key=lambda w: w.load)
