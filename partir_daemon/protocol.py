@@ -26,6 +26,7 @@ Notifications to the daemon:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -519,70 +520,141 @@ def to_json(value: Any) -> Any:
 def from_json(cls: Any, data: Any) -> Any:
     """`data` (plain JSON) as an instance of the annotated type `cls`. Raises
     ProtocolError(INVALID_PARAMS) on a mismatch, so bad params get a JSON-RPC error."""
-    return _convert(cls, data, cls.__name__ if isinstance(cls, type) else str(cls))
+    try:
+        return _converter(cls)(data)
+    except _Mismatch as e:
+        raise ProtocolError(INVALID_PARAMS, e.text(
+            cls.__name__ if isinstance(cls, type) else str(cls))) from None
 
 
-def _convert(tp: Any, data: Any, where: str) -> Any:
+class _Mismatch(Exception):
+    """A value that does not fit its type, at `path` (innermost last) below the root."""
+
+    def __init__(self, message: str, path: tuple[str, ...] = ()) -> None:
+        self.message = message
+        self.path = path
+
+    def at(self, step: str) -> _Mismatch:
+        return _Mismatch(self.message, (step, *self.path))
+
+    def text(self, root: str) -> str:
+        return f"{root}{''.join(self.path)}: {self.message}"
+
+
+Converter = typing.Callable[[Any], Any]
+
+
+@functools.cache
+def _converter(tp: Any) -> Converter:
+    """A function from plain JSON to `tp`, made once per type: results of thousands of
+    values (their sharding after every tactic) are decoded on every edit. The path of a
+    mismatch is only made when there is one."""
     origin = typing.get_origin(tp)
     if tp is Any:
-        return data
+        return _identity
     if origin in (typing.Union, types.UnionType):
-        if data is None and type(None) in typing.get_args(tp):
-            return None
-        errors = []
-        for option in typing.get_args(tp):
-            if option is type(None):
-                continue
-            try:
-                return _convert(option, data, where)
-            except ProtocolError as e:
-                errors.append(e.message)
-        raise ProtocolError(INVALID_PARAMS, "; ".join(errors) or f"{where}: bad value")
+        options = [_converter(o) for o in typing.get_args(tp) if o is not type(None)]
+        nullable = type(None) in typing.get_args(tp)
+
+        def union(data: Any) -> Any:
+            if data is None and nullable:
+                return None
+            errors = []
+            for option in options:
+                try:
+                    return option(data)
+                except _Mismatch as e:
+                    errors.append(e)
+            raise _Mismatch("; ".join(e.text("")[2:] if not e.path else e.text("")
+                                      for e in errors) or "bad value")
+        return union
     if origin is Literal:
-        if data not in typing.get_args(tp):
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected one of "
-                                f"{list(typing.get_args(tp))}, got {data!r}")
-        return data
+        allowed = typing.get_args(tp)
+
+        def literal(data: Any) -> Any:
+            if data not in allowed:
+                raise _Mismatch(f"expected one of {list(allowed)}, got {data!r}")
+            return data
+        return literal
     if origin is list:
-        if not isinstance(data, list):
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected a list")
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        (item_type,) = typing.get_args(tp) or (Any,)
+        item = _converter(item_type)
+
+        def listed(data: Any) -> list[Any]:
+            if not isinstance(data, list):
+                raise _Mismatch("expected a list")
+            try:
+                return [item(v) for v in data]
+            except _Mismatch:
+                pass
+            for i, v in enumerate(data):  # again, to say which item
+                try:
+                    item(v)
+                except _Mismatch as e:
+                    raise e.at(f"[{i}]") from None
+            raise AssertionError("unreachable: a converter failed once only")
+        return listed
     if origin is dict:
-        if not isinstance(data, dict):
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected an object")
-        _, item = typing.get_args(tp) or (str, Any)
-        return {k: _convert(item, v, f"{where}.{k}") for k, v in data.items()}
+        _, item_type = typing.get_args(tp) or (str, Any)
+        item = _converter(item_type)
+
+        def mapping(data: Any) -> dict[str, Any]:
+            if not isinstance(data, dict):
+                raise _Mismatch("expected an object")
+            out = {}
+            for k, v in data.items():
+                try:
+                    out[k] = item(v)
+                except _Mismatch as e:
+                    raise e.at(f".{k}") from None
+            return out
+        return mapping
     if dataclasses.is_dataclass(tp):
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected an object")
         hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(data) - names
-        if unknown:
-            raise ProtocolError(INVALID_PARAMS, f"{where}: unknown field(s) "
-                                f"{sorted(unknown)}")
-        kwargs = {k: _convert(hints[k], v, f"{where}.{k}") for k, v in data.items()}
-        try:
-            return tp(**kwargs)
-        except TypeError as e:  # a required field is missing
-            raise ProtocolError(INVALID_PARAMS, f"{where}: {e}") from None
+        fields = {f.name: _converter(hints[f.name]) for f in dataclasses.fields(tp)}
+
+        def instance(data: Any) -> Any:
+            if data is None:
+                data = {}
+            if not isinstance(data, dict):
+                raise _Mismatch("expected an object")
+            kwargs = {}
+            for k, v in data.items():
+                convert = fields.get(k)
+                if convert is None:
+                    unknown = sorted(set(data) - set(fields))
+                    raise _Mismatch(f"unknown field(s) {unknown}")
+                try:
+                    kwargs[k] = convert(v)
+                except _Mismatch as e:
+                    raise e.at(f".{k}") from None
+            try:
+                return tp(**kwargs)
+            except TypeError as e:  # a required field is missing
+                raise _Mismatch(str(e)) from None
+        return instance
     if tp is float:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return float(data)
-        raise ProtocolError(INVALID_PARAMS, f"{where}: expected a number, got {data!r}")
+        def number(data: Any) -> float:
+            if isinstance(data, int | float) and not isinstance(data, bool):
+                return float(data)
+            raise _Mismatch(f"expected a number, got {data!r}")
+        return number
     if tp in (int, str, bool):
-        if type(data) is not tp:
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected {tp.__name__}, got "
-                                f"{data!r}")
-        return data
+        def scalar(data: Any) -> Any:
+            if type(data) is not tp:
+                raise _Mismatch(f"expected {tp.__name__}, got {data!r}")
+            return data
+        return scalar
     if tp is type(None):
-        if data is not None:
-            raise ProtocolError(INVALID_PARAMS, f"{where}: expected null")
-        return None
+        def null(data: Any) -> None:
+            if data is not None:
+                raise _Mismatch("expected null")
+        return null
     raise TypeError(f"protocol type {tp!r} is not supported")
+
+
+def _identity(data: Any) -> Any:
+    return data
 
 
 # --- JSON-RPC framing -------------------------------------------------------------------
