@@ -16,7 +16,7 @@ from typing import Literal
 
 from lsprotocol import types as lsp
 
-from partir_lsp.positions import Lines
+from partir_lsp.positions import Lines, byte_to_char_col
 
 Role = Literal["key", "axis"]
 KEY: Role = "key"
@@ -56,24 +56,6 @@ def parse(text: str) -> ast.Module | None:
         return ast.parse(text)
     except (SyntaxError, ValueError):  # ValueError: null bytes
         return None
-
-
-def char_col(line_text: str, byte_col: int) -> int:
-    """An `ast` column (UTF-8 bytes) of a line as characters."""
-    return len(line_text.encode()[:byte_col].decode(errors="ignore"))
-
-
-def node_range(node: ast.AST, lines: Lines) -> lsp.Range:
-    """The LSP range of a node of `ast.parse(text)` for `lines = Lines.of(text)`."""
-
-    def position(line: int, byte_col: int) -> lsp.Position:
-        index = line - 1
-        return lsp.Position(index, lines.utf16_col(index, char_col(lines.line(index),
-                                                                   byte_col)))
-
-    return lsp.Range(position(node.lineno, node.col_offset),
-                     position(node.end_lineno or node.lineno,
-                              node.end_col_offset or node.col_offset))
 
 
 def slots(tree: ast.Module, lines: Lines) -> list[Slot]:
@@ -141,7 +123,8 @@ def _slot(role: Role, node: ast.expr, lines: Lines) -> Slot | None:
         return None
     index = node.lineno - 1
     text = lines.line(index)
-    start, end = char_col(text, node.col_offset), char_col(text, node.end_col_offset or 0)
+    start = byte_to_char_col(text, node.col_offset)
+    end = byte_to_char_col(text, node.end_col_offset or 0)
     written = text[start:end]
     m = _OPENING.match(written)
     if m is None:

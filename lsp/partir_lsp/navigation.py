@@ -16,9 +16,9 @@ from lsprotocol import types as lsp
 
 from partir_daemon import protocol as P
 from partir_lsp import render
-from partir_lsp.literals import KEY, node_range, parse, slot_at
+from partir_lsp.literals import KEY, parse, slot_at
 from partir_lsp.names import Names
-from partir_lsp.positions import Lines, line_range
+from partir_lsp.positions import Lines, line_range, node_range
 
 SCHEDULE = "schedule"
 # How many `from a import b` a name may go through before its definition.

@@ -4,6 +4,7 @@ VS Code requires), converted against the text the daemon analysed."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
@@ -132,3 +133,24 @@ class LineMap:
     def hint(self, hint: lsp.InlayHint) -> lsp.InlayHint | None:
         p = self.position(hint.position)
         return None if p is None else attrs.evolve(hint, position=p)
+
+
+def byte_to_char_col(line_text: str, byte_col: int) -> int:
+    """An `ast` column (UTF-8 bytes) of a line as characters."""
+    return len(line_text.encode()[:byte_col].decode(errors="ignore"))
+
+
+def node_range(node: ast.AST, lines: Lines, first: int = 0, col0: int = 0) -> lsp.Range:
+    """The LSP range of an `ast` node of a text whose line 1 is line `first` (0-based) of
+    `lines`, starting at character `col0` there (a snippet parsed on its own); the whole
+    text by default."""
+
+    def position(line: int, byte_col: int) -> lsp.Position:
+        index = first + line - 1
+        offset = col0 if line == 1 else 0
+        chars = byte_to_char_col(lines.line(index)[offset:], byte_col)
+        return lsp.Position(index, lines.utf16_col(index, offset + chars))
+
+    return lsp.Range(position(node.lineno, node.col_offset),
+                     position(node.end_lineno or node.lineno,
+                              node.end_col_offset or node.col_offset))

@@ -16,7 +16,7 @@ from typing import Any
 from lsprotocol import types as lsp
 
 from partir_daemon import protocol as P
-from partir_lsp.positions import Lines, line_range, to_range, visible_range
+from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
 
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"
@@ -195,20 +195,6 @@ def _snippet_call(r: P.Range, lines: Lines) -> tuple[ast.Call, int, int] | None:
     return (node, first, r.col) if isinstance(node, ast.Call) else None
 
 
-def _node_range(node: ast.AST, first: int, col0: int, lines: Lines) -> lsp.Range:
-    def position(line: int, byte_col: int) -> lsp.Position:
-        index = first + line - 1
-        text = lines.line(index)
-        offset = col0 if line == 1 else 0
-        # ast columns count UTF-8 bytes of the snippet line.
-        chars = len(text[offset:].encode()[:byte_col].decode(errors="ignore"))
-        return lsp.Position(index, lines.utf16_col(index, offset + chars))
-
-    return lsp.Range(position(node.lineno, node.col_offset),
-                     position(node.end_lineno or node.lineno,
-                              node.end_col_offset or node.col_offset))
-
-
 def _narrow_to_axis(r: P.Range, lines: Lines) -> lsp.Range | None:
     found = _snippet_call(r, lines)
     if found is None:
@@ -216,9 +202,9 @@ def _narrow_to_axis(r: P.Range, lines: Lines) -> lsp.Range | None:
     call, first, col0 = found
     for kw in call.keywords:
         if kw.arg == "axis":
-            return _node_range(kw.value, first, col0, lines)
+            return node_range(kw.value, lines, first, col0)
     if len(call.args) >= 2:
-        return _node_range(call.args[1], first, col0, lines)
+        return node_range(call.args[1], lines, first, col0)
     return None
 
 
@@ -237,7 +223,7 @@ def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
             k = key.value
             if any(n == k or n.startswith(k + "/") for n in names):
-                return _node_range(key, first, col0, lines)
+                return node_range(key, lines, first, col0)
     return None
 
 
