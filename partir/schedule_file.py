@@ -167,14 +167,14 @@ def load_schedule_file(path: str | os.PathLike[str], text: str | None = None, *,
     source = _Source(filename, text)
     tree = source.parse()
     directory = os.path.dirname(os.path.abspath(filename))
+    imports = imported_names(tree, "")
     try:
         namespace = _execute(source, tree, abstract_args)
         schedule_file = _read_definitions(source, tree, namespace)
     except ScheduleFileError as e:
-        e.dependencies = USER_MODULES.dependencies(directory, imported_names(tree, ""))
+        e.dependencies = USER_MODULES.dependencies(directory, imports)
         raise
-    schedule_file.dependencies = USER_MODULES.dependencies(directory,
-                                                           imported_names(tree, ""))
+    schedule_file.dependencies = USER_MODULES.dependencies(directory, imports)
     return schedule_file
 
 

@@ -70,9 +70,13 @@ class ModuleSource:
     imports: frozenset[str]
 
     def imports_module(self, name: str) -> bool:
-        # Importing `a.b` runs `a` too; a package's submodules depend on the package.
-        return name in self.imports or any(i.startswith(name + ".") for i in self.imports) \
-            or self.name.startswith(name + ".")
+        # A package's submodules depend on the package.
+        return _reaches(self.imports, name) or self.name.startswith(name + ".")
+
+
+def _reaches(imports: frozenset[str], name: str) -> bool:
+    """Whether importing `imports` runs module `name` (importing `a.b` runs `a` too)."""
+    return name in imports or any(i.startswith(name + ".") for i in imports)
 
 
 def imported_names(tree: ast.AST, package: str) -> frozenset[str]:
@@ -171,12 +175,9 @@ class UserModules:
         if d is None:
             return set()
         doomed = {n for n, s in d.sources.items() if content_hash(s.file) != s.digest}
-        grew = bool(doomed)
-        while grew:
-            more = {n for n, s in d.sources.items()
-                    if n not in doomed and any(s.imports_module(m) for m in doomed)}
+        while more := {n for n, s in d.sources.items()
+                       if n not in doomed and any(s.imports_module(m) for m in doomed)}:
             doomed |= more
-            grew = bool(more)
         return doomed
 
     @contextmanager
@@ -219,15 +220,14 @@ class UserModules:
         if d is None:
             return []
         seen: set[str] = set()
-        todo = [n for n in d.sources if any(i == n or i.startswith(n + ".") for i in imports)]
+        todo = [n for n in d.sources if _reaches(imports, n)]
         while todo:
             name = todo.pop()
             if name in seen:
                 continue
             seen.add(name)
             source = d.sources[name]
-            todo += [n for n in d.sources if n not in seen and (
-                source.imports_module(n) or n in source.imports)]
+            todo += [n for n in d.sources if n not in seen and source.imports_module(n)]
         return sorted({d.sources[n].file for n in seen})
 
     def digests(self) -> dict[str, str | None]:

@@ -540,6 +540,10 @@ class _Mismatch(Exception):
     def text(self, root: str) -> str:
         return f"{root}{''.join(self.path)}: {self.message}"
 
+    def relative(self) -> str:
+        """The message as one option of a union states it, below the union's path."""
+        return self.text("") if self.path else self.message
+
 
 Converter = typing.Callable[[Any], Any]
 
@@ -565,8 +569,7 @@ def _converter(tp: Any) -> Converter:
                     return option(data)
                 except _Mismatch as e:
                     errors.append(e)
-            raise _Mismatch("; ".join(e.text("")[2:] if not e.path else e.text("")
-                                      for e in errors) or "bad value")
+            raise _Mismatch("; ".join(e.relative() for e in errors) or "bad value")
         return union
     if origin is Literal:
         allowed = typing.get_args(tp)
