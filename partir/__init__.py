@@ -1,6 +1,6 @@
 """partir: schedule-based SPMD partitioning of JAX programs (PartIR)."""
 
-from partir.api import CorePartition, PartitionedFunction, core_partition, jit, partition
+from partir.api import CorePartition, core_partition, partition
 from partir.errors import (
     AlreadyTiledError,
     AxisNotInMeshError,
@@ -12,6 +12,7 @@ from partir.errors import (
     UnknownInputError,
 )
 from partir.frontend import tag
+from partir.jitted import PartitionedFunction, jit
 from partir.mesh import Mesh
 from partir.metadata import Metadata
 from partir.program import Program
