@@ -113,6 +113,11 @@ class _Builder:
         return [read(a, Location("<return>", 0)) for a in jaxpr.outvars]
 
 
+def _unsharded(x: Any) -> jax.ShapeDtypeStruct:
+    aval = jax.typeof(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
 def _user_frame_of(exc: BaseException) -> Location | None:
     """The innermost frame of the exception's traceback in the user's code."""
     found = None
@@ -126,9 +131,15 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
           name: str | None = None) -> TracedProgram:
     """Trace `fn(*args)` into IR. Arguments may be arrays or `jax.ShapeDtypeStruct`s."""
     static_argnums = tuple(sorted(i % len(args) for i in static_argnums)) if args else ()
+    # Traced on avals without the arguments' shardings: arrays placed on a mesh would
+    # otherwise put that mesh into the ops' params (`out_sharding`, `sharding`), which the
+    # device-local replay cannot bind inside its shard_map, and explicit mesh axes would
+    # type-check the single-device program as if it were sharded.
     try:
+        abstract = tuple(a if i in static_argnums else jax.tree.map(_unsharded, a)
+                         for i, a in enumerate(args))
         closed, out_shape = jax.make_jaxpr(fn, static_argnums=static_argnums,
-                                           return_shape=True)(*args)
+                                           return_shape=True)(*abstract)
     except Exception as e:
         raise TracingError(f"could not trace {getattr(fn, '__name__', fn)!r}: "
                            f"{type(e).__name__}: {e}", loc=_user_frame_of(e)) from e
