@@ -23,12 +23,18 @@ _HIDDEN_PARAMS = {"out_sharding", "sharding", "accuracy", "out_dtype", "preferre
 
 
 class Namer:
-    """Gives each value a unique printable name, preferring its name hint."""
+    """Gives each value a unique printable name, preferring its name hint.
+
+    A hint used again gets the first free suffix `_1`, `_2`, ...; the search resumes where
+    the previous one for that hint stopped (names are never freed), so naming a program
+    takes linear time even when thousands of values share a hint."""
 
     def __init__(self) -> None:
         self._names: dict[Value, str] = {}
         self._used: set[str] = set()
         self._counter = 0
+        self._next_suffix: dict[str, int] = {}
+        self._quoted: dict[str, bool] = {}
 
     def __call__(self, v: Value) -> str:
         name = self._names.get(v)
@@ -39,11 +45,17 @@ class Namer:
 
     def _fresh(self, hint: str | None) -> str:
         if hint is not None:
-            base = hint if _IDENT.match(hint) else f'"{hint}"'
-            name, i = base, 0
+            quoted = self._quoted.get(hint)
+            if quoted is None:
+                quoted = self._quoted[hint] = _IDENT.match(hint) is None
+            i = self._next_suffix.get(hint, 0)
+            name = hint if i == 0 else f"{hint}_{i}"
+            if quoted:
+                name = f'"{name}"'
             while name in self._used:
                 i += 1
-                name = f"{hint}_{i}" if _IDENT.match(hint) else f'"{hint}_{i}"'
+                name = f'"{hint}_{i}"' if quoted else f"{hint}_{i}"
+            self._next_suffix[hint] = i
         else:
             while str(self._counter) in self._used:
                 self._counter += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,9 +37,21 @@ class TensorType:
         return TensorType(tuple(shape), self.dtype)
 
     def __str__(self) -> str:
-        elt = _DTYPE_NAMES.get(np.dtype(self.dtype).name, np.dtype(self.dtype).name)
-        dims = "".join(f"{d}x" for d in self.shape)
-        return f"tensor<{dims}{elt}>"
+        return _tensor_text(self.shape, self.dtype)
+
+
+# Printing a large program names few distinct types many times.
+@functools.lru_cache(maxsize=4096)
+def _tensor_text(shape: tuple[int, ...], dtype: object) -> str:
+    dims = "".join(f"{d}x" for d in shape)
+    return f"tensor<{dims}{element_name(dtype)}>"
+
+
+@functools.lru_cache(maxsize=256)
+def element_name(dtype: object) -> str:
+    """The listings' name of an element type: `f32`, `bf16`, `i1`, ..."""
+    numpy_name = np.dtype(dtype).name
+    return _DTYPE_NAMES.get(numpy_name, numpy_name)
 
 
 @dataclass(frozen=True)
