@@ -26,11 +26,11 @@ from partir.errors import TracingError
 from partir.frontend import TracedProgram, trace
 from partir.gcpause import paused_gc
 from partir.mesh import Mesh
-from partir.metadata import Metadata, TacticMetadata
+from partir.metadata import Deferred, Metadata, TacticMetadata
 from partir.pipeline import Lowered, lower
 from partir.runtime.specs import partition_spec
 from partir.sim import DEFAULT_DEVICE, DeviceSpec, get_device, simulate
-from partir.tactics import ManualPartition, TacticRecord, apply_schedule
+from partir.tactics import ManualPartition, TacticRecord, apply_schedule, as_schedule
 
 
 @dataclass
@@ -83,15 +83,17 @@ class CorePartition:
         return jax.tree_util.tree_unflatten(self.traced.out_tree, outs)
 
 
-def core_partition(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition],
+def core_partition(fn: Callable, mesh: Mesh | Any,
+                   schedule: Sequence[ManualPartition] | ManualPartition,
                    *args: Any, static_argnums: Sequence[int] = ()) -> CorePartition:
-    """Trace `fn(*args)` and apply `schedule` on `mesh`, returning the Core program after
-    each tactic. Arguments may be arrays or `jax.ShapeDtypeStruct`s."""
+    """Trace `fn(*args)` and apply `schedule` (tactics, or one tactic) on `mesh`,
+    returning the Core program after each tactic. Arguments may be arrays or
+    `jax.ShapeDtypeStruct`s."""
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
     start = time.perf_counter()
     traced = trace(fn, *args, static_argnums=static_argnums)
     frontend_s = time.perf_counter() - start
-    initial, records = apply_schedule(traced, mesh, list(schedule))
+    initial, records = apply_schedule(traced, mesh, as_schedule(schedule))
     return CorePartition(traced, mesh, initial, records, frontend_s)
 
 
@@ -124,46 +126,56 @@ def applied_metadata(record: TacticRecord) -> TacticMetadata:
 
 def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                     core_ir: bool = True, lowered: Lowered | None = None,
-                    applied: TacticMetadata | None = None) -> TacticMetadata:
+                    applied: TacticMetadata | None = None,
+                    defer: bool = False) -> TacticMetadata:
     """What partitioning reports for one tactic: its program lowered to PartIR:HLO (unless
     `lowered` already is) for the collectives and simulated for the cost. Printing the
     Core program of a large model costs more than lowering it: tools that show it on
     request pass `core_ir=False`. Tools that hold the tactic's `applied_metadata` pass
-    it, so that only what lowering adds is computed."""
-    with paused_gc():
-        lowered = lowered or lower(record.program)
-        return dataclasses.replace(applied or applied_metadata(record),
-                                   collectives=lowered.collectives,
-                                   core_ir=record.core_ir() if core_ir else "",
-                                   cost=simulate(lowered.hlo, device))
+    it, so that only what lowering adds is computed. With `defer`, the lowering, the
+    simulation and the text are computed when their fields are first read."""
+    shared = Deferred(lambda: lowered or lower(record.program))
+    meta = dataclasses.replace(
+        applied or applied_metadata(record),
+        collectives=Deferred(lambda: shared.get().collectives),
+        cost=Deferred(lambda: simulate(shared.get().hlo, device)),
+        core_ir=Deferred(record.core_ir) if core_ir else "")
+    if not defer:
+        with paused_gc():
+            for name in (*LOWERED_FIELDS, "core_ir"):
+                getattr(meta, name)
+    return meta
 
 
 def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition],
                       args: tuple, static_argnums: Sequence[int],
                       device: str | DeviceSpec = DEFAULT_DEVICE
                       ) -> tuple[CorePartition, Metadata, Lowered]:
-    """The Core partition, its `Metadata` and the final program's lowering."""
+    """The Core partition, its `Metadata` and the final program's lowering. The final
+    program is lowered and simulated at once (its errors are the caller's); the texts and
+    the earlier tactics' collectives and costs wait until they are read."""
     device = get_device(device)  # an unknown name fails before any work
-    result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
-    # The last tactic's program is the final one: lowered once, for both.
-    tactics, final = [], None
-    for record in result.tactics:
-        final = lower(record.program)
-        tactics.append(tactic_metadata(record, device, lowered=final))
-    if final is None:
+    with paused_gc():
+        result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
         final = lower(result.program)
-    meta = Metadata(
-        tactics=tactics,
-        in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree),
-        out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree),
-        core_ir=final.text("core"), spmd_ir=final.text("spmd"), hlo_ir=final.text("hlo"),
-        collectives=final.collectives,
-        cost=tactics[-1].cost if tactics else simulate(final.hlo, device))
+        cost = simulate(final.hlo, device)
+        tactics = [tactic_metadata(record, device, defer=True) for record in result.tactics]
+        if tactics:  # the last tactic's program is the final one
+            vars(tactics[-1]).update(collectives=final.collectives, cost=cost)
+        meta = Metadata(
+            tactics=tactics,
+            in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree),
+            out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree),
+            core_ir=Deferred(lambda: final.text("core")),
+            spmd_ir=Deferred(lambda: final.text("spmd")),
+            hlo_ir=Deferred(lambda: final.text("hlo")),
+            collectives=final.collectives, cost=cost)
     return result, meta, final
 
 
-def partition(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition],
-              *args: Any, static_argnums: Sequence[int] = (),
+def partition(fn: Callable, mesh: Mesh | Any,
+              schedule: Sequence[ManualPartition] | ManualPartition, *args: Any,
+              static_argnums: Sequence[int] = (),
               device: str | DeviceSpec = DEFAULT_DEVICE) -> Metadata:
     """Partition `fn(*args)` without devices: arguments may be `jax.ShapeDtypeStruct`s and
     the mesh may be larger than the local device count. `device` names the spec the

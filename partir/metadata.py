@@ -1,41 +1,101 @@
 """What partitioning reports: per tactic and for the final program. Plain data, JSON-able
-(`to_json`), except `in_specs`/`out_specs`, which are pytrees of `PartitionSpec` like
-`jax.jit`'s shardings."""
+(`to_json`) and picklable, except `in_specs`/`out_specs`, which are pytrees of
+`PartitionSpec` like `jax.jit`'s shardings.
+
+Some fields cost more to compute than the partitioning they describe: the IR texts of a
+large program, and an intermediate tactic's collectives and cost, which need its program
+lowered and simulated. These are `Lazy` fields: their value may be given as a `Deferred`
+computation, run on first read (and its error raised there), then kept. Equality,
+`repr`, `to_json` and pickling read every field, so they see plain values.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Generic, TypeVar
 
 import jax
 from jax.sharding import PartitionSpec
 
 from partir.sim import Cost
 
+T = TypeVar("T")
+
+
+class Deferred(Generic[T]):
+    """A value computed when first needed, once, however many fields share it."""
+
+    def __init__(self, compute: Callable[[], T]) -> None:
+        self._compute: Callable[[], T] | None = compute
+        self._value: T | None = None
+
+    def get(self) -> T:
+        if self._compute is not None:
+            self._value = self._compute()
+            self._compute = None  # frees what the computation held (e.g. a program)
+        return self._value  # type: ignore[return-value]
+
+
+class Lazy:
+    """A dataclass field whose instance value may be a `Deferred`, resolved on first read.
+    The value lives in the instance's `__dict__` under the field's own name."""
+
+    def __init__(self, default: Any = MISSING) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            # The dataclass's default; without one, AttributeError means "no default".
+            if self.default is MISSING:
+                raise AttributeError(self.name)
+            return self.default
+        value = obj.__dict__[self.name]
+        if isinstance(value, Deferred):
+            value = obj.__dict__[self.name] = value.get()
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value
+
+
+class _Resolved:
+    """Pickles with every `Lazy` field computed: a `Deferred` holds a closure."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
 
 @dataclass
-class TacticMetadata:
+class TacticMetadata(_Resolved):
     name: str
     axis: str
     actions: list[str]
-    collectives: dict[str, int]
+    collectives: dict[str, int] = Lazy()
     shardings: dict[str, list[list[str]]]  # input/output name -> per-dim mesh axes
     conflicts: list[dict[str, Any]]
     notes: list[str]
-    core_ir: str
+    core_ir: str = Lazy()
     elapsed_s: float
-    cost: Cost | None = None  # the simulator's estimate for the program after this tactic
+    # The simulator's estimate for the program after this tactic.
+    cost: Cost | None = Lazy(None)
 
 
 @dataclass
-class Metadata:
+class Metadata(_Resolved):
     tactics: list[TacticMetadata] = field(default_factory=list)
     in_specs: tuple = ()
     out_specs: tuple = ()
-    core_ir: str = ""
-    spmd_ir: str = ""
-    hlo_ir: str = ""
-    stablehlo: str | None = None  # text of the executable module, once it is lowered
+    core_ir: str = Lazy("")
+    spmd_ir: str = Lazy("")
+    hlo_ir: str = Lazy("")
+    stablehlo: str | None = Lazy(None)  # text of the executable module, once it is lowered
     collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
 
