@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from partir.core.actions import Tile
 from partir.core.dialect import make_loop, make_slice
@@ -13,6 +15,7 @@ from partir.ir import (
     print_function,
     verify,
 )
+from partir.ir.printer import _IDENT, Namer
 from tests.listings import f32 as _t
 
 
@@ -60,3 +63,48 @@ def test_verifier_checks_slice_and_loop_types():
     loop = make_loop("B", 2, (Tile(0),), [make_slice(x, 0, r, s)], [s], [out], r)
     with pytest.raises(VerificationError, match="does not match"):
         verify(Function("f", [x], [loop], [out]))
+
+
+def _reference_names(hints: list[str | None]) -> list[str]:
+    """Naming as a plain search from suffix 1 for every repeated hint would do it."""
+    used: set[str] = set()
+    names, counter = [], 0
+    for hint in hints:
+        if hint is None:
+            while str(counter) in used:
+                counter += 1
+            name = str(counter)
+            counter += 1
+        else:
+            quote = (lambda s: s) if _IDENT.match(hint) else (lambda s: f'"{s}"')
+            name, i = quote(hint), 0
+            while name in used:
+                i += 1
+                name = quote(f"{hint}_{i}")
+        used.add(name)
+        names.append(name)
+    return names
+
+
+@given(st.lists(st.one_of(st.none(), st.sampled_from(
+    ["x", "x_1", "x_2", "x_1_1", "0", "1", "a b", "a b_1", "y"])), max_size=40))
+def test_names_are_those_of_a_search_from_the_first_suffix(hints):
+    namer = Namer()
+    assert [namer(Value(_t(1), h)) for h in hints] == _reference_names(hints)
+
+
+class _CountingSet(set):
+    lookups = 0
+
+    def __contains__(self, item: object) -> bool:
+        self.lookups += 1
+        return super().__contains__(item)
+
+
+def test_naming_many_values_with_one_hint_takes_linear_time():
+    namer = Namer()
+    namer._used = used = _CountingSet()
+    names = [namer(Value(_t(1), "h")) for _ in range(2000)]
+    assert names[:3] == ["h", "h_1", "h_2"] and names[-1] == "h_1999"
+    # A search restarting at suffix 1 makes 2000 * 2001 / 2 lookups.
+    assert used.lookups <= 2 * len(names)
