@@ -114,14 +114,18 @@ def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
 LOWERED_FIELDS = ("collectives", "cost")
 
 
-def applied_metadata(record: TacticRecord) -> TacticMetadata:
+def applied_metadata(record: TacticRecord, *, defer: bool = False) -> TacticMetadata:
     """What applying a tactic tells, without lowering its program: no `collectives` (an
-    empty dict), no `cost`, no `core_ir`. Tools show it first, as it is fast."""
-    with paused_gc():
-        return TacticMetadata(record.name, record.axis, record.actions, {},
-                              tactic_shardings(record.program),
-                              [c.to_json() for c in record.conflicts], record.notes, "",
-                              record.elapsed_s)
+    empty dict), no `cost`, no `core_ir`. Tools show it first, as it is fast. With
+    `defer`, the shardings are computed when first read."""
+    meta = TacticMetadata(record.name, record.axis, record.actions, {},
+                          Deferred(lambda: tactic_shardings(record.program)),
+                          [c.to_json() for c in record.conflicts], record.notes, "",
+                          record.elapsed_s)
+    if not defer:
+        with paused_gc():
+            meta.shardings  # noqa: B018
+    return meta
 
 
 def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEVICE, *,
@@ -132,17 +136,21 @@ def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEV
     `lowered` already is) for the collectives and simulated for the cost. Printing the
     Core program of a large model costs more than lowering it: tools that show it on
     request pass `core_ir=False`. Tools that hold the tactic's `applied_metadata` pass
-    it, so that only what lowering adds is computed. With `defer`, the lowering, the
-    simulation and the text are computed when their fields are first read."""
+    it, so that only what lowering adds is computed. With `defer`, the shardings, the
+    lowering, the simulation and the text are computed when their fields are first read."""
     shared = Deferred(lambda: lowered or lower(record.program))
-    meta = dataclasses.replace(
-        applied or applied_metadata(record),
-        collectives=Deferred(lambda: shared.get().collectives),
-        cost=Deferred(lambda: simulate(shared.get().hlo, device)),
-        core_ir=Deferred(record.core_ir) if core_ir else "")
+    lowered_fields = {
+        "collectives": Deferred(lambda: shared.get().collectives),
+        "cost": Deferred(lambda: simulate(shared.get().hlo, device)),
+        "core_ir": Deferred(record.core_ir) if core_ir else ""}
+    if applied is not None:
+        meta = dataclasses.replace(applied, **lowered_fields)
+    else:
+        meta = applied_metadata(record, defer=True)
+        vars(meta).update(lowered_fields)
     if not defer:
         with paused_gc():
-            for name in (*LOWERED_FIELDS, "core_ir"):
+            for name in (*LOWERED_FIELDS, "core_ir", "shardings"):
                 getattr(meta, name)
     return meta
 

@@ -3,10 +3,11 @@
 `PartitionSpec` like `jax.jit`'s shardings.
 
 Some fields cost more to compute than the partitioning they describe: the IR texts of a
-large program, and an intermediate tactic's collectives and cost, which need its program
-lowered and simulated. These are `Lazy` fields: their value may be given as a `Deferred`
-computation, run on first read (and its error raised there), then kept. Equality,
-`repr`, `to_json` and pickling read every field, so they see plain values.
+large program, an intermediate tactic's collectives and cost, which need its program
+lowered and simulated, and the shardings of every tactic's inputs and outputs. These are
+`Lazy` fields: their value may be given as a `Deferred` computation, run on first read
+(and its error raised there), then kept. Equality, `repr`, `to_json` and pickling read
+every field, so they see plain values.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class TacticMetadata(_Resolved):
     axis: str
     actions: list[str]
     collectives: dict[str, int] = Lazy()
-    shardings: dict[str, list[list[str]]]  # input/output name -> per-dim mesh axes
+    shardings: dict[str, list[list[str]]] = Lazy()  # input/output name -> per-dim mesh axes
     conflicts: list[dict[str, Any]]
     notes: list[str]
     core_ir: str = Lazy()
