@@ -5,58 +5,81 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 from partir.api import CorePartition, partition_program
 from partir.errors import TracingError
 from partir.jit_options import JitOptions, resolve_jit_options
 from partir.mesh import Mesh
 from partir.metadata import Metadata
-from partir.runtime import build_callable
-from partir.tactics import ManualPartition
+from partir.runtime import Executable, build_callable
+from partir.tactics import ManualPartition, as_schedule
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One argument signature's partition, metadata and executable."""
+
+    partition: CorePartition
+    metadata: Metadata
+    executable: Executable
 
 
 class PartitionedFunction:
     """`fn` partitioned by a schedule, compiled per argument signature like `jax.jit`:
-    the first call with new shapes traces, partitions, lowers and compiles."""
+    the first call with new shapes traces, partitions, lowers and compiles.
+
+    A call reads only its arguments' avals, so it moves no data to the host and runs on
+    tracers too (under `jax.jit` or `jax.grad`): arrays already
+    laid out as the program's inputs pass through, others are placed on the mesh."""
 
     def __init__(self, fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition],
-                 metadata: Metadata, options: JitOptions) -> None:
+                 metadata: Metadata, options: JitOptions,
+                 jax_mesh: jax.sharding.Mesh | None = None) -> None:
         self.fn = fn
         self.mesh = mesh
-        self.schedule = list(schedule)
+        self.schedule = as_schedule(schedule)
         self.metadata = metadata
         self.options = options
         self.static_argnums = options.static_argnums
-        self._compiled: dict[Any, tuple[CorePartition, Any, Metadata]] = {}
+        self.jax_mesh = jax_mesh
+        self._compiled: dict[Any, _Compiled] = {}
         self._last: Any = None
 
-    def _executable(self, args: tuple) -> tuple[CorePartition, Any]:
-        key = tuple(
-            a if i in self.static_argnums else jax.tree_util.tree_map(
-                lambda x: (tuple(np.shape(x)), str(getattr(x, "dtype", np.asarray(x).dtype))),
-                a)
-            for i, a in enumerate(args))
+    def _signature(self, args: tuple) -> tuple[Any, list[Any]]:
+        """The cache key of `args` (static arguments, pytree structure, and each leaf's
+        shape, dtype and weak type: what tracing depends on; not its sharding, as the
+        program is traced without it) and their flat dynamic leaves."""
+        static, dynamic = [], []
+        for i, a in enumerate(args):
+            (static if i in self.static_argnums else dynamic).append(a)
+        leaves, tree = jax.tree_util.tree_flatten(tuple(dynamic))
+        avals = tuple(_aval_key(x) for x in leaves)
+        key = (tuple(static), tree, avals)
         try:
             hash(key)
-        except TypeError:
+        except TypeError:  # unhashable static arguments
             key = repr(key)
+        return key, leaves
+
+    def _executable(self, args: tuple) -> tuple[_Compiled, list[Any]]:
+        key, leaves = self._signature(args)
         found = self._compiled.get(key)
         if found is None:
             result, meta, final = partition_program(self.fn, self.mesh, self.schedule, args,
-                                             self.static_argnums)
+                                                    self.static_argnums)
             executable = build_callable(
-                final.hlo, donate_argnums=self._donated_leaves(args),
+                final.hlo, self.jax_mesh, donate_argnums=self._donated_leaves(args),
                 keep_unused=self.options.keep_unused,
                 compiler_options=self.options.compiler_options or None)
-            found = self._compiled[key] = (result, executable, meta)
+            found = self._compiled[key] = _Compiled(result, meta, executable)
         if key != self._last:  # the metadata describes the signature last used
-            vars(self.metadata).update(vars(found[2]))
+            vars(self.metadata).update(vars(found.metadata))
             self._last = key
-        return found[0], found[1]
+        return found, leaves
 
     def _donated_leaves(self, args: tuple) -> tuple[int, ...]:
         """The flat input positions of the leaves of the donated arguments."""
@@ -85,23 +108,28 @@ class PartitionedFunction:
         return bound.args
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = self._positional(args, kwargs)
-        result, executable = self._executable(args)
-        outs = executable(*result.flatten_args(*args))
-        return jax.tree_util.tree_unflatten(result.traced.out_tree, outs)
+        compiled, leaves = self._executable(self._positional(args, kwargs))
+        outs = compiled.executable.fun(*compiled.executable.layout(leaves))
+        return jax.tree_util.tree_unflatten(compiled.partition.traced.out_tree, outs)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Like `jax.jit(...).lower`: `.compile()`, `.as_text()`, `memory_analysis()`."""
-        args = self._positional(args, kwargs)
-        result, executable = self._executable(args)
-        lowered = executable.lower(*result.flatten_args(*args))
+        compiled, leaves = self._executable(self._positional(args, kwargs))
+        lowered = compiled.executable.lower(*leaves)
         self.metadata.stablehlo = lowered.as_text()
         return lowered
 
 
-def jit(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition],
+def _aval_key(x: Any) -> tuple[Any, ...]:
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
+
+
+def jit(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition] | ManualPartition,
         **jit_options: Any) -> tuple[PartitionedFunction, Metadata]:
-    """`fn` partitioned by `schedule` on the local devices of `mesh`.
+    """`fn` partitioned by `schedule` (tactics, or one tactic) on the local devices of
+    `mesh`: a `jax.sharding.Mesh` is used with its device order, a `partir.Mesh` (or
+    mapping of axis sizes) lays `jax.devices()` out row-major.
 
     Returns the partitioned function and its `Metadata`, which is filled when the function
     is first called or lowered (as `jax.jit` traces on first use). Keyword arguments are
@@ -109,6 +137,8 @@ def jit(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition],
     `donate_argnames`, `keep_unused` and `compiler_options` (`in_shardings` and
     `out_shardings` are refused: the schedule decides them)."""
     options = resolve_jit_options(fn, jit_options)
+    # A jax.sharding.Mesh says which device holds which tile: the program runs on it.
+    jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
     meta = Metadata()
-    return PartitionedFunction(fn, mesh, schedule, meta, options), meta
+    return PartitionedFunction(fn, mesh, schedule, meta, options, jax_mesh), meta

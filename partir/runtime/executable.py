@@ -86,19 +86,16 @@ class Executable:
     def place(self, *args: Any) -> list[Any]:
         """The arguments checked against the program's inputs and laid out on the mesh:
         arrays already sharded as the program needs pass through untouched, others are
-        transferred (or resharded) with `jax.device_put`."""
+        transferred (or resharded) with `jax.device_put`. Only avals are read: no device
+        array moves to the host."""
         self._check_count(args)
-        return [self._place(i, x) for i, x in enumerate(args)]
+        return self.layout([self._check_arg(i, x) for i, x in enumerate(args)])
 
-    def _place(self, i: int, x: Any) -> Any:
-        x = self._check_arg(i, x)
-        if isinstance(x, jax.core.Tracer):
-            # Under an outer jit the inner shard_map lays the value out itself.
-            return x
-        sharding = self.input_shardings[i]
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
-            return x
-        return jax.device_put(x, sharding)
+    def layout(self, args: Sequence[Any]) -> list[Any]:
+        """`place` without the checks, for callers that know the arguments' avals match
+        (`partir.jit` caches executables by them)."""
+        return [x if isinstance(x, jax.core.Tracer) or _laid_out(x, s) else jax.device_put(x, s)
+                for x, s in zip(args, self.input_shardings, strict=True)]
 
     def _check_count(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.fn.args):
@@ -106,35 +103,53 @@ class Executable:
                                 f"({', '.join(self.fn.arg_names)}), got {len(args)}")
 
     def _check_arg(self, i: int, x: Any) -> Any:
-        """x, as an array-like with a shape and dtype, if they are the input's."""
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        """x, as an array or scalar JAX takes, if its shape and dtype are the input's. Host
+        values take JAX's default dtypes (float64 -> float32 without x64) as with jax.jit,
+        which `typeof` gives."""
+        if isinstance(x, list | tuple):  # nested host sequences, which JAX would flatten
             x = np.asarray(x)
-        # Host values take JAX's default dtypes (float64 -> float32 without x64) when
-        # transferred, as with jax.jit.
-        dtype = (x.dtype if isinstance(x, jax.Array | jax.ShapeDtypeStruct)
-                 else jax.dtypes.canonicalize_dtype(x.dtype))
-        got = TensorType(tuple(x.shape), np.dtype(dtype))
+        try:
+            aval = jax.typeof(x)
+        except TypeError as e:
+            raise ArgumentError(f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is "
+                                f"not an array: {e}") from None
         want = self.global_in_types[i]
-        if got != TensorType(want.shape, np.dtype(want.dtype)):
+        if (aval.shape != want.shape or aval.dtype != jax.dtypes.canonicalize_dtype(
+                want.dtype, allow_extended_dtype=True)):
             raise ArgumentError(
-                f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is {got}; the program "
-                f"expects the global {want} (device-local {self.fn.args[i].type} sharded "
+                f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is "
+                f"{TensorType(tuple(aval.shape), aval.dtype)}; the program expects the "
+                f"global {want} (device-local {self.fn.args[i].type} sharded "
                 f"{format_sharding(self.in_axes[i])})")
         return x
 
 
-def build_callable(fn: Function, devices: Sequence[jax.Device] | None = None,
+def _laid_out(x: Any, sharding: NamedSharding) -> bool:
+    # Equality is the fast path; equivalence also accepts the same layout on a mesh with
+    # other axis types (jax.make_mesh's explicit axes) or a spec with trailing Nones.
+    return isinstance(x, jax.Array) and (x.sharding == sharding or
+                                         x.sharding.is_equivalent_to(sharding, x.ndim))
+
+
+def build_callable(fn: Function,
+                   devices: Sequence[jax.Device] | jax.sharding.Mesh | None = None,
                    **jit_options: Any) -> Executable:
-    """The executable of a PartIR:HLO program on the first `mesh.size` of `devices`
-    (default: `jax.devices()`, every process's devices under `jax.distributed`), laid
-    out row-major over the mesh axes in order. `jit_options` go to `jax.jit`
-    (`donate_argnums` counts the program's flat arguments)."""
+    """The executable of a PartIR:HLO program. `devices` is a `jax.sharding.Mesh` with the
+    program's axes, used as it is (its device order and axis types), or devices of which
+    the first `mesh.size` are laid out row-major over the mesh axes in order (default:
+    `jax.devices()`, every process's devices under `jax.distributed`). `jit_options` go
+    to `jax.jit` (`donate_argnums` counts the program's flat arguments)."""
     mesh = fn.attributes.get("mesh")
     if mesh is None:
         raise ProgramError(f"function {fn.name} has no `mesh` attribute")
     mesh = Mesh(mesh)
     in_shardings = _shardings(fn, "in_shardings", fn.args, fn.arg_names, mesh)
     out_shardings = _shardings(fn, "out_shardings", fn.results, _result_names(fn), mesh)
+    if isinstance(devices, jax.sharding.Mesh):
+        if Mesh(devices) != mesh:
+            raise ProgramError(f"{fn.name} is partitioned for the mesh {mesh}, not for the "
+                               f"given jax.sharding.Mesh {Mesh(devices)}")
+        return Executable(fn, mesh, devices, in_shardings, out_shardings, **jit_options)
     devices = list(jax.devices() if devices is None else devices)
     if mesh.size > len(devices):
         kind = f"{devices[0].platform} " if devices else ""

@@ -1,8 +1,8 @@
 """Tactics and the schedule driver."""
 
-from partir.tactics.driver import TacticRecord, apply_schedule
+from partir.tactics.driver import TacticRecord, apply_schedule, as_schedule
 from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN
 from partir.tactics.manual import ManualPartition
 
 __all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ManualPartition", "TacticRecord",
-           "apply_schedule"]
+           "apply_schedule", "as_schedule"]

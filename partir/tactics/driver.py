@@ -4,8 +4,9 @@ actions it issued, the conflicts propagation met, and a snapshot of the Core pro
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from partir.core.conflicts import Conflict
 from partir.core.module import CoreModule
@@ -108,6 +109,16 @@ def _apply_tactic(module: CoreModule, tactic: ManualPartition,
     conflicts = [c for key, c in module.conflicts.items() if key not in before]
     return TacticRecord(tactic.label, tactic.axis, actions, conflicts, module.snapshot(),
                         end - start, end - prop_start, notes)
+
+
+def as_schedule(schedule: Any) -> list[ManualPartition]:
+    """The tactics of a schedule given as an iterable of them or as a single tactic."""
+    if isinstance(schedule, ManualPartition):
+        return [schedule]
+    if isinstance(schedule, Iterable) and not isinstance(schedule, str | bytes | Mapping):
+        return list(schedule)
+    raise InvalidTacticError(f"a schedule is a partir.ManualPartition or a list of them, "
+                             f"got {type(schedule).__name__} {schedule!r}")
 
 
 def apply_schedule(traced: TracedProgram, mesh: Mesh,
