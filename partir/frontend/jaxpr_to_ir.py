@@ -16,6 +16,7 @@ from partir.errors import TracingError
 from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
+from partir.ir.dtypes import is_extended
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
 INLINED_CALLS = {
@@ -49,7 +50,9 @@ class TracedProgram:
 
 
 def _tensor_type(aval: Any) -> TensorType:
-    return TensorType(tuple(int(d) for d in aval.shape), np.dtype(aval.dtype))
+    # Extended dtypes (PRNG keys) stay JAX's: their primitives are re-bound on key arrays.
+    dtype = aval.dtype if is_extended(aval.dtype) else np.dtype(aval.dtype)
+    return TensorType(tuple(int(d) for d in aval.shape), dtype)
 
 
 class _Builder:

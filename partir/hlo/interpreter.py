@@ -31,6 +31,7 @@ from partir.hlo.ops import (
     flat_axes,
 )
 from partir.ir import Function, Op, RangeType, Value
+from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
 from partir.mesh import Mesh
 
 _MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
@@ -107,7 +108,7 @@ class HloInterpreter:
             raise HloInterpreterError(f"expected {len(self.fn.args)} arguments, got {len(args)}")
         env: dict[Value, Local] = {}
         for a, x, sharding in zip(self.fn.args, args, self.in_shardings, strict=True):
-            x = np.asarray(x)
+            x = sliceable(x)
             want = self.m.gathered_shape(a.type.shape, sharding)
             if x.shape != want:
                 raise HloInterpreterError(f"argument %{a.name or a.id} must be a global array "
@@ -124,12 +125,12 @@ class HloInterpreter:
 
     def _assemble(self, v: Value, local: Local, sharding: AxesPerDim) -> np.ndarray:
         shape = self.m.gathered_shape(v.type.shape, sharding)
-        out = np.zeros(shape, np.dtype(v.type.dtype))
+        out = host_zeros(shape, v.type.dtype)
         filled: dict[tuple, Any] = {}
         for dev in self.m.devices:
             block = self.m.block(dev, shape, sharding)
             key = tuple((s.start, s.stop) for s in block)
-            x = np.asarray(local[dev])
+            x = to_host(local[dev])
             if key not in filled:
                 out[block] = x
                 filled[key] = x
@@ -137,7 +138,7 @@ class HloInterpreter:
                 raise HloInterpreterError(
                     f"result %{v.name or v.id} has sharding {sharding}, but devices holding "
                     f"the same tile disagree (device {dev})")
-        return out
+        return from_host(out, v.type.dtype)
 
     def _eval(self, op: Op, env: dict[Value, Local]) -> list[Local]:
         x = env[op.operands[0]] if op.operands else None
@@ -172,12 +173,12 @@ class HloInterpreter:
         for dev in self.m.devices:
             key = self.m.group_key(dev, named)
             if key not in done:
-                local = np.asarray(x[dev])
+                local = sliceable(x[dev])
                 shape = self.m.gathered_shape(local.shape, axes)
-                full = np.zeros(shape, local.dtype)
+                full = host_zeros(shape, local.dtype)
                 for member in self.m.group(dev, named):
-                    full[self.m.block(member, shape, axes)] = np.asarray(x[member])
-                done[key] = full
+                    full[self.m.block(member, shape, axes)] = to_host(x[member])
+                done[key] = from_host(full, local.dtype)
             out[dev] = done[key]
         return out
 

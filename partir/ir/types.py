@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+from partir.ir.dtypes import dtype_name, itemsize
 
 _DTYPE_NAMES = {
     "float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
@@ -19,7 +20,7 @@ _DTYPE_NAMES = {
 @dataclass(frozen=True)
 class TensorType:
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # a numpy dtype, or a JAX extended dtype (PRNG keys: partir.ir.dtypes)
 
     @property
     def rank(self) -> int:
@@ -31,7 +32,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * itemsize(self.dtype)
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorType:
         return TensorType(tuple(shape), self.dtype)
@@ -49,9 +50,9 @@ def _tensor_text(shape: tuple[int, ...], dtype: object) -> str:
 
 @functools.lru_cache(maxsize=256)
 def element_name(dtype: object) -> str:
-    """The listings' name of an element type: `f32`, `bf16`, `i1`, ..."""
-    numpy_name = np.dtype(dtype).name
-    return _DTYPE_NAMES.get(numpy_name, numpy_name)
+    """The listings' name of an element type: `f32`, `bf16`, `i1`, `key<fry>`, ..."""
+    name = dtype_name(dtype)
+    return _DTYPE_NAMES.get(name, name)
 
 
 @dataclass(frozen=True)

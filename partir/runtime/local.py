@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from partir.core.tmr import LocalContext, OpView, lookup
 from partir.ir import Function, Op, TensorType, Value
+from partir.ir.dtypes import canonical
 from partir.mesh import Mesh
 from partir.runtime.collectives import COLLECTIVES
 from partir.runtime.errors import ProgramError
@@ -108,10 +108,9 @@ def _check_results(op: Op, outs: list[Any]) -> None:
     for r, out in zip(op.results, outs, strict=True):
         if not isinstance(r.type, TensorType):
             continue
-        got = TensorType(tuple(np.shape(out)), np.dtype(out.dtype))
+        got = TensorType(tuple(np.shape(out)), canonical(out.dtype))
         # A declared 64-bit type is what JAX computes in 32 bits when x64 is off (e.g.
         # constants the frontend took from numpy float64 values).
-        declared = jax.dtypes.canonicalize_dtype(r.type.dtype)
-        if got != TensorType(tuple(r.type.shape), np.dtype(declared)):
+        if got != TensorType(tuple(r.type.shape), canonical(r.type.dtype)):
             raise ProgramError(f"{op.name} computes {got} on each device, the program "
                                f"declares {r.type}", loc=op.loc)

@@ -33,9 +33,8 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from partir.ir import Function, TensorType, Value
+from partir.ir.dtypes import itemsize
 from partir.sim.cost import (
     FUSIBLE_CONSUMERS,
     FUSIBLE_PRODUCERS,
@@ -62,7 +61,7 @@ def size_table() -> SizesFn:
                 n = 1
                 for d in t.shape:
                     n *= d
-                found = (n, n * np.dtype(t.dtype).itemsize)
+                found = (n, n * itemsize(t.dtype))
             else:  # a range (axis_index): one int32 coordinate
                 found = (1, 4)
             cache[id(t)] = found

@@ -26,9 +26,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from partir.ir import Function
+from partir.ir.dtypes import dtype_name
 from partir.sim.collectives import KINDS, Combiner, axis_links, collective_cost
 from partir.sim.cost import UNKNOWN_RULE, Kind, lookup_cost
 from partir.sim.devices import DeviceSpec, get_device
@@ -126,7 +125,7 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
             key = (t.dtype, rule.matmul)
             rate = rates.get(key)
             if rate is None:
-                rate = rates[key] = spec.flops_per_s(np.dtype(t.dtype).name, rule.matmul)
+                rate = rates[key] = spec.flops_per_s(dtype_name(t.dtype), rule.matmul)
             f_time = f / rate
             m_time = nbytes / bandwidth
             compute += f_time if f_time > m_time else m_time

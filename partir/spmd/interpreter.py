@@ -29,6 +29,7 @@ import numpy as np
 from partir.core.actions import Tile
 from partir.core.interpreter import InterpreterError, combine, eval_op
 from partir.ir import Function, Op, TensorType, Value
+from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
@@ -91,10 +92,10 @@ class _Layout:
         for at in self.coords(self.key_axes(t)):
             s = tuple(at[a] for a in t.stacked)
             if s not in out:
-                out[s] = np.zeros(t.sizes, np.dtype(t.dtype))
-            out[s][tuple(self.block(t, d, at) for d in range(t.rank))] = np.asarray(
+                out[s] = host_zeros(t.sizes, t.dtype)
+            out[s][tuple(self.block(t, d, at) for d in range(t.rank))] = to_host(
                 tiles[self.key(t, at)])
-        return out
+        return {s: from_host(g, t.dtype) for s, g in out.items()}
 
 
 class SpmdInterpreter:
@@ -115,7 +116,7 @@ class SpmdInterpreter:
             if t.stacked or tuple(np.shape(x)) != t.sizes:
                 raise SpmdInterpreterError(f"argument %{a.name} of type {t} cannot hold an "
                                            f"array of shape {np.shape(x)}")
-            env[a] = self.layout.split(t, {(): np.asarray(x)})
+            env[a] = self.layout.split(t, {(): sliceable(x)})
         for op in self.fn.ops:
             for r, tiles in zip(op.results, self._eval(op, env), strict=True):
                 env[r] = tiles

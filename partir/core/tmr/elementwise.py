@@ -15,7 +15,7 @@ UNARY = (
     "erfc", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma",
     "log", "log1p", "logistic", "neg", "not", "population_count", "real", "reduce_precision",
     "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "tan", "tanh",
-    "clz", "bitcast_convert_type_same_width", "optimization_barrier_1",
+    "clz", "optimization_barrier_1",
 )
 BINARY = (
     "add", "add_any", "and", "atan2", "div", "eq", "ge", "gt", "igamma", "igammac", "le",
@@ -42,3 +42,17 @@ def _mappings(in_shapes: tuple[tuple[int, ...], ...], out: tuple[int, ...],
 
 ELEMENTWISE = Entry(elementwise_mappings, doc="t_d, ..., t_d -> t_d for every dimension d")
 register(UNARY + BINARY + NARY + IDENTITIES, ELEMENTWISE)
+
+
+def leading_dims_mappings(op: OpView):
+    """t_d on every operand and result for each dim d up to the smallest rank among them:
+    for ops that add or drop trailing dims around an elementwise computation."""
+    rank = min(t.rank for t in (*op.in_types, *op.out_types))
+    for d in range(rank):
+        yield TileMapping((d,) * len(op.in_types), (Tile(d),) * len(op.out_types))
+
+
+# A bitcast between widths adds (or drops) a trailing dim holding one element's bytes.
+register("bitcast_convert_type", Entry(leading_dims_mappings,
+                                       doc="t_d -> t_d for every dim but a width change's "
+                                           "trailing one"))

@@ -19,6 +19,7 @@ from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.tmr import LocalContext, OpView, localized_params, lookup
 from partir.frontend import trace
 from partir.ir import TensorType
+from partir.ir.dtypes import sliceable, to_host
 
 _COMBINE = {"add": np.add, "max": np.maximum, "min": np.minimum,
             "and": np.logical_and, "or": np.logical_or}
@@ -33,7 +34,7 @@ def _single_op(fn, *args):
     for c in prog.function.ops:
         if c.name == "constant":
             env[c.results[0]] = c.params["value"]
-    return op, [np.asarray(env[v]) for v in op.operands]
+    return op, [sliceable(env[v]) for v in op.operands]
 
 
 def _local_types(types, nest, which):
@@ -62,8 +63,8 @@ def _run_nest(op, entry, operands, nest, index):
             d = lp.operands[i]
             if d is not None:
                 chunk = x.shape[d] // n
-                x = np.take(x, np.arange(index[lp.axis] * chunk, (index[lp.axis] + 1) * chunk),
-                            axis=d)
+                start = index[lp.axis] * chunk
+                x = x[(slice(None),) * d + (slice(start, start + chunk),)]
         local_operands.append(x)
     view = OpView(op.name, op.params, local_in, local_out)
     params = localized_params(entry, view)
@@ -77,7 +78,7 @@ def _run_nest(op, entry, operands, nest, index):
         outs = list(outs) if op.prim.multiple_results else [outs]
     for o, t in zip(outs, local_out, strict=True):
         assert tuple(np.shape(o)) == t.shape, (op.name, np.shape(o), t.shape, params)
-    return [np.asarray(o) for o in outs]
+    return [to_host(o) for o in outs]
 
 
 def _combine(action, parts):
@@ -118,7 +119,7 @@ def check_entry(fn, *args, sizes=(2, 4), rtol=1e-5, atol=1e-5, min_mappings=1):
     entry = lookup(op.name)
     assert entry is not None, f"no TMR entry for {op.name}"
     expected = jax.jit(fn)(*args)
-    expected = [np.asarray(e) for e in jax.tree_util.tree_leaves(expected)]
+    expected = [to_host(e) for e in jax.tree_util.tree_leaves(expected)]
     checked = 0
 
     def mappings_at(nest):
