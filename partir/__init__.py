@@ -1,5 +1,7 @@
 """partir: schedule-based SPMD partitioning of JAX programs (PartIR)."""
 
+from importlib.metadata import version
+
 from partir.api import CorePartition, core_partition, partition
 from partir.errors import (
     AlreadyTiledError,
@@ -18,7 +20,8 @@ from partir.metadata import Metadata
 from partir.program import Program
 from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 
-__version__ = "0.1.0"
+# pyproject.toml holds the version; the installed package's metadata carries it.
+__version__ = version("partir")
 
 __all__ = [
     "FIRST_DIVISIBLE_DIM",

@@ -1,5 +1,6 @@
 """The `partir` command line.
 
+    partir --version                    the installed version
     partir partition FILE               per-tactic table and the inputs each tactic sharded
     partir partition FILE --ir core [--after N]
                                         the PartIR:Core program after tactic N (default:
@@ -29,6 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from partir import __version__
 from partir.api import CorePartition, tactic_metadata
 from partir.core.program import Sharding
 from partir.errors import PartitionError
@@ -68,6 +70,7 @@ def _fail(message: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="partir", description="Partition JAX programs with PartIR schedules.")
+    parser.add_argument("--version", action="version", version=f"partir {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     partition = commands.add_parser(
         "partition", help="apply a schedule file and report what each tactic did",

@@ -155,3 +155,15 @@ def test_run_checks_and_times_the_partitioned_program(capsys):
     assert main(["run", str(EXAMPLES / "bp_mp_z3.partir.py"), "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "step time" in out and "3/3" in out
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    import partir
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"partir {version('partir')}\n"
+    assert partir.__version__ == version("partir")
