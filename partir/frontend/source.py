@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 from jax._src import source_info_util
@@ -18,11 +19,21 @@ def is_user_file(filename: str) -> bool:
             and not os.path.abspath(filename).startswith(_PARTIR_DIR))
 
 
+@functools.cache
+def _outside_jax_and_partir(filename: str) -> bool:
+    return (source_info_util.is_user_filename(filename)
+            and not os.path.abspath(filename).startswith(_PARTIR_DIR))
+
+
 def user_location(source_info: object) -> Location:
     traceback = getattr(source_info, "traceback", None)
     if traceback is None:
         return UNKNOWN_LOCATION
-    for frame in source_info_util.user_frames(traceback):
-        if not os.path.abspath(frame.file_name).startswith(_PARTIR_DIR):
+    # Only the frame found is converted (line numbers are worked out from the bytecode):
+    # a model's traced equations are thousands.
+    code, lasti = traceback.raw_frames()
+    for c, i in zip(code, lasti, strict=True):
+        if _outside_jax_and_partir(c.co_filename):
+            frame = source_info_util.raw_frame_to_frame(c, i)
             return Location(frame.file_name, frame.start_line, frame.function_name)
     return UNKNOWN_LOCATION
