@@ -11,7 +11,11 @@ FLOPs per device. Counts follow XLA's HloCostAnalysis conventions:
   per output element;
 * reductions, cumulative ops: 1 FLOP per input element; `scatter-add`: 1 per update;
   `sort`: |x| log2(n) comparisons along the sorted dimension;
-* data movement (broadcasts, transposes, slices, gathers, ...) and bitcasts: 0.
+* `top_k`: |x| log2(k) comparisons (a selection keeping k candidates per row);
+* PRNG: one threefry2x32 hash (THREEFRY_OPS integer ops) per random word or new key;
+  `random_gamma` a few hashes and transcendentals per draw (rejection sampling);
+* data movement (broadcasts, transposes, slices, gathers, ...) and bitcasts, key
+  wrapping and unwrapping: 0.
 
 Bytes are not a rule's business: the simulator counts the bytes of the buffers an op reads
 and writes once the fusion heuristic (`partir.sim.memory`) decided which are materialized.
@@ -105,6 +109,26 @@ def sort_flops(op: Op, size: SizeFn) -> float:
     return float(size(x)) * max(1.0, math.log2(max(n, 1)))
 
 
+def top_k_flops(op: Op, size: SizeFn) -> float:
+    return float(size(op.operands[0].type)) * max(1.0, math.log2(max(op.params["k"], 1)))
+
+
+# threefry2x32's 20 rounds of add, rotate (2 shifts and an or) and xor, and its 5 key
+# injections of 3 adds, on a pair of 32-bit words.
+THREEFRY_OPS = 20 * 5 + 5 * 3
+# Marsaglia-Tsang's gamma sampler: a key split, about 1.2 rounds of a normal and a uniform
+# draw (3 hashes), and some 30 arithmetic ops and transcendentals per draw.
+GAMMA_OPS = 4 * THREEFRY_OPS + 30
+
+
+def threefry_flops(op: Op, size: SizeFn) -> float:
+    return float(THREEFRY_OPS * size(op.results[0].type))
+
+
+def gamma_flops(op: Op, size: SizeFn) -> float:
+    return float(GAMMA_OPS * size(op.results[0].type))
+
+
 # --- families ------------------------------------------------------------------------------
 
 UNARY = ("abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "conj",
@@ -118,8 +142,9 @@ BINARY = ("add", "add_any", "and", "atan2", "div", "eq", "ge", "gt", "igamma", "
           "shift_left", "shift_right_arithmetic", "shift_right_logical", "sub", "xor",
           "complex", "select_n", "clamp")
 # Same-size reinterpretations and identities: the result is the operand's buffer.
-FREE = ("reshape", "squeeze", "expand_dims", "stop_gradient", "tag",
-        "bitcast_convert_type_same_width", "optimization_barrier", "hlo.axis_index")
+FREE = ("reshape", "squeeze", "expand_dims", "stop_gradient", "tag", "bitcast_convert_type",
+        "optimization_barrier", "hlo.axis_index", "random_wrap", "random_unwrap",
+        "random_clone")
 BROADCASTS = ("broadcast_in_dim", "iota", "constant")
 MOVEMENT = ("transpose", "slice", "pad", "concatenate", "rev", "dynamic_slice",
             "hlo.all_slice", "split")
@@ -147,9 +172,17 @@ register_cost(("gather", "dynamic_update_slice", "select_and_gather_add"),
               CostRule(Kind.KERNEL, no_flops))
 register_cost(("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter-min",
                "scatter-max"), CostRule(Kind.KERNEL, scatter_flops))
-register_cost(("sort", "top_k"), CostRule(Kind.KERNEL, sort_flops))
+register_cost("sort", CostRule(Kind.KERNEL, sort_flops))
+register_cost("top_k", CostRule(Kind.KERNEL, top_k_flops))
+# A counter-based hash per output element, fused with its consumers as XLA fuses the
+# iota/threefry/xor it lowers to; too costly to duplicate into several of them.
+register_cost(("random_bits", "random_split", "random_fold_in", "threefry2x32"),
+              CostRule(Kind.ELEMENTWISE, threefry_flops, expensive=True))
+register_cost("random_seed", CostRule(Kind.ELEMENTWISE, per_output_element))
+register_cost("random_gamma", CostRule(Kind.KERNEL, gamma_flops))
 register_cost(COLLECTIVES, CostRule(Kind.COLLECTIVE, no_flops))
 
-# A primitive without a rule is costed as its own kernel that reads its operands and
-# writes its results, with no FLOPs, and reported in `Cost.unknown_ops`.
+# A primitive without a rule, or whose rule fails on the op, is costed as its own kernel
+# that reads its operands and writes its results, with no FLOPs, and reported in
+# `Cost.unknown_ops`.
 UNKNOWN_RULE = CostRule(Kind.KERNEL, no_flops)

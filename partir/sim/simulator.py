@@ -56,7 +56,7 @@ class Cost:
     combined_collectives: int = 0  # collectives merged into an earlier one (one latency)
     overlap: float = 0.0
     links: dict[str, str] = field(default_factory=dict)  # mesh axis -> link name
-    unknown_ops: list[str] = field(default_factory=list)  # primitives without a rule
+    unknown_ops: list[str] = field(default_factory=list)  # without a rule, or it failed
 
     @property
     def fits(self) -> bool:
@@ -118,7 +118,12 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         bytes_accessed += nbytes
         if cache_bytes and nbytes <= cache_bytes:
             nbytes *= bandwidth / cache_bandwidth  # as many DRAM bytes, time-wise
-        f = rule.flops(op, elements)
+        try:
+            f = rule.flops(op, elements)
+        except Exception:  # a rule's bug must not stop partitioning: cost it as unknown
+            unknown.add(op.name)
+            rule = UNKNOWN_RULE
+            f = rule.flops(op, elements)
         if f:
             flops += f
             t = (op.operands[0] if op.operands else op.results[0]).type

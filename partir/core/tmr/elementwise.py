@@ -15,7 +15,7 @@ UNARY = (
     "erfc", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma",
     "log", "log1p", "logistic", "neg", "not", "population_count", "real", "reduce_precision",
     "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "tan", "tanh",
-    "clz", "optimization_barrier_1",
+    "clz",
 )
 BINARY = (
     "add", "add_any", "and", "atan2", "div", "eq", "ge", "gt", "igamma", "igammac", "le",
@@ -56,3 +56,7 @@ def leading_dims_mappings(op: OpView):
 register("bitcast_convert_type", Entry(leading_dims_mappings,
                                        doc="t_d -> t_d for every dim but a width change's "
                                            "trailing one"))
+# An identity on each of its operands, which may differ in rank.
+register("optimization_barrier", Entry(leading_dims_mappings,
+                                       doc="t_d, ..., t_d -> t_d, ..., t_d for every dim d "
+                                           "all operands have"))
