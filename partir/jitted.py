@@ -57,7 +57,10 @@ class PartitionedFunction:
         for i, a in enumerate(args):
             (static if i in self.static_argnums else dynamic).append(a)
         leaves, tree = jax.tree_util.tree_flatten(tuple(dynamic))
-        avals = tuple(_aval_key(x) for x in leaves)
+        try:
+            avals = tuple(_aval_key(x) for x in leaves)
+        except TypeError as e:  # a leaf that is no array, as jax.jit says
+            raise TracingError(f"{getattr(self.fn, '__name__', self.fn)}: {e}") from None
         key = (tuple(static), tree, avals)
         try:
             hash(key)

@@ -179,6 +179,13 @@ def test_host_values_take_jax_jit_types():
         np.testing.assert_allclose(out, want, **TOL)
 
 
+def test_an_argument_that_is_no_array_is_a_tracing_error():
+    fn, _ = partir.jit(mlp, MESH, BP)
+    x, w1, _ = example_args()
+    with pytest.raises(partir.TracingError, match=r"mlp: .*'w2'.* is not a valid JAX type"):
+        fn(x, w1, "w2")
+
+
 def test_one_tactic_is_a_schedule():
     args = example_args()
     fn, meta = partir.jit(mlp, MESH, BP)
