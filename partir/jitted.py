@@ -14,7 +14,7 @@ from partir.api import CorePartition, partition_program
 from partir.errors import TracingError
 from partir.jit_options import JitOptions, resolve_jit_options
 from partir.mesh import Mesh
-from partir.metadata import Metadata
+from partir.metadata import Deferred, Metadata
 from partir.runtime import Executable, build_callable
 from partir.tactics import ManualPartition, as_schedule
 
@@ -78,6 +78,7 @@ class PartitionedFunction:
                 final.hlo, self.jax_mesh, donate_argnums=self._donated_leaves(args),
                 keep_unused=self.options.keep_unused,
                 compiler_options=self.options.compiler_options or None)
+            meta.stablehlo = Deferred(lambda: executable.lower().as_text())
             found = self._compiled[key] = _Compiled(result, meta, executable)
         if key != self._last:  # the metadata describes the signature last used
             vars(self.metadata).update(vars(found.metadata))

@@ -96,7 +96,7 @@ class Metadata(_Resolved):
     core_ir: str = Lazy("")
     spmd_ir: str = Lazy("")
     hlo_ir: str = Lazy("")
-    stablehlo: str | None = Lazy(None)  # text of the executable module, once it is lowered
+    stablehlo: str | None = Lazy(None)  # partir.jit's executable module as StableHLO text
     collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
 

@@ -69,3 +69,10 @@ def test_an_earlier_tactics_lowering_error_is_raised_where_it_is_read(monkeypatc
     assert meta.tactics[-1].collectives["all_gather"] == 2  # computed with the final one
     with pytest.raises(RuntimeError, match="lowering failed"):
         meta.tactics[0].cost  # noqa: B018
+
+
+def test_jit_metadata_has_the_executables_stablehlo_once_called():
+    fn, meta = partir.jit(mlp, MESH, SCHEDULE)
+    assert meta.stablehlo is None
+    fn(*example_args())
+    assert "stablehlo.dot_general" in meta.stablehlo or "stablehlo.dot" in meta.stablehlo
