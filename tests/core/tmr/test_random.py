@@ -1,5 +1,5 @@
 """TMR entries of the PRNG primitives, checked bit for bit against JAX: dims of a key
-array tile, dims generated from one key are not offered."""
+array tile; dims drawn from one key only where a tile can compute its own bits."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from jax.extend.random import threefry2x32_p
 
-from partir.core.actions import Tile
 from partir.core.tmr import OpView, lookup
 from partir.frontend import trace
 from tests.core.tmr.oracle import check_entry
@@ -28,18 +27,22 @@ def _mappings(op):
     return list(lookup(op.name).mappings(view))
 
 
-def test_random_bits_of_a_key_batch_tile_along_the_keys_only():
-    bits = jax.vmap(lambda k: jax.random.bits(k, (4, 2)))
-    assert check_entry(bits, _keys(8)) >= 2
-    (m,) = _mappings(_op(bits, _keys(8)))
-    assert m.operands == (0,) and m.results == (Tile(0),)
+@pytest.mark.parametrize("width", [jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64])
+def test_threefry_bits_of_one_key_tile_the_drawn_dims_at_their_offsets(width):
+    with jax.enable_x64(width == jnp.uint64):
+        bits = lambda k: jax.random.bits(k, (8, 4, 2), width)  # noqa: E731
+        assert check_entry(bits, jax.random.key(1)) >= 3 + 3 * 3
+        batched = jax.vmap(bits)
+        assert len(_mappings(_op(batched, _keys(4)))) == 4
+        assert check_entry(batched, _keys(4)) >= 4
 
 
-@pytest.mark.parametrize("width", [jnp.uint8, jnp.uint32])
-def test_random_bits_of_one_key_offer_no_tile(width):
-    # Counter-based bits: a tile of the drawn shape is not bits of a smaller shape.
-    op = _op(lambda k: jax.random.bits(k, (8, 4), width), jax.random.key(1))
-    assert op.name == "random_bits" and _mappings(op) == []
+def test_bits_drawn_by_other_implementations_offer_no_tile():
+    key = jax.random.key(1, impl="rbg")
+    assert _mappings(_op(lambda k: jax.random.bits(k, (8, 4)), key)) == []
+    with jax.threefry_partitionable(False):
+        op = _op(lambda k: jax.random.bits(k, (8, 4)), jax.random.key(1))
+        assert _mappings(op) == []
 
 
 def test_random_split_tiles_its_keys_not_the_new_dims():
