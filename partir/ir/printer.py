@@ -102,6 +102,8 @@ def format_param(value: Any) -> str:
             return repr(value.reshape(()).item())
         return f"dense<{value.dtype}[{','.join(map(str, value.shape))}]>"
     if isinstance(value, tuple):
+        if type(value).__str__ is not tuple.__str__:  # e.g. a PRNG implementation: `fry`
+            return str(value)
         return "[" + ", ".join(format_param(v) for v in value) + "]"
     if isinstance(value, str):
         return f'"{value}"'

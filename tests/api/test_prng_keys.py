@@ -71,3 +71,13 @@ def test_a_batch_of_keys_is_tiled_with_the_batch(kind):
     # no bits drawn for other devices' examples: nothing is sliced or gathered
     assert sum(meta.collectives.values()) == 0
     assert meta.in_specs[2][0] == "batch"
+
+
+def test_a_raw_keys_implementation_prints_as_its_tag():
+    def draw(key, x):
+        return jax.random.uniform(jax.random.wrap_key_data(key), x.shape) * x
+
+    key = jax.random.key_data(jax.random.key(0))
+    meta = partir.partition(draw, {"b": 2}, partir.ManualPartition({"x": 0}, axis="b"),
+                            key, np.ones((4,), np.float32))
+    assert "random_wrap(%key) {impl=fry}" in meta.core_ir
