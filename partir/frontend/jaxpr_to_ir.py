@@ -3,6 +3,7 @@ arguments and results, and attach the user's source line to every op."""
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,9 +51,13 @@ class TracedProgram:
 
 
 def _tensor_type(aval: Any) -> TensorType:
+    return TensorType(tuple(map(int, aval.shape)), _element_type(aval.dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _element_type(dtype: Any) -> Any:
     # Extended dtypes (PRNG keys) stay JAX's: their primitives are re-bound on key arrays.
-    dtype = aval.dtype if is_extended(aval.dtype) else np.dtype(aval.dtype)
-    return TensorType(tuple(int(d) for d in aval.shape), dtype)
+    return dtype if is_extended(dtype) else np.dtype(dtype)
 
 
 class _Builder:
