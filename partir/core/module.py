@@ -34,24 +34,28 @@ class NestInfo:
             self._add(lp)
 
     def _add(self, lp: Loop) -> None:
+        """Index one more (inner) loop. Replaces, never mutates, the per-dim dicts and
+        lists it changes: `extended` shares the others with the index it copies."""
         self.loops[lp.axis] = lp
         for k, a in enumerate(lp.results):
             if type(a) is Tile:
-                self.tiles[k][a.dim] = [*self.tiles[k].get(a.dim, ()), lp.axis]
+                tiles = self.tiles[k] = dict(self.tiles[k])
+                tiles[a.dim] = [*tiles.get(a.dim, ()), lp.axis]
             elif type(a) is AnyAction:
                 self.replicated[k] = [*self.replicated[k], lp.axis]
         for i, d in enumerate(lp.operands):
             if d is not None:
-                self.slices[i][d] = [*self.slices[i].get(d, ()), lp.axis]
+                slices = self.slices[i] = dict(self.slices[i])
+                slices[d] = [*slices.get(d, ()), lp.axis]
 
     def extended(self, lp: Loop) -> NestInfo:
         """The index of this nest with one more (inner) loop; this one is left as is,
         since snapshots and other ops may share it."""
         new = NestInfo.__new__(NestInfo)
         new.loops = dict(self.loops)
-        new.tiles = [dict(t) for t in self.tiles]
+        new.tiles = list(self.tiles)
         new.replicated = list(self.replicated)
-        new.slices = [dict(s) for s in self.slices]
+        new.slices = list(self.slices)
         new._add(lp)
         return new
 

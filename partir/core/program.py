@@ -45,6 +45,20 @@ class CoreOp:
     def is_identity(self) -> bool:
         return self.name in IDENTITY_KINDS
 
+    @functools.cached_property
+    def signature(self) -> tuple | None:
+        """The name, parameters and dtypes: all propagation's decisions depend on besides
+        local shapes, so they are shared by the ops of repeated layers. Computed once per
+        op for all tactics; None when the parameters are unhashable (e.g. array-valued
+        constants)."""
+        key = (self.name, tuple(sorted(self.params.items())),
+               tuple(v.type.dtype for v in (*self.operands, *self.results)))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
     def __repr__(self) -> str:
         return f"CoreOp({self.name} @ {self.loc})"
 

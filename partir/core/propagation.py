@@ -109,20 +109,24 @@ class Propagator:
         self.m = module
         self.axes = list(module.mesh.axis_names)
         self.sizes = dict(module.mesh)
-        self._queue: list[tuple[tuple[int, ...], int]] = []
+        # The worklist holds positions in the program: ints compare faster than the ops'
+        # `order` tuples, and propagation inserts no ops, so positions stay valid.
+        self._position = {op.uid: pos for pos, op in enumerate(module.ops)}
+        self._queue: list[int] = []
         self._queued: set[int] = set()
-        self._decisions: dict[tuple, object] = {}
-        self._params_keys: dict[int, tuple | None] = {}
+        # request -> the loop to add (Loop) or the conflict to record (kind, choices,
+        # detail) or nothing (())
+        self._decisions: dict[tuple, Loop | tuple] = {}
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
         if uid not in self._queued:
             self._queued.add(uid)
-            heapq.heappush(self._queue, (self.m.by_uid[uid].order, uid))
+            heapq.heappush(self._queue, self._position[uid])
 
     def run(self) -> None:
         while self._queue:
-            _, uid = heapq.heappop(self._queue)
+            uid = self.m.ops[heapq.heappop(self._queue)].uid
             self._queued.discard(uid)
             self._visit(uid)
 
@@ -130,15 +134,26 @@ class Propagator:
     def _visit(self, uid: int) -> None:
         while True:
             op = self.m.by_uid[uid]
-            operand_ex = self._operand_excesses(op)
-            result_ex = self._result_excesses(op)
-            self._record_in_scope(op, operand_ex, result_ex)
+            info = self.m.info[uid]
+            operand_ex = self._operand_excesses(op, info)
+            result_ex = self._result_excesses(op, info)
             candidates: set[str] = set()
-            deeper = False
-            for ex in (*operand_ex, *(ex for uses in result_ex for ex in uses)):
+            deeper = in_scope = False
+            for ex in operand_ex:
                 if ex is not None:
                     candidates.update(ex.adopt)
                     deeper = deeper or ex.deeper
+                    in_scope = in_scope or bool(ex.in_scope)
+            for uses in result_ex:
+                for ex in uses:
+                    if ex is not _NONE:
+                        candidates.update(ex.adopt)
+                        deeper = deeper or ex.deeper
+                        in_scope = in_scope or bool(ex.in_scope)
+            if in_scope:
+                self._record_in_scope(op, operand_ex, result_ex)
+            if not candidates:
+                return
             if not any(axis in candidates and (
                     self._forward(op, axis, operand_ex)
                     or self._backward(op, axis, operand_ex, result_ex)) for axis in self.axes):
@@ -148,8 +163,7 @@ class Propagator:
             if len(candidates) == 1 and not deeper:
                 return
 
-    def _operand_excesses(self, op: CoreOp) -> list[_Excess | None]:
-        info = self.m.info[op.uid]
+    def _operand_excesses(self, op: CoreOp, info: NestInfo) -> list[_Excess | None]:
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
             p = self.m.producer.get(v)
@@ -157,16 +171,14 @@ class Propagator:
             out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
         return out
 
-    def _result_excesses(self, op: CoreOp) -> list[list[_Excess]]:
-        info = self.m.info[op.uid]
+    def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
         out = []
         for k, r in enumerate(op.results):
             out.append([use_excess(info, k, self.m.info[cuid], i)
                         for cuid, i in self.m.uses.get(r, ())])
         return out
 
-    def _local_shapes(self, op: CoreOp) -> tuple[tuple, tuple]:
-        info = self.m.info[op.uid]
+    def _local_shapes(self, op: CoreOp, info: NestInfo) -> tuple[tuple, tuple]:
         return (tuple(self._divide(v.type.shape, info.slices[i])
                       for i, v in enumerate(op.operands)),
                 tuple(self._divide(v.type.shape, info.tiles[k])
@@ -205,43 +217,31 @@ class Propagator:
             self._conflict(op, axis, UNSUPPORTED, (),
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
-        in_shapes, out_shapes = self._local_shapes(op)
-        n = self.sizes[axis]
+        in_shapes, out_shapes = self._local_shapes(op, self.m.info[op.uid])
         # Decisions depend only on the op's kind, parameters and dtypes, its local shapes
         # and the request; the layers of a model repeat them, so they are remembered.
-        params_key = self._params_key(op)
-        key = None if params_key is None else (
-            op.name, params_key, in_shapes, out_shapes, tuple(operand_dims),
-            tuple(sorted(pinned)), tuple(result_dims), n)
+        kind = op.signature
+        key = None if kind is None else (
+            kind, in_shapes, out_shapes, tuple(operand_dims), tuple(sorted(pinned)),
+            tuple(result_dims), axis)
         decision = self._decisions.get(key) if key is not None else None
         if decision is None:
-            decision = self._decide(entry, self._view(op, in_shapes, out_shapes), n,
-                                    operand_dims, pinned, result_dims)
+            decision = self._decide(entry, self._view(op, in_shapes, out_shapes),
+                                    axis, operand_dims, pinned, result_dims)
             if key is not None:
                 self._decisions[key] = decision
-        if isinstance(decision, TileMapping):
-            self._apply(op, Loop(axis, decision.results, decision.operands))
+        if type(decision) is Loop:
+            self._apply(op, decision)
             return True
         if decision:
             self._conflict(op, axis, *decision)
         return False
 
-    def _params_key(self, op: CoreOp) -> tuple | None:
-        key = self._params_keys.get(op.uid, False)
-        if key is False:
-            try:
-                key = (tuple(sorted(op.params.items())),
-                       tuple(v.type.dtype for v in (*op.operands, *op.results)))
-                hash(key)
-            except TypeError:  # e.g. array-valued constants: not worth remembering
-                key = None
-            self._params_keys[op.uid] = key
-        return key
-
-    def _decide(self, entry, view: OpView, n: int, operand_dims: list[int | None],
+    def _decide(self, entry, view: OpView, axis: str, operand_dims: list[int | None],
                 pinned: set[int], result_dims: list[int | None]
-                ) -> TileMapping | tuple[str, tuple[str, ...], str] | tuple[()]:
-        """The single mapping to apply, or the conflict (kind, choices, detail), or ()."""
+                ) -> Loop | tuple[str, tuple[str, ...], str] | tuple[()]:
+        """The loop to add, or the conflict (kind, choices, detail), or ()."""
+        n = self.sizes[axis]
         candidates, contested, indivisible, held = [], [], [], []
         for m in entry.mappings(view):
             support = contra = replicated = False
@@ -270,7 +270,7 @@ class Propagator:
             else:
                 candidates.append(m)
         if len(candidates) == 1:
-            return candidates[0]
+            return Loop(axis, candidates[0].results, candidates[0].operands)
         if held and not candidates and not contested:
             return (REPLICATED_OPERAND, tuple(str(m) for m in held),
                     "the mapping would slice an operand kept replicated (atomic) on this axis")
