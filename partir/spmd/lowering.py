@@ -166,23 +166,29 @@ class _Lowering:
             locals_.append(Value(t, name=f"y{o.name}" if o.name else None))
         sub: dict[Value, Value] = dict(zip(zs, locals_, strict=True))
         sub.update((lvl.range, r) for lvl, r in zip(levels, ranges, strict=True))
-        body = [_clone(op, sub) for op in C]
+        # The body is C itself but for the free values and ranges, which the execute
+        # binds anew: an op reading none of them is kept as it is (IR is never mutated,
+        # so the Core function may share it), the others read the substitutes. Results
+        # keep their values either way: each is defined once in the SPMD program too.
+        body = []
+        for op in C:
+            if not sub.keys().isdisjoint(op.operands):
+                op = Op(op.name, [sub.get(v, v) for v in op.operands], op.results, op.params,
+                        loc=op.loc, prim=op.prim)
+            body.append(op)
         results = [Value(DTensorType.of(x.type, axes), name=x.name) for x in xs]
         self.out.append(make_execute(axes, self.mesh, operands, ranges, locals_, body,
-                                     [sub[x] for x in xs], results))
+                                     [sub.get(x, x) for x in xs], results))
         return results
 
 
-def _clone(op: Op, sub: dict[Value, Value], result_type: Callable[[Type], Type] | None = None
-           ) -> Op:
-    """op with its operands substituted by `sub` and fresh results, which `sub` records."""
-    if result_type is None:
-        results = [Value(r.type, r.name) for r in op.results]
-    else:
-        results = [Value(result_type(r.type), r.name) for r in op.results]
+def _clone(op: Op, M: dict[Value, Value], result_type: Callable[[Type], Type]) -> Op:
+    """op on the translations of its operands, with fresh results of the translated
+    types, which M records."""
+    results = [Value(result_type(r.type), r.name) for r in op.results]
     for r, new in zip(op.results, results, strict=True):
-        sub[r] = new
-    return Op(op.name, [sub[v] for v in op.operands], results, dict(op.params), loc=op.loc,
+        M[r] = new
+    return Op(op.name, [M[v] for v in op.operands], results, dict(op.params), loc=op.loc,
               prim=op.prim)
 
 
