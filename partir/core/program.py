@@ -45,18 +45,23 @@ class CoreOp:
     def is_identity(self) -> bool:
         return self.name in IDENTITY_KINDS
 
-    @functools.cached_property
+    @property
     def signature(self) -> tuple | None:
         """The name, parameters and dtypes: all propagation's decisions depend on besides
         local shapes, so they are shared by the ops of repeated layers. Computed once per
-        op for all tactics; None when the parameters are unhashable (e.g. array-valued
-        constants)."""
+        op for all tactics (not a `cached_property`, whose lock costs more than this);
+        None when the parameters are unhashable (e.g. array-valued constants)."""
+        try:
+            return self._signature
+        except AttributeError:
+            pass
         key = (self.name, tuple(sorted(self.params.items())),
                tuple(v.type.dtype for v in (*self.operands, *self.results)))
         try:
             hash(key)
         except TypeError:
-            return None
+            key = None
+        object.__setattr__(self, "_signature", key)
         return key
 
     def __repr__(self) -> str:

@@ -20,7 +20,10 @@ slice chains alike.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
+import operator
 from typing import NamedTuple
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
@@ -47,6 +50,10 @@ class _Excess(NamedTuple):
 
 
 _NONE = _Excess({})
+_uid = operator.attrgetter("uid")
+# Builds an _Excess from a tuple without the Python-level __new__ of NamedTuple: the
+# excesses are computed for every use of every value propagation reaches.
+_excess = functools.partial(tuple.__new__, _Excess)
 
 
 def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]
@@ -59,9 +66,9 @@ def _frontier(ahead: dict[int, list[str]], behind: dict[int, list[str]]
     out = []
     deeper = False
     for d, axes in ahead.items():
-        have = behind.get(d, [])
-        n = len(have)
-        if len(axes) > n and axes[:n] == have:
+        have = behind.get(d)
+        n = len(have) if have else 0
+        if len(axes) > n and (not n or axes[:n] == have):
             out.append((axes[n], d))
             deeper = deeper or len(axes) > n + 1
     return out, deeper
@@ -71,20 +78,23 @@ def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _E
     """Tiling of a value (result k of its producer) beyond what use i of the consumer
     slices away."""
     tiles = producer.tiles[k]
+    replicated = producer.replicated[k]
+    slices = consumer.slices[i]
     # The common case, a value used exactly as it is tiled, leaves nothing to adopt.
-    if not producer.replicated[k] and (not tiles or tiles == consumer.slices[i]):
+    if not replicated and (not tiles or tiles == slices):
         return _NONE
     adopt: dict[str, int] = {}
     in_scope = []
-    frontier, deeper = _frontier(producer.tiles[k], consumer.slices[i])
+    frontier, deeper = _frontier(tiles, slices)
+    loops = consumer.loops
     for axis, d in frontier:
-        lp = consumer.loops.get(axis)
+        lp = loops.get(axis)
         if lp is None:
             adopt[axis] = d
         elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
             in_scope.append((axis, d))
-    pinned = tuple(a for a in producer.replicated[k] if a not in consumer.loops)
-    return _Excess(adopt, pinned, tuple(in_scope), deeper)
+    pinned = tuple(a for a in replicated if a not in loops) if replicated else ()
+    return _excess((adopt, pinned, tuple(in_scope), deeper))
 
 
 def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Excess:
@@ -101,7 +111,7 @@ def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Exces
             adopt[axis] = d
         elif type(lp.results[k]) is Sum:
             in_scope.append((axis, d))
-    return _Excess(adopt, (), tuple(in_scope), deeper)
+    return _excess((adopt, (), tuple(in_scope), deeper))
 
 
 class Propagator:
@@ -111,7 +121,7 @@ class Propagator:
         self.sizes = dict(module.mesh)
         # The worklist holds positions in the program: ints compare faster than the ops'
         # `order` tuples, and propagation inserts no ops, so positions stay valid.
-        self._position = {op.uid: pos for pos, op in enumerate(module.ops)}
+        self._position = dict(zip(map(_uid, module.ops), itertools.count()))
         self._queue: list[int] = []
         self._queued: set[int] = set()
         # request -> the loop to add (Loop) or the conflict to record (kind, choices,
@@ -152,11 +162,11 @@ class Propagator:
                         in_scope = in_scope or bool(ex.in_scope)
             if in_scope:
                 self._record_in_scope(op, operand_ex, result_ex)
-            if not candidates:
-                return
-            if not any(axis in candidates and (
-                    self._forward(op, axis, operand_ex)
-                    or self._backward(op, axis, operand_ex, result_ex)) for axis in self.axes):
+            for axis in self.axes:
+                if axis in candidates and (self._forward(op, axis, operand_ex)
+                                           or self._backward(op, axis, operand_ex, result_ex)):
+                    break
+            else:
                 return
             # A new loop only opens more work here if another axis was on offer or a
             # value is tiled (sliced) deeper than the axis just adopted.
@@ -164,30 +174,28 @@ class Propagator:
                 return
 
     def _operand_excesses(self, op: CoreOp, info: NestInfo) -> list[_Excess | None]:
+        producers, infos = self.m.producer, self.m.info
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
-            p = self.m.producer.get(v)
-            pinfo = self.m.info[p[0]] if p is not None else None
+            p = producers.get(v)
+            pinfo = infos[p[0]] if p is not None else None
             out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
         return out
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
-        out = []
-        for k, r in enumerate(op.results):
-            out.append([use_excess(info, k, self.m.info[cuid], i)
-                        for cuid, i in self.m.uses.get(r, ())])
-        return out
+        uses, infos = self.m.uses, self.m.info
+        return [[use_excess(info, k, infos[cuid], i) for cuid, i in uses.get(r, ())]
+                for k, r in enumerate(op.results)]
 
     def _local_shapes(self, op: CoreOp, info: NestInfo) -> tuple[tuple, tuple]:
-        return (tuple(self._divide(v.type.shape, info.slices[i])
-                      for i, v in enumerate(op.operands)),
-                tuple(self._divide(v.type.shape, info.tiles[k])
-                      for k, v in enumerate(op.results)))
+        divide = self._divide
+        return (tuple([divide(v.type.shape, sl) if sl else v.type.shape
+                       for v, sl in zip(op.operands, info.slices, strict=True)]),
+                tuple([divide(v.type.shape, tl) if tl else v.type.shape
+                       for v, tl in zip(op.results, info.tiles, strict=True)]))
 
     def _divide(self, shape: tuple[int, ...], axes_by_dim: dict[int, list[str]]
                 ) -> tuple[int, ...]:
-        if not axes_by_dim:
-            return shape
         local = list(shape)
         for d, axes in axes_by_dim.items():
             for a in axes:
