@@ -36,7 +36,7 @@ from partir.hlo.ops import (
     make_all_slice,
     make_axis_index,
 )
-from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Type, Value
+from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Type, Value
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
@@ -141,9 +141,13 @@ class _Lowering:
                 self.need(v)
         results = []
         for r in op.results:
-            t = local_types.get(r.type)
-            if t is None:
-                t = local_types[r.type] = _dtensor(r.type).local_type(self.mesh)
+            t = r.type
+            # A tensor (what an execute's body computes) is its own device-local type:
+            # the immutable type is shared, sparing the hash of a lookup.
+            if t.__class__ is not TensorType:
+                t = local_types.get(r.type)
+                if t is None:
+                    t = local_types[r.type] = _dtensor(r.type).local_type(self.mesh)
             new_r = sub[r] = Value(t, r.name)
             results.append(new_r)
         new = Op(op.name, operands, results, dict(op.params), loc=op.loc, prim=op.prim)
@@ -193,11 +197,12 @@ class _Lowering:
                 self.out.append(sliced)
                 sub[body_op.results[0]] = sliced.results[0]
                 continue
-            for v in body_op.operands:
-                if v in range_set and v not in index:
-                    made = make_axis_index(v.type.axis, self.mesh, v.name)
-                    self.out.append(made)
-                    index[v] = sub[v] = made.results[0]
+            if not range_set.isdisjoint(body_op.operands):  # rare: one test for the others
+                for v in body_op.operands:
+                    if v in range_set and v not in index:
+                        made = make_axis_index(v.type.axis, self.mesh, v.name)
+                        self.out.append(made)
+                        index[v] = sub[v] = made.results[0]
             self.clone(body_op, sub)
         for r, y in zip(op.results, region.yields, strict=True):
             self.env[r] = sub[y]
