@@ -156,9 +156,6 @@ class _Rewriter:
                       op.regions, op.loc, op.prim)
         return op
 
-    def keep(self, op: Op) -> None:
-        self.append(self.current(op))
-
     def substitute(self, op: Op, new: Value) -> None:
         """`op` (already current) is dropped: its single result becomes `new`, computed
         by ops emitted before this call."""
@@ -469,7 +466,10 @@ def localize_arguments(fn: Function) -> Function:
     sliced over the leading axes all its slices share (its in_sharding grows by them), and
     each slice keeps only its remaining axes."""
     users: dict[Value, list[Op]] = {a: [] for a in fn.args}
+    arguments = users.keys()
     for op in fn.ops:
+        if arguments.isdisjoint(op.operands):  # most ops: one test in C
+            continue
         for v in op.operands:
             if v in users:
                 users[v].append(op)
@@ -490,9 +490,11 @@ def localize_arguments(fn: Function) -> Function:
             narrowed[op] = _drop(op.params["axes"], prefix)
     if not narrowed:
         return fn
+    # An untouched op is kept as `current` makes it; no pattern reads the producers.
+    sub, out = rw.sub, rw.out
     for op in fn.ops:
         if op not in narrowed:
-            rw.keep(op)
+            out.append(rw.current(op) if not sub.keys().isdisjoint(op.operands) else op)
         elif any(narrowed[op]):
             rw.sub[op.results[0]] = rw.emit(make_all_slice(
                 rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
