@@ -15,8 +15,7 @@ _PARTIR_DIR = os.path.dirname(os.path.abspath(partir.__file__)) + os.sep
 
 def is_user_file(filename: str) -> bool:
     """Neither JAX's, nor partir's, nor Python's own files."""
-    return (source_info_util.is_user_filename(filename) and not filename.startswith("<")
-            and not os.path.abspath(filename).startswith(_PARTIR_DIR))
+    return not filename.startswith("<") and _outside_jax_and_partir(filename)
 
 
 @functools.cache

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from partir.ir import Function, TensorType
+from partir.ir.dtypes import canonical
 from partir.mesh import Mesh
 from partir.runtime.errors import ArgumentError, DeviceCountError, ProgramError
 from partir.runtime.local import run_local
@@ -114,8 +115,7 @@ class Executable:
             raise ArgumentError(f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is "
                                 f"not an array: {e}") from None
         want = self.global_in_types[i]
-        if (aval.shape != want.shape or aval.dtype != jax.dtypes.canonicalize_dtype(
-                want.dtype, allow_extended_dtype=True)):
+        if aval.shape != want.shape or aval.dtype != canonical(want.dtype):
             raise ArgumentError(
                 f"argument {self.fn.arg_names[i]!r} of {self.fn.name} is "
                 f"{TensorType(tuple(aval.shape), aval.dtype)}; the program expects the "
