@@ -491,10 +491,9 @@ def localize_arguments(fn: Function) -> Function:
     if not narrowed:
         return fn
     # An untouched op is kept as `current` makes it; no pattern reads the producers.
-    sub, out = rw.sub, rw.out
     for op in fn.ops:
         if op not in narrowed:
-            out.append(rw.current(op) if not sub.keys().isdisjoint(op.operands) else op)
+            rw.out.append(rw.current(op))
         elif any(narrowed[op]):
             rw.sub[op.results[0]] = rw.emit(make_all_slice(
                 rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
