@@ -1,0 +1,60 @@
+"""Write the IR texts and metadata of every example schedule to one JSON file, so that two
+commits can be byte-compared (`cmp`) when a refactoring must not change the output.
+
+    python scripts/ir_snapshot.py OUT.json
+
+Covers every `examples/**/*.partir.py` file (each tactic's Core text, the final Core,
+SPMD and HLO texts, the StableHLO module, collectives, shardings, conflicts and cost) and
+the transformer's T32 shapes with 2 layers (abstract inputs) under each cumulative prefix
+of BP, MP, Z3, EMB.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import partir  # noqa: E402
+from partir.schedule_file import load_schedule_file  # noqa: E402
+
+
+def _texts(meta: partir.Metadata) -> dict:
+    record = meta.to_json()
+    for tactic in record["tactics"]:
+        tactic.pop("elapsed_s", None)
+    record.pop("elapsed_s", None)
+    return {"core": meta.core_ir, "spmd": meta.spmd_ir, "hlo": meta.hlo_ir,
+            "stablehlo": meta.stablehlo,
+            "tactic_core": [t.core_ir for t in meta.tactics],
+            "json": json.dumps(record, default=str, sort_keys=True)}
+
+
+def snapshot() -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for path in sorted((ROOT / "examples").glob("**/*.partir.py")):
+        sf = load_schedule_file(path)
+        meta = partir.partition(sf.program.fn, sf.mesh, sf.schedule, *sf.program.args)
+        out[str(path.relative_to(ROOT))] = _texts(meta)
+    sys.path.insert(0, str(ROOT / "examples" / "transformer"))
+    from examples.transformer import model, schedules
+    inputs = model.abstract_inputs(dataclasses.replace(model.T32, layers=2))
+    mesh = {schedules.BATCH: 4, schedules.MODEL: 2}
+    tactics = [schedules.BP, schedules.MP, schedules.Z3, schedules.EMB]
+    for n in range(1, len(tactics) + 1):
+        meta = partir.partition(model.train_step, mesh, tactics[:n], *inputs)
+        out["T32x2:" + "+".join(t.name for t in tactics[:n])] = _texts(meta)
+    return out
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], "w") as f:
+        json.dump(snapshot(), f, indent=1, sort_keys=True)
