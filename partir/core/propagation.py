@@ -37,9 +37,9 @@ from partir.core.conflicts import (
 )
 from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
-from partir.core.tmr import OpView, TileMapping, lookup
+from partir.core.tmr import Entry, factor_mappings, lookup
 from partir.gcpause import paused_gc
-from partir.ir import TensorType
+from partir.rules import OpView
 
 
 class _Excess(NamedTuple):
@@ -202,22 +202,6 @@ class Propagator:
                 local[d] //= self.sizes[a]
         return tuple(local)
 
-    def _view(self, op: CoreOp, in_shapes: tuple, out_shapes: tuple) -> OpView:
-        return OpView(op.name, op.params,
-                      tuple(TensorType(s, v.type.dtype)
-                            for s, v in zip(in_shapes, op.operands, strict=True)),
-                      tuple(TensorType(s, v.type.dtype)
-                            for s, v in zip(out_shapes, op.results, strict=True)))
-
-    def _divisible(self, m: TileMapping, view: OpView, n: int) -> bool:
-        for d, t in zip(m.operands, view.in_types, strict=True):
-            if d is not None and t.shape[d] % n:
-                return False
-        for a, t in zip(m.results, view.out_types, strict=True):
-            if type(a) is Tile and t.shape[a.dim] % n:
-                return False
-        return True
-
     def _choose(self, op: CoreOp, axis: str, operand_dims: list[int | None],
                 pinned: set[int], result_dims: list[int | None]) -> bool:
         entry = lookup(op.name)
@@ -226,16 +210,18 @@ class Propagator:
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
         in_shapes, out_shapes = self._local_shapes(op, self.m.info[op.uid])
-        # Decisions depend only on the op's kind, parameters and dtypes, its local shapes
-        # and the request; the layers of a model repeat them, so they are remembered.
+        # Decisions depend only on the op's kind, parameters and dtypes, its global and
+        # local shapes and the request; the layers of a model repeat them, so they are
+        # remembered.
         kind = op.signature
         key = None if kind is None else (
-            kind, in_shapes, out_shapes, tuple(operand_dims), tuple(sorted(pinned)),
-            tuple(result_dims), axis)
+            kind, tuple([v.type.shape for v in op.operands]),
+            tuple([v.type.shape for v in op.results]), in_shapes, out_shapes,
+            tuple(operand_dims), tuple(sorted(pinned)), tuple(result_dims), axis)
         decision = self._decisions.get(key) if key is not None else None
         if decision is None:
-            decision = self._decide(entry, self._view(op, in_shapes, out_shapes),
-                                    axis, operand_dims, pinned, result_dims)
+            decision = self._decide(entry, op, in_shapes, out_shapes, axis, operand_dims,
+                                    pinned, result_dims)
             if key is not None:
                 self._decisions[key] = decision
         if type(decision) is Loop:
@@ -245,13 +231,17 @@ class Propagator:
             self._conflict(op, axis, *decision)
         return False
 
-    def _decide(self, entry, view: OpView, axis: str, operand_dims: list[int | None],
-                pinned: set[int], result_dims: list[int | None]
+    def _decide(self, entry: Entry, op: CoreOp, in_shapes: tuple, out_shapes: tuple,
+                axis: str, operand_dims: list[int | None], pinned: set[int],
+                result_dims: list[int | None]
                 ) -> Loop | tuple[str, tuple[str, ...], str] | tuple[()]:
         """The loop to add, or the conflict (kind, choices, detail), or ()."""
         n = self.sizes[axis]
+        rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
+                                 tuple([v.type for v in op.results])))
+        sizes = rule.local_sizes(in_shapes, out_shapes)
         candidates, contested, indivisible, held = [], [], [], []
-        for m in entry.mappings(view):
+        for f, m in factor_mappings(rule, sizes):
             support = contra = replicated = False
             for i, d in enumerate(operand_dims):
                 if d is not None:
@@ -269,7 +259,7 @@ class Propagator:
                         contra = True
             if not support:
                 continue
-            if not self._divisible(m, view, n):
+            if sizes[f] % n:
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
@@ -286,8 +276,8 @@ class Propagator:
             return MULTIPLE_MATCHES, tuple(str(m) for m in [*candidates, *contested, *held]), ""
         if indivisible:
             return (INDIVISIBLE, tuple(str(m) for m in indivisible),
-                    f"axis size {n} does not divide the dimensions of {view.in_shapes} -> "
-                    f"{view.out_shapes}")
+                    f"axis size {n} does not divide the dimensions of {in_shapes} -> "
+                    f"{out_shapes}")
         return ()
 
     def _forward(self, op: CoreOp, axis: str,

@@ -27,6 +27,8 @@ from partir.core.actions import MONOIDS
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, RangeType, TensorType, Value, verify
 from partir.ir.printer import Printer, register_op_printer
 from partir.ir.verifier import VerificationError, register_type_rule
+from partir.rules import Kind, Primitive, declare
+from partir.rules.catalogue import no_flops
 
 ALL_SLICE = "hlo.all_slice"
 ALL_GATHER = "hlo.all_gather"
@@ -35,6 +37,13 @@ REDUCE_SCATTER = "hlo.reduce_scatter"
 ALL_TO_ALL = "hlo.all_to_all"
 AXIS_INDEX = "hlo.axis_index"
 COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE)
+
+# What the simulator needs of them; they have no sharding rule, existing only in
+# device-local programs.
+declare((ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL),
+        Primitive(Kind.COLLECTIVE, no_flops), jax=False)
+declare(ALL_SLICE, Primitive(Kind.MOVEMENT, no_flops), jax=False)
+declare(AXIS_INDEX, Primitive(Kind.FREE, no_flops), jax=False)
 
 AxesPerDim = tuple[tuple[str, ...], ...]
 

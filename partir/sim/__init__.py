@@ -3,7 +3,7 @@ collective costs, live-range peak memory, and `simulate`, which estimates the pe
 cost of a PartIR:HLO program."""
 
 from partir.sim.collectives import KINDS, CollectiveCost, collective_cost
-from partir.sim.cost import COST_RULES, CostRule, Kind, lookup_cost, register_cost
+from partir.sim.cost import COST_RULES, CostRule, Kind, lookup_cost
 from partir.sim.devices import (
     DeviceSpec,
     LinkSpec,
@@ -31,7 +31,6 @@ __all__ = [
     "get_device",
     "lookup_cost",
     "plan_buffers",
-    "register_cost",
     "register_device",
     "registered_devices",
     "simulate",

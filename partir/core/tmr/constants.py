@@ -1,20 +1,14 @@
-"""Constants: any dimension can be tiled; each tile slices the constant at its offset."""
+"""Constants: a tile of a constant is the constant sliced at the tile's offset."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from jax import lax
 
-from partir.core.actions import Tile
-from partir.core.tmr.registry import Entry, OpView, TileMapping, register
+from partir.core.tmr.registry import register_apply
 
 
-def constant_mappings(op: OpView):
-    for d in range(op.out_types[0].rank):
-        yield TileMapping((), (Tile(d),))
-
-
-def constant_apply(op: OpView, prim, operands, ctx):
+def constant_apply(op, prim, operands, ctx):
     value = jnp.asarray(op.params["value"])
     local = op.out_types[0].shape
     for d, size in enumerate(local):
@@ -23,5 +17,4 @@ def constant_apply(op: OpView, prim, operands, ctx):
     return [value]
 
 
-register("constant", Entry(constant_mappings, apply=constant_apply,
-                           doc="() -> t_d for every d; the tile is sliced at its offset"))
+register_apply("constant", constant_apply)

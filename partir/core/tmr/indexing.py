@@ -1,14 +1,6 @@
-"""Indexing primitives: gather, scatter-add, dynamic_slice and dynamic_update_slice.
-
-Dimensions that no index value refers to (batch dimensions of the indices, operand
-dimensions taken whole) tile like elementwise dimensions. An operand dimension indexed
-element by element (the rows of an embedding table) can be sliced as well: every iteration
-handles only the indices that fall in its chunk, so a gather sums the iterations and a
-scatter tiles them.
-
-Mappings are offered on local types with the op's parameters, which may still be the
-global ones: a window "taken whole" is therefore tested as `window >= operand size`.
-"""
+"""Tiles of gather and scatter-add whose indexed operand dimension is sliced: each handles
+only the indices that fall in its chunk (see `partir.rules.indexing`), shifted to the
+chunk's start."""
 
 from __future__ import annotations
 
@@ -16,13 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from partir.core.actions import Sum, Tile
-from partir.core.tmr.registry import Entry, OpView, TileMapping, register
-
-Mode = lax.GatherScatterMode
-# Modes whose out-of-bounds behaviour the index-dependent mappings reproduce.
-# PROMISE_IN_BOUNDS is taken to behave as XLA does: gathers clamp, scatters drop.
-_KNOWN_MODES = (Mode.CLIP, Mode.FILL_OR_DROP, Mode.PROMISE_IN_BOUNDS)
+from partir.core.actions import Sum
+from partir.core.tmr.registry import register_apply
+from partir.rules import OpView
+from partir.rules.indexing import Mode, window_dims
 
 
 def _start_columns(indices, start_dims, unit_dims, window, op: OpView, ctx):
@@ -70,43 +59,7 @@ def _unit_dim_sliced(op: OpView, ctx, start_dims, unit_dims) -> bool:
                for d in start_dims)
 
 
-def localize_slice_sizes(op: OpView) -> dict:
-    """Whole-dim windows shrink to the local operand; every other window is unchanged."""
-    sizes = tuple(min(s, n) for s, n in zip(op.params["slice_sizes"], op.in_types[0].shape,
-                                            strict=True))
-    return {**op.params, "slice_sizes": sizes}
-
-
-def _window_dims(rank: int, dropped, batching) -> list[int]:
-    return [d for d in range(rank) if d not in dropped and d not in batching]
-
-
 # --- gather ------------------------------------------------------------------------------
-
-
-def gather_mappings(op: OpView):
-    dn = op.params["dimension_numbers"]
-    slice_sizes = op.params["slice_sizes"]
-    operand, indices = op.in_types
-    indexed_ok = op.params["mode"] in _KNOWN_MODES
-    batch_out = [d for d in range(op.out_types[0].rank) if d not in dn.offset_dims]
-    for j in range(indices.rank - 1):
-        if j in dn.start_indices_batching_dims:
-            d = dn.operand_batching_dims[dn.start_indices_batching_dims.index(j)]
-            yield TileMapping((d, j), (Tile(batch_out[j]),))
-        else:
-            yield TileMapping((None, j), (Tile(batch_out[j]),))
-    window = _window_dims(operand.rank, dn.collapsed_slice_dims, dn.operand_batching_dims)
-    for d, out in zip(window, dn.offset_dims, strict=True):
-        # A whole window starts at 0 (clamped there, or out of bounds otherwise) both
-        # globally and in every chunk.
-        if slice_sizes[d] >= operand.shape[d] and (d not in dn.start_index_map or indexed_ok):
-            yield TileMapping((d, None), (Tile(out),))
-    if indexed_ok:
-        monoid = "or" if operand.dtype == np.bool_ else "add"
-        for d in dn.start_index_map:
-            if d in dn.collapsed_slice_dims:
-                yield TileMapping((d, None), (Sum(monoid),))
 
 
 def gather_apply(op: OpView, prim, operands, ctx):
@@ -130,9 +83,7 @@ def gather_apply(op: OpView, prim, operands, ctx):
     return [jnp.where(fill, jnp.asarray(op.params["fill_value"], local.dtype), local)]
 
 
-register("gather", Entry(gather_mappings, localize=localize_slice_sizes, apply=gather_apply,
-                         doc="indices batch / operand-and-indices batching / whole window "
-                             "-> tile; indexed unit-window operand dim -> #sum"))
+register_apply("gather", gather_apply)
 
 
 # --- scatter-add -------------------------------------------------------------------------
@@ -140,32 +91,8 @@ register("gather", Entry(gather_mappings, localize=localize_slice_sizes, apply=g
 
 def _scatter_windows(dn, operand_shape, updates_shape) -> dict[int, int]:
     """Window size of every operand dim that has an update window dim."""
-    dims = _window_dims(len(operand_shape), dn.inserted_window_dims, dn.operand_batching_dims)
+    dims = window_dims(len(operand_shape), dn.inserted_window_dims, dn.operand_batching_dims)
     return {d: updates_shape[u] for d, u in zip(dims, dn.update_window_dims, strict=True)}
-
-
-def scatter_add_mappings(op: OpView):
-    dn = op.params["dimension_numbers"]
-    operand, indices, updates = op.in_types
-    indexed_ok = op.params["mode"] in _KNOWN_MODES
-    scatter_upd = [u for u in range(updates.rank) if u not in dn.update_window_dims]
-    for j in range(indices.rank - 1):
-        u = scatter_upd[j]
-        if j in dn.scatter_indices_batching_dims:
-            d = dn.operand_batching_dims[dn.scatter_indices_batching_dims.index(j)]
-            yield TileMapping((d, j, u), (Tile(d),))
-        else:
-            yield TileMapping((None, j, u), (Sum("add"),))
-    dims = _window_dims(operand.rank, dn.inserted_window_dims, dn.operand_batching_dims)
-    for d, u in zip(dims, dn.update_window_dims, strict=True):
-        # As for gather: a whole window starts at 0 globally and in every chunk.
-        if updates.shape[u] == operand.shape[d] and (
-                d not in dn.scatter_dims_to_operand_dims or indexed_ok):
-            yield TileMapping((d, None, u), (Tile(d),))
-    if indexed_ok:
-        for d in dn.scatter_dims_to_operand_dims:
-            if d in dn.inserted_window_dims:
-                yield TileMapping((d, None, None), (Tile(d),))
 
 
 def scatter_add_apply(op: OpView, prim, operands, ctx):
@@ -186,33 +113,4 @@ def scatter_add_apply(op: OpView, prim, operands, ctx):
     return [prim.bind(operand, indices, updates, **params)]
 
 
-register("scatter-add", Entry(scatter_add_mappings, apply=scatter_add_apply,
-                              doc="updates batch -> #sum; batching / whole window / "
-                                  "indexed unit-window operand dim -> tile"))
-
-
-# --- dynamic_slice / dynamic_update_slice ------------------------------------------------
-
-
-def dynamic_slice_mappings(op: OpView):
-    operand = op.in_types[0]
-    starts = (None,) * (len(op.in_types) - 1)
-    for d, (s, n) in enumerate(zip(op.params["slice_sizes"], operand.shape, strict=True)):
-        # A whole-dim slice starts at 0 whatever the start index: it is clamped there.
-        if s >= n:
-            yield TileMapping((d, *starts), (Tile(d),))
-
-
-def dynamic_update_slice_mappings(op: OpView):
-    operand, update = op.in_types[:2]
-    starts = (None,) * (len(op.in_types) - 2)
-    for d, (n, m) in enumerate(zip(operand.shape, update.shape, strict=True)):
-        # As for dynamic_slice: a whole-dim update starts at 0.
-        if n == m:
-            yield TileMapping((d, d, *starts), (Tile(d),))
-
-
-register("dynamic_slice", Entry(dynamic_slice_mappings, localize=localize_slice_sizes,
-                                doc="whole-dim slice: t_d -> t_d"))
-register("dynamic_update_slice", Entry(dynamic_update_slice_mappings,
-                                       doc="whole-dim update: t_d, t_d -> t_d"))
+register_apply("scatter-add", scatter_add_apply)

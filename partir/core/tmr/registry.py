@@ -1,23 +1,24 @@
-"""The tile-mapping registry (TMR): one declarative entry per primitive.
+"""The tile-mapping registry (TMR): the loops an op can be rewritten into, derived from
+its primitive's factor rule (`partir.rules`).
 
-An entry says, for an op with given (local) operand and result types and parameters,
-which loops the op can be rewritten into: each `TileMapping` gives the dimension along
-which every operand is sliced (None: used whole) and the action on every result
-(`Tile(d)` or `Sum(monoid)`). A single propagation algorithm uses these entries for all
-ops. An entry also knows how to rewrite the op's parameters for a local tile
-(`localize`) and, where the local op is not the same primitive on smaller operands, how
-to compute it from the loop indices (`apply`, e.g. `iota` adds the tile offset).
+Each `TileMapping` gives the dimension along which every operand is sliced (None: used
+whole) and the action on every result (`Tile(d)` or `Sum(monoid)`): one per factor that
+may be sliced, i.e. not a need-replication factor and, at the current factor sizes, the
+major factor of every dimension it is part of. A single propagation algorithm uses these
+mappings for all ops. Where the local op is not the same primitive on smaller operands,
+an `apply` computes it from the loop indices (e.g. `iota` adds the tile offset); the
+materializer turns that computation into explicit ops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from partir.core.actions import Action
-from partir.ir.types import TensorType
+from partir.core.actions import Action, Sum, Tile
 from partir.registry import Registry
+from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
 
 
 @dataclass(frozen=True)
@@ -30,48 +31,69 @@ class TileMapping:
         return f"({ops}) -> {', '.join(map(str, self.results))}"
 
 
-@dataclass(frozen=True)
-class OpView:
-    """What an entry sees of an op: its name, parameters and operand/result types.
+def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
+                    ) -> list[tuple[int, TileMapping]]:
+    """(factor, mapping) for every factor that may be sliced at the given factor sizes,
+    in the rule's factor order."""
+    out = []
+    majors = rule.majors(sizes)
+    for f, factor in enumerate(rule.factors):
+        if factor.kind == REPLICATION or f not in majors:
+            continue
+        results: list[Action] = []
+        for d in rule.result_dims[f]:
+            if d is not None:
+                results.append(Tile(d))
+            elif factor.monoid is not None:
+                results.append(Sum(factor.monoid))
+            else:
+                break  # in some results but not others: no single action
+        if len(results) == len(rule.results):
+            out.append((f, TileMapping(rule.operand_dims[f], tuple(results))))
+    return out
 
-    In `mappings` and `localize` the types are the op's local types inside its current
-    loop nest while `params` are still the original (global) ones, so entries read sizes
-    from the types, never from shape parameters. In `apply` the params are localized.
-    """
 
-    name: str
-    params: Mapping[str, Any]
-    in_types: tuple[TensorType, ...]
-    out_types: tuple[TensorType, ...]
-
-    @property
-    def in_shapes(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(t.shape for t in self.in_types)
-
-    @property
-    def out_shapes(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(t.shape for t in self.out_types)
-
-
-MappingsFn = Callable[[OpView], Iterable[TileMapping]]
-LocalizeFn = Callable[[OpView], dict[str, Any]]
-# apply(op, prim, operands, ctx) -> results; `op` is the local view with localized params.
+# apply(view, prim, operands, ctx) -> results; `view` is the local one with localized
+# params, `ctx` a LocalContext giving the tile's offsets.
 ApplyFn = Callable[[OpView, Any, Sequence[Any], Any], list[Any]]
 
 
 @dataclass(frozen=True)
 class Entry:
-    mappings: MappingsFn
-    localize: LocalizeFn | None = None
+    primitive: Primitive
     apply: ApplyFn | None = None
-    doc: str = field(default="", compare=False)
+
+    @property
+    def localize(self):
+        return self.primitive.localize
+
+    @property
+    def doc(self) -> str:
+        return self.primitive.doc
+
+    def rule(self, view: OpView) -> ShardingRule:
+        return self.primitive.rule(view)
+
+    def mappings(self, view: OpView) -> list[TileMapping]:
+        """The mappings of an op whose (local) types the view gives."""
+        rule = self.rule(view)
+        return [m for _, m in factor_mappings(rule, rule.sizes)]
 
 
 REGISTRY: Registry[Entry] = Registry("TMR entry")
+for _name, _primitive in CATALOGUE.items():
+    if _primitive.rule is not None:
+        REGISTRY.register(_name, Entry(_primitive))
 
 
-def register(names: str | Iterable[str], entry: Entry) -> Entry:
-    return REGISTRY.register(names, entry)
+def register_apply(name: str, apply: ApplyFn) -> None:
+    """Give the entry of `name` the index-dependent computation of its tiles."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"no TMR entry for {name!r} to give an apply to")
+    if entry.apply is not None:
+        raise ValueError(f"the TMR entry for {name!r} has an apply already")
+    REGISTRY[name] = Entry(entry.primitive, apply)
 
 
 def lookup(name: str) -> Entry | None:

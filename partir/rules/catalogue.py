@@ -1,0 +1,128 @@
+"""The primitive catalogue: one declaration per primitive, read by every stage.
+
+A declaration says what a primitive is, once: its factor sharding rule (which drives
+propagation and gives local shapes), how its shape parameters follow its local types,
+its kind for the fusion and memory models, and its FLOPs (from the rule's factor sizes).
+The TMR, the simulator and the Core materializer derive everything else from it, the
+way Shardy builds one `OpShardingRule` per op and JAX registers rules beside each
+primitive.
+
+Names are JAX primitive names, checked against the primitives JAX defines when the
+declaration is made: a misspelt or retired name fails at import, not when a program
+first uses it. partir's own ops (`tag`, the Core value actions, PartIR:HLO collectives)
+are declared with `jax=False`.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from jax.extend.core import Primitive as JaxPrimitive
+
+from partir.ir.types import TensorType
+from partir.registry import Registry
+from partir.rules.factors import ShardingRule
+
+
+class Kind(IntEnum):
+    FREE = 0  # no kernel, no buffer: the result is the operand's buffer (reshape, tag)
+    ELEMENTWISE = 1  # fusible; one output element from the same elements of the operands
+    BROADCAST = 2  # fusible and cheap enough to duplicate into every consumer
+    MOVEMENT = 3  # fusible data movement: transpose, slice, pad, concatenate, all_slice
+    REDUCTION = 4  # fusible as a consumer (XLA's input fusion), a fusion root
+    KERNEL = 5  # its own kernel: matmuls, convolutions, gathers, scatters, sorts
+    COLLECTIVE = 6  # communication, costed by partir.sim.collectives
+
+
+@dataclass(frozen=True)
+class OpView:
+    """What a declaration sees of an op: its name, parameters and operand/result types.
+    The types are global in a Core program and device-local in PartIR:HLO; a rule built
+    from either describes that op."""
+
+    name: str
+    params: Mapping[str, Any]
+    in_types: tuple[TensorType, ...]
+    out_types: tuple[TensorType, ...]
+
+    @property
+    def in_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(t.shape for t in self.in_types)
+
+    @property
+    def out_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(t.shape for t in self.out_types)
+
+
+RuleFn = Callable[[OpView], ShardingRule]
+# flops(view, rule): the op's FLOPs, from its rule's factor sizes where it has one.
+FlopsFn = Callable[[OpView, "ShardingRule | None"], float]
+# localize(view on local types, global params) -> the local op's parameters.
+LocalizeFn = Callable[[OpView], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Primitive:
+    kind: Kind
+    flops: FlopsFn
+    # None: no sharding rule yet, so the op is used whole and propagation reports it.
+    rule: RuleFn | None = None
+    localize: LocalizeFn | None = None
+    matmul: bool = False  # runs on the matrix units (DeviceSpec.matmul_flops)
+    # Transcendentals and the like: the fusion heuristic does not duplicate them into
+    # several consumers (XLA's "expensive" elementwise ops).
+    expensive: bool = False
+    doc: str = field(default="", compare=False)
+
+
+CATALOGUE: Registry[Primitive] = Registry("primitive declaration")
+
+
+@functools.cache
+def jax_primitive_names() -> frozenset[str]:
+    """Names of the primitives JAX has defined: module-level objects, created when jax and
+    its numpy and random modules are imported."""
+    import jax.numpy
+    import jax.random  # noqa: F401
+    return frozenset(o.name for o in gc.get_objects() if isinstance(o, JaxPrimitive))
+
+
+def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = True
+            ) -> Primitive:
+    names = [names] if isinstance(names, str) else list(names)
+    if jax:
+        unknown = sorted(set(names) - jax_primitive_names())
+        if unknown:
+            raise ValueError(f"declared primitives {unknown} are not JAX primitives")
+    return CATALOGUE.register(names, primitive)
+
+
+def lookup(name: str) -> Primitive | None:
+    return CATALOGUE.get(name)
+
+
+def rule_of(view: OpView) -> ShardingRule | None:
+    """The op's factor rule, or None when its primitive has none."""
+    p = CATALOGUE.get(view.name)
+    return None if p is None or p.rule is None else p.rule(view)
+
+
+# --- FLOP counts from the factors -------------------------------------------------------
+
+
+def no_flops(view: OpView, rule: ShardingRule | None) -> float:
+    return 0.0
+
+
+def per_point(weight: float) -> FlopsFn:
+    """`weight` FLOPs per point of the iteration space (the product of the factor sizes):
+    per output element of an elementwise op, per input element of a reduction, per
+    multiply-add of a matmul (weight 2)."""
+    def flops(view: OpView, rule: ShardingRule | None) -> float:
+        return float(weight * rule.points())
+    return flops

@@ -1,0 +1,93 @@
+"""Elementwise primitives and identities: one pass-through factor per result dimension.
+
+Operands JAX broadcasts implicitly (rank-0 literals, and size-1 dims of a larger result
+dim) do not have the factor of that dimension: every tile of the result reads all of it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops, per_point
+from partir.rules.factors import RuleBuilder, ShardingRule
+
+# Transcendentals and the like: XLA's "expensive" elementwise ops.
+EXPENSIVE_UNARY = (
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "cos", "cosh", "digamma",
+    "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "lgamma", "log", "log1p", "logistic",
+    "rsqrt", "sin", "sinh", "sqrt", "tan", "tanh",
+)
+CHEAP_UNARY = (
+    "abs", "ceil", "clz", "conj", "convert_element_type", "copy", "floor", "imag",
+    "integer_pow", "is_finite", "neg", "not", "population_count", "real", "reduce_precision",
+    "round", "sign", "square",
+)
+EXPENSIVE_BINARY = ("atan2", "igamma", "igammac", "pow")
+CHEAP_BINARY = (
+    "add", "add_any", "and", "complex", "div", "eq", "ge", "gt", "le", "lt", "max", "min",
+    "mul", "ne", "nextafter", "or", "rem", "shift_left", "shift_right_arithmetic",
+    "shift_right_logical", "sub", "xor",
+)
+NARY = ("select_n", "clamp")
+
+
+def elementwise_rule(view: OpView) -> ShardingRule:
+    return _elementwise(view.in_shapes, view.out_types[0].shape, len(view.out_types))
+
+
+@functools.lru_cache(maxsize=8192)  # the same shapes recur in every layer of a model
+def _elementwise(in_shapes: tuple[tuple[int, ...], ...], out: tuple[int, ...],
+                 n_results: int) -> ShardingRule:
+    b = RuleBuilder([len(s) for s in in_shapes], [len(out)] * n_results)
+    for d, size in enumerate(out):
+        b.factor(size, {i: d for i, s in enumerate(in_shapes)
+                        if s and not (s[d] == 1 and size != 1)},
+                 dict.fromkeys(range(n_results), d))
+    return b.build()
+
+
+def leading_dims_rule(view: OpView) -> ShardingRule:
+    """One pass-through factor for each dim up to the smallest rank among the operands and
+    results, for ops that add or drop trailing dims around an elementwise computation;
+    the trailing dims are each their own need-replication factor."""
+    return _leading(view.in_shapes, view.out_shapes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _leading(in_shapes: tuple[tuple[int, ...], ...],
+             out_shapes: tuple[tuple[int, ...], ...]) -> ShardingRule:
+    rank = min(len(s) for s in (*in_shapes, *out_shapes))
+    b = RuleBuilder([len(s) for s in in_shapes], [len(s) for s in out_shapes])
+    for d in range(rank):
+        b.factor(in_shapes[0][d] if in_shapes else out_shapes[0][d],
+                 dict.fromkeys(range(len(in_shapes)), d),
+                 dict.fromkeys(range(len(out_shapes)), d))
+    for i, s in enumerate(in_shapes):
+        for d in range(rank, len(s)):
+            b.replicated(s[d], operands={i: d})
+    for k, s in enumerate(out_shapes):
+        for d in range(rank, len(s)):
+            b.replicated(s[d], results={k: d})
+    return b.build()
+
+
+ELEMENTWISE_DOC = "t_d, ..., t_d -> t_d for every dimension d"
+declare(CHEAP_UNARY + CHEAP_BINARY + NARY,
+        Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, doc=ELEMENTWISE_DOC))
+declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY,
+        Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, expensive=True,
+                  doc=ELEMENTWISE_DOC))
+# The result is the operand's buffer.
+declare("stop_gradient", Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC))
+# partir's own identities: `tag` from partir.tag, and the Core value actions (a value
+# tiling loop `tile` and `atomic`), which materialization removes before lowering.
+declare(("tag", "tile", "atomic"),
+        Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC), jax=False)
+# A bitcast between widths adds (or drops) a trailing dim holding one element's bytes.
+declare("bitcast_convert_type",
+        Primitive(Kind.FREE, no_flops, leading_dims_rule,
+                  doc="t_d -> t_d for every dim but a width change's trailing one"))
+# An identity on each of its operands, which may differ in rank.
+declare("optimization_barrier",
+        Primitive(Kind.FREE, no_flops, leading_dims_rule,
+                  doc="t_d, ..., t_d -> t_d, ..., t_d for every dim d all operands have"))

@@ -1,0 +1,175 @@
+"""Indexing primitives: gather, scatter-add, dynamic_slice and dynamic_update_slice.
+
+Dimensions that no index value refers to (batch dimensions of the indices, operand
+dimensions taken whole) are pass-through factors. An operand dimension indexed element by
+element (the rows of an embedding table) is a factor too: every tile handles only the
+indices that fall in its chunk, so for a gather it is a reduction (the tiles' results
+add up, rows outside a chunk gathering 0) and for a scatter a pass-through factor. Such
+tiles compute from their offsets, which the Core materializer makes explicit.
+
+Rules may be built on local types with the op's parameters still the global ones: a
+window "taken whole" is therefore tested as `window >= operand size`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
+from partir.rules.factors import RuleBuilder, ShardingRule
+
+Mode = lax.GatherScatterMode
+# Modes whose out-of-bounds behaviour the index-dependent tiles reproduce.
+# PROMISE_IN_BOUNDS is taken to behave as XLA does: gathers clamp, scatters drop.
+KNOWN_MODES = (Mode.CLIP, Mode.FILL_OR_DROP, Mode.PROMISE_IN_BOUNDS)
+
+
+def window_dims(rank: int, dropped, batching) -> list[int]:
+    return [d for d in range(rank) if d not in dropped and d not in batching]
+
+
+def localize_slice_sizes(view: OpView) -> dict:
+    """Whole-dim windows shrink to the local operand; every other window is unchanged."""
+    sizes = tuple(min(s, n) for s, n in zip(view.params["slice_sizes"],
+                                            view.in_types[0].shape, strict=True))
+    return {**view.params, "slice_sizes": sizes}
+
+
+# --- gather ------------------------------------------------------------------------------
+
+
+def gather_rule(view: OpView) -> ShardingRule:
+    dn = view.params["dimension_numbers"]
+    slice_sizes = view.params["slice_sizes"]
+    operand, indices = view.in_types
+    out = view.out_types[0]
+    indexed_ok = view.params["mode"] in KNOWN_MODES
+    b = RuleBuilder([operand.rank, indices.rank], [out.rank])
+    batch_out = [d for d in range(out.rank) if d not in dn.offset_dims]
+    for j in range(indices.rank - 1):
+        if j in dn.start_indices_batching_dims:
+            d = dn.operand_batching_dims[dn.start_indices_batching_dims.index(j)]
+            b.factor(indices.shape[j], {0: d, 1: j}, {0: batch_out[j]})
+        else:
+            b.factor(indices.shape[j], {1: j}, {0: batch_out[j]})
+    window = window_dims(operand.rank, dn.collapsed_slice_dims, dn.operand_batching_dims)
+    for d, o in zip(window, dn.offset_dims, strict=True):
+        # A whole window starts at 0 (clamped there, or out of bounds otherwise) both
+        # globally and in every chunk.
+        if slice_sizes[d] >= operand.shape[d] and (d not in dn.start_index_map or indexed_ok):
+            b.factor(out.shape[o], {0: d}, {0: o})
+        else:
+            b.replicated(operand.shape[d], operands={0: d})
+            b.replicated(out.shape[o], results={0: o})
+    monoid = "or" if operand.dtype == np.bool_ else "add"
+    for d in dn.start_index_map:
+        if d in dn.collapsed_slice_dims:
+            if indexed_ok:
+                b.factor(operand.shape[d], {0: d}, kind="reduction", monoid=monoid)
+            else:
+                b.replicated(operand.shape[d], operands={0: d})
+    for d in range(operand.rank):
+        if d in dn.collapsed_slice_dims and d not in dn.start_index_map:
+            b.replicated(operand.shape[d], operands={0: d})
+    if indices.rank:
+        b.replicated(indices.shape[-1], operands={1: indices.rank - 1})
+    return b.build()
+
+
+declare("gather", Primitive(
+    Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes,
+    doc="indices batch / operand-and-indices batching / whole window -> tile; indexed "
+        "unit-window operand dim -> #sum"))
+
+
+# --- scatter-add -------------------------------------------------------------------------
+
+
+def scatter_add_rule(view: OpView) -> ShardingRule:
+    dn = view.params["dimension_numbers"]
+    operand, indices, updates = view.in_types
+    indexed_ok = view.params["mode"] in KNOWN_MODES
+    b = RuleBuilder([operand.rank, indices.rank, updates.rank], [operand.rank])
+    scatter_upd = [u for u in range(updates.rank) if u not in dn.update_window_dims]
+    for j in range(indices.rank - 1):
+        u = scatter_upd[j]
+        if j in dn.scatter_indices_batching_dims:
+            d = dn.operand_batching_dims[dn.scatter_indices_batching_dims.index(j)]
+            b.factor(operand.shape[d], {0: d, 1: j, 2: u}, {0: d})
+        else:
+            b.factor(updates.shape[u], {1: j, 2: u}, kind="reduction", monoid="add")
+    dims = window_dims(operand.rank, dn.inserted_window_dims, dn.operand_batching_dims)
+    for d, u in zip(dims, dn.update_window_dims, strict=True):
+        # As for gather: a whole window starts at 0 globally and in every chunk.
+        if updates.shape[u] == operand.shape[d] and (
+                d not in dn.scatter_dims_to_operand_dims or indexed_ok):
+            b.factor(operand.shape[d], {0: d, 2: u}, {0: d})
+        else:
+            b.replicated(operand.shape[d], {0: d}, {0: d})
+            b.replicated(updates.shape[u], operands={2: u})
+    for d in dn.scatter_dims_to_operand_dims:
+        if d in dn.inserted_window_dims:
+            if indexed_ok:
+                b.factor(operand.shape[d], {0: d}, {0: d})
+            else:
+                b.replicated(operand.shape[d], {0: d}, {0: d})
+    for d in range(operand.rank):
+        if d in dn.inserted_window_dims and d not in dn.scatter_dims_to_operand_dims:
+            b.replicated(operand.shape[d], {0: d}, {0: d})
+    if indices.rank:
+        b.replicated(indices.shape[-1], operands={1: indices.rank - 1})
+    return b.build()
+
+
+def scatter_flops(view: OpView, rule: ShardingRule | None) -> float:
+    """One combine per update element."""
+    return float(view.in_types[2].size if rule is None else rule.elements_of_operand(2))
+
+
+declare("scatter-add", Primitive(
+    Kind.KERNEL, scatter_flops, scatter_add_rule,
+    doc="updates batch -> #sum; batching / whole window / indexed unit-window operand "
+        "dim -> tile"))
+# No sharding rule yet: used whole.
+declare(("scatter", "scatter-mul", "scatter-min", "scatter-max"),
+        Primitive(Kind.KERNEL, scatter_flops))
+
+
+# --- dynamic_slice / dynamic_update_slice ------------------------------------------------
+
+
+def dynamic_slice_rule(view: OpView) -> ShardingRule:
+    operand = view.in_types[0]
+    out = view.out_types[0]
+    b = RuleBuilder([t.rank for t in view.in_types], [out.rank])
+    for d, (s, n) in enumerate(zip(view.params["slice_sizes"], operand.shape, strict=True)):
+        # A whole-dim slice starts at 0 whatever the start index: it is clamped there.
+        if s >= n:
+            b.factor(out.shape[d], {0: d}, {0: d})
+        else:
+            b.replicated(n, operands={0: d})
+            b.replicated(out.shape[d], results={0: d})
+    return b.build()
+
+
+def dynamic_update_slice_rule(view: OpView) -> ShardingRule:
+    operand, update = view.in_types[:2]
+    b = RuleBuilder([t.rank for t in view.in_types], [operand.rank])
+    for d, (n, m) in enumerate(zip(operand.shape, update.shape, strict=True)):
+        # As for dynamic_slice: a whole-dim update starts at 0.
+        if n == m:
+            b.factor(n, {0: d, 1: d}, {0: d})
+        else:
+            b.replicated(n, {0: d}, {0: d})
+            b.replicated(m, operands={1: d})
+    return b.build()
+
+
+declare("dynamic_slice", Primitive(Kind.MOVEMENT, no_flops, dynamic_slice_rule,
+                                   localize=localize_slice_sizes,
+                                   doc="whole-dim slice: t_d -> t_d"))
+declare("dynamic_update_slice", Primitive(Kind.KERNEL, no_flops, dynamic_update_slice_rule,
+                                          doc="whole-dim update: t_d, t_d -> t_d"))
+# No sharding rule yet: used whole.
+declare("select_and_gather_add", Primitive(Kind.KERNEL, no_flops))

@@ -1,0 +1,276 @@
+"""Shape primitives: ops that move, select or replicate elements without combining them.
+
+A dimension is a pass-through factor where the op maps a contiguous chunk of the operand
+onto a contiguous chunk of the result for every chunk count; dimensions whose elements
+are reordered, offset or strided (a reversed, padded or sliced dimension, the
+concatenation axis) need replication.
+"""
+
+from __future__ import annotations
+
+import math
+
+from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
+from partir.rules.factors import RuleBuilder, ShardingRule
+
+
+def _out_shape(view: OpView) -> tuple[int, ...]:
+    return tuple(view.out_types[0].shape)
+
+
+def _result_shape(param: str):
+    """The local op's `param` is its result's (local) shape."""
+    def localize(view: OpView) -> dict:
+        return dict(view.params, **{param: _out_shape(view)})
+    return localize
+
+
+# --- broadcast_in_dim --------------------------------------------------------------------
+
+
+def broadcast_in_dim_rule(view: OpView) -> ShardingRule:
+    out = _out_shape(view)
+    b = RuleBuilder([t.rank for t in view.in_types], [len(out)])
+    # Extra operands are dynamic shapes, whose tiling we do not describe.
+    dynamic = len(view.in_types) != 1
+    in_shape = view.in_shapes[0]
+    source = {d: i for i, d in enumerate(view.params["broadcast_dimensions"])}
+    for d, size in enumerate(out):
+        i = source.get(d)
+        # A broadcast size-1 dim holds one value for the whole result dim: every tile of
+        # the result reads all of it.
+        operands = {0: i} if i is not None and in_shape[i] == size else {}
+        if dynamic:
+            b.replicated(size, operands, {0: d})
+        else:
+            b.factor(size, operands, {0: d})
+    return b.build()
+
+
+declare("broadcast_in_dim", Primitive(
+    Kind.BROADCAST, no_flops, broadcast_in_dim_rule, localize=_result_shape("shape"),
+    doc="t_i -> t_d for operand dim i broadcast to result dim d of the same size; "
+        "⊥ -> t_d for new and size-1-broadcast result dims"))
+
+
+# --- reshape -----------------------------------------------------------------------------
+
+
+def _groups(in_shape, out_shape):
+    """Minimal runs of non-1 dims on each side with equal products, in order: row-major
+    order makes each group an independent block of the reshape."""
+    ins = [d for d, s in enumerate(in_shape) if s != 1]
+    outs = [d for d, s in enumerate(out_shape) if s != 1]
+    a = b = 0
+    while a < len(ins) and b < len(outs):
+        ga, gb = [ins[a]], [outs[b]]
+        pin, pout = in_shape[ins[a]], out_shape[outs[b]]
+        a, b = a + 1, b + 1
+        while pin != pout:
+            if pin < pout:
+                ga.append(ins[a])
+                pin *= in_shape[ins[a]]
+                a += 1
+            else:
+                gb.append(outs[b])
+                pout *= out_shape[outs[b]]
+                b += 1
+        yield ga, gb
+
+
+def _refine(sizes_a: list[int], sizes_b: list[int]) -> list[tuple[int, int, int]] | None:
+    """The coarsest factors (size, dim index in a, dim index in b) both sides' dims are
+    products of, major to minor; None when a dim of one side straddles two of the
+    other's without dividing it (e.g. 2x3 -> 3x2)."""
+    out = []
+    i = j = 0
+    ra, rb = sizes_a[0], sizes_b[0]
+    while True:
+        g = math.gcd(ra, rb)
+        if g != ra and g != rb:
+            return None
+        out.append((g, i, j))
+        ra //= g
+        rb //= g
+        if ra == 1:
+            i += 1
+            if i == len(sizes_a):
+                return out
+            ra = sizes_a[i]
+        if rb == 1:
+            j += 1
+            rb = sizes_b[j]
+
+
+def reshape_rule(view: OpView) -> ShardingRule:
+    """Each group of merged or split dims is a sequence of factors (compound dims); a
+    group with no common factors keeps one factor for what its major dims share, the
+    rest needs replication. A reshape that transposes its operand first (`dimensions`),
+    or has dynamic sizes, needs replication."""
+    in_shape, out_shape = view.in_shapes[0], _out_shape(view)
+    b = RuleBuilder([t.rank for t in view.in_types], [len(out_shape)])
+    if (view.params.get("dimensions") is not None or len(view.in_types) != 1
+            or 0 in in_shape):
+        for d, s in enumerate(in_shape):
+            b.replicated(s, operands={0: d})
+        for d, s in enumerate(out_shape):
+            b.replicated(s, results={0: d})
+        return b.build()
+    for ga, gb in _groups(in_shape, out_shape):
+        sizes_a = [in_shape[d] for d in ga]
+        sizes_b = [out_shape[d] for d in gb]
+        factors = _refine(sizes_a, sizes_b)
+        if factors is not None:
+            for size, i, j in factors:
+                b.factor(size, {0: ga[i]}, {0: gb[j]})
+            continue
+        shared = math.gcd(sizes_a[0], sizes_b[0])
+        b.factor(shared, {0: ga[0]}, {0: gb[0]})
+        b.replicated(sizes_a[0] // shared, operands={0: ga[0]})
+        b.replicated(sizes_b[0] // shared, results={0: gb[0]})
+        for d in ga[1:]:
+            b.replicated(in_shape[d], operands={0: d})
+        for d in gb[1:]:
+            b.replicated(out_shape[d], results={0: d})
+    return b.build()
+
+
+declare("reshape", Primitive(
+    Kind.FREE, no_flops, reshape_rule, localize=_result_shape("new_sizes"),
+    doc="t_i -> t_o where i and o are the major dims of a group of merged/split dims"))
+
+
+# --- dims permuted, dropped or reversed --------------------------------------------------
+
+
+def transpose_rule(view: OpView) -> ShardingRule:
+    perm = view.params["permutation"]
+    b = RuleBuilder([len(perm)], [len(perm)])
+    for d, i in enumerate(perm):
+        b.factor(view.in_shapes[0][i], {0: i}, {0: d})
+    return b.build()
+
+
+declare("transpose", Primitive(Kind.MOVEMENT, no_flops, transpose_rule,
+                               doc="t_perm[d] -> t_d"))
+
+
+def squeeze_rule(view: OpView) -> ShardingRule:
+    shape = view.in_shapes[0]
+    removed = set(view.params["dimensions"])
+    b = RuleBuilder([len(shape)], [len(shape) - len(removed)])
+    for d, i in enumerate(i for i in range(len(shape)) if i not in removed):
+        b.factor(shape[i], {0: i}, {0: d})
+    return b.build()
+
+
+declare("squeeze", Primitive(Kind.FREE, no_flops, squeeze_rule,
+                             doc="t_i -> t_d for every kept operand dim i"))
+
+
+def _per_dim(view: OpView, whole) -> ShardingRule:
+    """Dim d of every operand and result is one pass-through factor where `whole(d)` (the
+    op maps it chunk to chunk), else one need-replication factor per tensor having it."""
+    b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
+    for d in range(view.out_types[0].rank):
+        if whole(d):
+            b.factor(view.out_types[0].shape[d],
+                     {i: d for i, t in enumerate(view.in_types) if t.rank},
+                     dict.fromkeys(range(len(view.out_types)), d))
+            continue
+        for i, t in enumerate(view.in_types):
+            if t.rank:
+                b.replicated(t.shape[d], operands={i: d})
+        for k, t in enumerate(view.out_types):
+            b.replicated(t.shape[d], results={k: d})
+    return b.build()
+
+
+def rev_rule(view: OpView) -> ShardingRule:
+    reversed_dims = set(view.params["dimensions"])
+    return _per_dim(view, lambda d: d not in reversed_dims)
+
+
+declare("rev", Primitive(Kind.MOVEMENT, no_flops, rev_rule,
+                         doc="t_d -> t_d for every dim d that is not reversed"))
+
+
+def concatenate_rule(view: OpView) -> ShardingRule:
+    return _per_dim(view, lambda d: d != view.params["dimension"])
+
+
+declare("concatenate", Primitive(Kind.MOVEMENT, no_flops, concatenate_rule,
+                                 doc="t_d, ..., t_d -> t_d for every d but the "
+                                     "concatenated one"))
+
+
+def pad_rule(view: OpView) -> ShardingRule:
+    # The padding value is a scalar: _per_dim leaves it out of every factor.
+    config = view.params["padding_config"]
+    return _per_dim(view, lambda d: tuple(config[d]) == (0, 0, 0))
+
+
+declare("pad", Primitive(Kind.MOVEMENT, no_flops, pad_rule,
+                         doc="t_d, ⊥ -> t_d for every unpadded dim d"))
+
+
+def split_rule(view: OpView) -> ShardingRule:
+    return _per_dim(view, lambda d: d != view.params["axis"])
+
+
+declare("split", Primitive(Kind.MOVEMENT, no_flops, split_rule,
+                           doc="t_d -> t_d, ..., t_d for every d but the split axis"))
+
+
+# --- slice -------------------------------------------------------------------------------
+
+
+def whole_slice_dims(view: OpView) -> list[int]:
+    """Dims the slice takes whole: start 0, stride 1 and as large as the operand.
+
+    Sizes rather than `limit_indices` are compared since the params may be the global
+    ones while the types are local.
+    """
+    strides = view.params["strides"] or (1,) * view.in_types[0].rank
+    return [d for d, (start, stride, n, m) in enumerate(zip(
+        view.params["start_indices"], strides, view.in_shapes[0], _out_shape(view),
+        strict=True))
+        if start == 0 and stride == 1 and n == m]
+
+
+def slice_rule(view: OpView) -> ShardingRule:
+    whole = set(whole_slice_dims(view))
+    return _per_dim(view, whole.__contains__)
+
+
+def slice_localize(view: OpView) -> dict:
+    limits = list(view.params["limit_indices"])
+    for d in whole_slice_dims(view):
+        limits[d] = view.in_shapes[0][d]
+    return dict(view.params, limit_indices=tuple(limits))
+
+
+declare("slice", Primitive(Kind.MOVEMENT, no_flops, slice_rule, localize=slice_localize,
+                           doc="t_d -> t_d for every dim d taken whole"))
+
+
+# --- values made from nothing --------------------------------------------------------------
+
+
+def generated_rule(view: OpView) -> ShardingRule:
+    """One pass-through factor per result dim, with no operand: any dim can be tiled,
+    each tile computing its own part (from its offset where the values depend on it)."""
+    shape = _out_shape(view)
+    b = RuleBuilder([t.rank for t in view.in_types], [len(shape)])
+    for d, size in enumerate(shape):
+        b.factor(size, results={0: d})
+    return b.build()
+
+
+declare("iota", Primitive(Kind.BROADCAST, no_flops, generated_rule,
+                          localize=_result_shape("shape"),
+                          doc="() -> t_d for every d; tiles of the counting dim add their "
+                              "offset"))
+declare("constant", Primitive(Kind.BROADCAST, no_flops, generated_rule,
+                              doc="() -> t_d for every d; the tile is sliced at its "
+                                  "offset"), jax=False)
