@@ -47,16 +47,19 @@ class CoreOp:
 
     @property
     def signature(self) -> tuple | None:
-        """The name, parameters and dtypes: all propagation's decisions depend on besides
-        local shapes, so they are shared by the ops of repeated layers. Computed once per
-        op for all tactics (not a `cached_property`, whose lock costs more than this);
-        None when the parameters are unhashable (e.g. array-valued constants)."""
+        """The name, parameters and (global) types: all propagation's decisions depend on
+        besides local shapes, so they are shared by the ops of repeated layers. Computed
+        once per op for all tactics (not a `cached_property`, whose lock costs more than
+        this); None when the parameters are unhashable (e.g. array-valued constants)."""
         try:
             return self._signature
         except AttributeError:
             pass
+        values = (*self.operands, *self.results)
+        # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
+        # hash and compare in C, and the key is hashed for every request.
         key = (self.name, tuple(sorted(self.params.items())),
-               tuple(v.type.dtype for v in (*self.operands, *self.results)))
+               tuple(v.type.shape for v in values), tuple(v.type.dtype for v in values))
         try:
             hash(key)
         except TypeError:

@@ -210,14 +210,12 @@ class Propagator:
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
         in_shapes, out_shapes = self._local_shapes(op, self.m.info[op.uid])
-        # Decisions depend only on the op's kind, parameters and dtypes, its global and
-        # local shapes and the request; the layers of a model repeat them, so they are
-        # remembered.
+        # Decisions depend only on the op's kind, parameters and types, its local shapes
+        # and the request; the layers of a model repeat them, so they are remembered.
         kind = op.signature
         key = None if kind is None else (
-            kind, tuple([v.type.shape for v in op.operands]),
-            tuple([v.type.shape for v in op.results]), in_shapes, out_shapes,
-            tuple(operand_dims), tuple(sorted(pinned)), tuple(result_dims), axis)
+            kind, in_shapes, out_shapes, tuple(operand_dims), tuple(sorted(pinned)),
+            tuple(result_dims), axis)
         decision = self._decisions.get(key) if key is not None else None
         if decision is None:
             decision = self._decide(entry, op, in_shapes, out_shapes, axis, operand_dims,

@@ -52,12 +52,32 @@ class CostRule:
     expensive: bool = False
 
 
+_MEMO_SIZE = 1 << 16
+
+
 def _catalogue_flops(primitive: Primitive) -> FlopsFn:
-    def flops(op: Op, size: SizeFn) -> float:
+    # The layers of a model repeat their ops' types and parameters: FLOPs are remembered
+    # by them rather than rebuilding a rule per op.
+    memo: dict[tuple, float] = {}
+
+    def compute(op: Op) -> float:
         view = OpView(op.name, op.params, tuple([v.type for v in op.operands]),
                       tuple([v.type for v in op.results]))
         rule = None if primitive.rule is None else primitive.rule(view)
         return primitive.flops(view, rule)
+
+    def flops(op: Op, size: SizeFn) -> float:
+        key = (tuple([v.type for v in op.operands]), tuple([v.type for v in op.results]),
+               tuple(op.params.items()))
+        try:
+            return memo[key]
+        except KeyError:
+            if len(memo) >= _MEMO_SIZE:  # a long-running daemon sees many programs
+                memo.clear()
+            f = memo[key] = compute(op)
+            return f
+        except TypeError:  # unhashable parameters
+            return compute(op)
     return flops
 
 
