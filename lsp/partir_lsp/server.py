@@ -8,9 +8,11 @@ loop never waits on compiler work: every daemon call is awaited on a future the 
 reader thread resolves. Results become diagnostics, code lenses, inlay hints and hovers
 (`partir_lsp.render`); lenses, hints and hovers on input keys and tactics are answered
 from the last snapshot at once (mapped onto the lines that did not change since), never
-waiting for an analysis. `partir/ir`, the `partir.showIr` and `partir.runJob` commands and
-model-line hovers are forwarded to the daemon. See vscode-extension/PROTOCOL.md for what
-the extension expects.
+waiting for an analysis, except on a document that has no snapshot yet: those wait for
+the analysis in flight (its partial result, which has no collectives, is only published
+as diagnostics), until it ends one way or another. `partir/ir`, the `partir.showIr` and
+`partir.runJob` commands and model-line hovers are forwarded to the daemon. See
+vscode-extension/PROTOCOL.md for what the extension expects.
 """
 
 from __future__ import annotations
@@ -269,10 +271,24 @@ class PartirServer(LanguageServer):
         if self.capability("workspace", "inlay_hint", "refresh_support"):
             self.workspace_inlay_hint_refresh(None)
 
+    async def first_analysis(self, uri: str) -> None:
+        """Returns once the document has a snapshot, or at once if it has one. Else waits
+        for the analysis in flight (its debounce included), whose partial result gave the
+        diagnostics but no snapshot: a request arriving between its two answers (the
+        partial one has no collective counts to show) waits for the complete one, not
+        answering null. The wait ends however that analysis ends: with its result, a
+        failure, a newer version superseding it (whose own analysis is not waited for),
+        or the document closing; the request then answers from what there is."""
+        doc = self.documents.get(uri)
+        if doc is None or doc.snapshot is not None or doc.task is None or doc.task.done():
+            return
+        # asyncio.wait neither raises the task's outcome nor cancels it with the request.
+        await asyncio.wait([doc.task])
+
     def latest(self, uri: str) -> tuple[Document, Snapshot, LineMap] | None:
-        """The document's last analysis, whatever version it was for (requests never wait
-        for one), and where its lines are now; None for documents that are not schedule
-        files or have none yet."""
+        """The document's last analysis, whatever version it was for (requests wait only
+        for a document's first one, see `first_analysis`), and where its lines are now;
+        None for documents that are not schedule files or have none yet."""
         doc = self.documents.get(uri)
         found = doc.latest() if doc is not None else None
         return None if found is None else (doc, *found)
@@ -333,6 +349,7 @@ class PartirServer(LanguageServer):
             return None
         if not is_schedule(path):
             return await self.model_hover(path, position)
+        await self.first_analysis(uri)
         found = self.latest(uri)
         if found is None:
             return None
@@ -622,11 +639,13 @@ def build() -> PartirServer:
         ls.closed(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_LENS)
-    def code_lens(ls: PartirServer, params: lsp.CodeLensParams) -> list[lsp.CodeLens]:
+    async def code_lens(ls: PartirServer, params: lsp.CodeLensParams) -> list[lsp.CodeLens]:
+        await ls.first_analysis(params.text_document.uri)
         return ls.code_lenses(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_INLAY_HINT)
-    def inlay_hint(ls: PartirServer, params: lsp.InlayHintParams) -> list[lsp.InlayHint]:
+    async def inlay_hint(ls: PartirServer, params: lsp.InlayHintParams) -> list[lsp.InlayHint]:
+        await ls.first_analysis(params.text_document.uri)
         return ls.inlay_hints(params.text_document.uri, params.range)
 
     @server.feature(lsp.TEXT_DOCUMENT_HOVER)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MONOIDS = ("add", "max", "min", "and", "or")
+from partir.ir.monoids import NAMES as MONOIDS
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,7 @@ from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import LOOP, SLICE
 from partir.core.tmr import LocalContext, OpView, lookup
 from partir.ir import Function, Op, Region, Value
-
-_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
-            "and": jnp.logical_and, "or": jnp.logical_or}
+from partir.ir.monoids import MONOIDS
 
 
 class InterpreterError(Exception):
@@ -33,7 +31,7 @@ def combine(action, parts: list[Any]) -> Any:
     if isinstance(action, Sum):
         acc = parts[0]
         for p in parts[1:]:
-            acc = _MONOIDS[action.monoid](acc, p)
+            acc = MONOIDS[action.monoid].combine(acc, p)
         return acc
     assert isinstance(action, AnyAction)
     first = np.asarray(parts[0])

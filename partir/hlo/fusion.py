@@ -47,6 +47,7 @@ from partir.hlo.ops import (
     sliced_type,
 )
 from partir.ir import Function, Op, Value
+from partir.ir.monoids import BY_ELEMENTWISE
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -392,10 +393,9 @@ def slice_before_reduce_scatter(fn: Function) -> Function:
     return _sweep(fn, (_SLICE_FIRST,))
 
 
-# The elementwise primitives that combine two values with each monoid; `add_any` is how
-# JAX's autodiff accumulates the cotangents of a value used twice.
-_MONOID_OPS = {"add": "add", "add_any": "add", "max": "max", "min": "min", "and": "and",
-               "or": "or"}
+# The elementwise primitives that combine two values with each monoid (add, add_any, max,
+# min, and, or): see partir.ir.monoids.
+_MONOID_OPS = {prim: m.name for prim, m in BY_ELEMENTWISE.items()}
 
 
 def _reduction(op: Op) -> tuple:

@@ -32,10 +32,8 @@ from partir.hlo.ops import (
 )
 from partir.ir import Function, Op, RangeType, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
+from partir.ir.monoids import MONOIDS
 from partir.mesh import Mesh
-
-_MONOIDS = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum,
-            "and": jnp.logical_and, "or": jnp.logical_or}
 
 Device = tuple[int, ...]
 Local = dict[Device, Any]  # device -> its local array (or coordinate, for axis_index)
@@ -191,7 +189,7 @@ class HloInterpreter:
                 parts = [x[member] for member in self.m.group(dev, axes)]
                 acc = parts[0]
                 for p in parts[1:]:  # in coordinate order, as a sequential loop would
-                    acc = _MONOIDS[monoid](acc, p)
+                    acc = MONOIDS[monoid].combine(acc, p)
                 done[key] = acc
             out[dev] = done[key]
         return out

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from partir.core.actions import MONOIDS
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, RangeType, TensorType, Value, verify
+from partir.ir.monoids import NAMES as MONOIDS
 from partir.ir.printer import Printer, register_op_printer
 from partir.ir.verifier import VerificationError, register_type_rule
 from partir.rules import Kind, Primitive, declare

@@ -13,23 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from jax import lax
 
+from partir.ir.monoids import MONOIDS
 from partir.runtime.errors import ProgramError
 
 AxesPerDim = Sequence[Sequence[str]]
-
-_REDUCERS: dict[str, Callable[[Any, tuple[str, ...]], Any]] = {
-    "add": lax.psum,
-    "max": lax.pmax,
-    "min": lax.pmin,
-    # `#sum<and>`/`#sum<or>` are logical and only ever combine booleans (the TMR offers
-    # them for bool reductions only); on booleans min is `and` and max is `or`.
-    "and": lax.pmin,
-    "or": lax.pmax,
-}
-
 
 def _linear_index(axes: Sequence[str]) -> Any:
     """This device's chunk index over `axes`, the first axis major."""
@@ -70,13 +59,16 @@ def all_reduce(x: Any, *, axes: Sequence[str], monoid: str) -> Any:
     """Reduces over the devices of `axes` with the monoid; every device gets the result."""
     if not axes:
         return x
-    if monoid not in _REDUCERS:
+    m = MONOIDS.get(monoid)
+    if m is None:
         raise ProgramError(f"unknown reduction monoid {monoid!r}; expected one of "
-                           f"{', '.join(_REDUCERS)}")
-    if monoid in ("and", "or") and np.dtype(x.dtype) != np.bool_:
+                           f"{', '.join(MONOIDS)}")
+    # `#sum<and>`/`#sum<or>` are logical and only ever combine booleans (the TMR offers
+    # them for bool reductions only).
+    if not m.accepts(x.dtype):
         raise ProgramError(f"the {monoid!r} monoid is logical and needs a bool operand, "
                            f"got {x.dtype}")
-    return _REDUCERS[monoid](x, tuple(axes))
+    return m.collective(x, tuple(axes))
 
 
 def reduce_scatter(x: Any, *, axes: AxesPerDim, monoid: str) -> Any:

@@ -1,0 +1,154 @@
+"""A document's first analysis answers twice: the partial result (published as diagnostics)
+and, after the lowering, the complete one (the snapshot). Hovers, code lenses and inlay
+hints arriving between the two wait for the complete one rather than answer null (the
+gap a client that asks as soon as the diagnostics show fell into), and stop waiting when
+the analysis is superseded or the document closes.
+
+In process, with a fake daemon link that hands the partial result at once and holds the
+complete one until the test releases it: the gap is as long as the test wants."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lsprotocol import types as lsp
+from partir_lsp.server import PartirServer
+
+from partir_daemon import protocol as P
+
+TEXT = '''\
+schedule = [
+    partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+]
+'''
+TACTIC_LINE = 1  # 0-based line of the tactic
+TACTIC_RANGE = P.Range(2, 4, 2, 62)  # 1-based lines, 0-based columns
+
+
+def _result(path: str, version: int, *, complete: bool) -> P.PartitionResult:
+    # The partial result has the tactic but not its lowering: no collectives, no cost.
+    metadata: dict[str, Any] = {"actions": ["#tile<0>"]}
+    if complete:
+        metadata["collectives"] = {"all_reduce": 2}
+    tactic = P.TacticResult(1, "BP", "batch", TACTIC_RANGE, {}, False, "s1", metadata)
+    return P.PartitionResult(path, version, True, [], mesh={"batch": 4}, tactics=[tactic])
+
+
+class FakeLink:
+    """Stands for `DaemonLink`: each `partition` call delivers its partial result on the
+    event loop at once, then waits for `release` before returning the complete one."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.calls: list[int] = []
+
+    async def call(self, method: str, params: Any, *, on_partial: Any = None) -> Any:
+        assert method == "partition" and params.partial
+        self.calls.append(params.version)
+        asyncio.get_running_loop().call_soon(
+            on_partial, _result(params.path, params.version, complete=False))
+        await self.release.wait()
+        return _result(params.path, params.version, complete=True)
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(PartirServer):
+    """The server with its notifications to the client recorded instead of sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published: list[lsp.PublishDiagnosticsParams] = []
+        self.settings.debounce_ms = 0
+        self.link_ = FakeLink()
+        self.daemon = self.link_  # type: ignore[assignment]
+
+    def text_document_publish_diagnostics(self, params: lsp.PublishDiagnosticsParams) -> None:
+        self.published.append(params)
+
+    def window_log_message(self, params: lsp.LogMessageParams) -> None:
+        pass
+
+    def capability(self, *path: str) -> Any:
+        return None  # no refresh support: nothing else to send
+
+
+async def _until(condition, what: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _in_the_gap(tmp_path: Path) -> tuple[Recorder, str]:
+    """A server whose document got its partial result (diagnostics) and no snapshot."""
+    server = Recorder()
+    uri = (tmp_path / "s.partir.py").as_uri()
+    server.opened(uri, 1, TEXT)
+    await _until(lambda: server.published, "the partial result's diagnostics")
+    assert server.documents[uri].snapshot is None
+    return server, uri
+
+
+def _hover(server: Recorder, uri: str) -> asyncio.Task:
+    return asyncio.get_running_loop().create_task(
+        server.hover(uri, lsp.Position(TACTIC_LINE, 10)))
+
+
+@pytest.mark.asyncio
+async def test_a_hover_between_the_partial_and_the_complete_result_waits_for_it(
+        tmp_path: Path) -> None:
+    server, uri = await _in_the_gap(tmp_path)
+    hover = _hover(server, uri)
+    await asyncio.sleep(0.05)
+    assert not hover.done()  # waiting, not answering null
+    server.link_.release.set()
+    answer = await asyncio.wait_for(hover, 5)
+    assert answer is not None
+    assert "**Tactic 1 · BP** on axis `batch`" in answer.contents.value
+    assert "| all_reduce (AR) | 2 | +2 |" in answer.contents.value  # the complete result
+    # With a snapshot, requests answer at once again.
+    assert server.documents[uri].snapshot is not None
+    assert await asyncio.wait_for(server.hover(uri, lsp.Position(TACTIC_LINE, 10)), 0.5)
+    assert len(server.code_lenses(uri)) == 3
+
+
+@pytest.mark.asyncio
+async def test_lenses_and_hints_wait_for_the_first_analysis_too(tmp_path: Path) -> None:
+    server, uri = await _in_the_gap(tmp_path)
+    waiting = asyncio.get_running_loop().create_task(server.first_analysis(uri))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    server.link_.release.set()
+    await asyncio.wait_for(waiting, 5)
+    assert server.code_lenses(uri)
+    hints = server.inlay_hints(uri, lsp.Range(lsp.Position(0, 0), lsp.Position(10, 0)))
+    assert [h.position.line for h in hints] == [TACTIC_LINE]
+
+
+@pytest.mark.asyncio
+async def test_the_wait_ends_when_a_newer_version_supersedes_the_analysis(
+        tmp_path: Path) -> None:
+    server, uri = await _in_the_gap(tmp_path)
+    hover = _hover(server, uri)
+    await asyncio.sleep(0.01)
+    server.opened(uri, 2, TEXT + "\n")  # cancels the analysis of version 1
+    assert await asyncio.wait_for(hover, 5) is None  # no snapshot to answer from
+    await _until(lambda: server.link_.calls == [1, 2], "the analysis of version 2")
+    server.link_.release.set()
+    await _until(lambda: server.documents[uri].snapshot is not None, "version 2's result")
+    assert server.documents[uri].snapshot.version == 2
+
+
+@pytest.mark.asyncio
+async def test_the_wait_ends_when_the_document_closes(tmp_path: Path) -> None:
+    server, uri = await _in_the_gap(tmp_path)
+    hover = _hover(server, uri)
+    await asyncio.sleep(0.01)
+    server.closed(uri)
+    assert await asyncio.wait_for(hover, 5) is None
