@@ -24,6 +24,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from partir.ir.monoids import MONOIDS, NAMES
+
 PASS = "pass-through"
 REDUCTION = "reduction"
 REPLICATION = "need-replication"
@@ -43,6 +45,8 @@ class Factor:
             raise ValueError(f"factor kind must be one of {KINDS}, got {self.kind!r}")
         if (self.kind == REDUCTION) != (self.monoid is not None):
             raise ValueError("a reduction factor, and only it, has a monoid")
+        if self.monoid is not None and self.monoid not in MONOIDS:
+            raise ValueError(f"unknown monoid {self.monoid!r}; expected one of {NAMES}")
 
 
 @dataclass(frozen=True)

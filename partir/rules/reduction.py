@@ -11,17 +11,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from partir.ir.monoids import of_reduce
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, per_point
 from partir.rules.factors import RuleBuilder, ShardingRule
-
-# reduce_prod and reduce_xor have no monoid among the `#sum` actions.
-MONOID = {"reduce_sum": "add", "reduce_max": "max", "reduce_min": "min",
-          "reduce_and": "and", "reduce_or": "or"}
-# On integers reduce_and/reduce_or are bitwise, whereas `#sum<and>`/`#sum<or>` are
-# logical: only bool operands can be combined with them.
-BOOL_ONLY = ("reduce_and", "reduce_or")
 
 
 def _reduce(view: OpView, reduced, monoid: str | None) -> ShardingRule:
@@ -41,10 +33,8 @@ def _reduce(view: OpView, reduced, monoid: str | None) -> ShardingRule:
 
 
 def reduce_rule(view: OpView) -> ShardingRule:
-    monoid = MONOID.get(view.name)
-    if view.name in BOOL_ONLY and np.dtype(view.in_types[0].dtype) != np.bool_:
-        monoid = None
-    return _reduce(view, view.params["axes"], monoid)
+    monoid = of_reduce(view.name, view.in_types[0].dtype)
+    return _reduce(view, view.params["axes"], monoid and monoid.name)
 
 
 def argreduce_rule(view: OpView) -> ShardingRule:
