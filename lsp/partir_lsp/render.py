@@ -48,6 +48,7 @@ CONFLICT_MEANING = {
     "indivisible": "the axis size does not divide the dimensions the op would be sharded on",
     "replicated_operand": "sharding the op would slice an operand kept replicated",
     "unsupported": "partir has no propagation rule for this primitive",
+    "needs_replication": "the op cannot be sharded along the dimension propagation brings",
 }
 
 
@@ -271,11 +272,15 @@ def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagn
 
 def _occurrence(c: dict[str, Any], meaning: str) -> str:
     """What one conflict adds to its group's message: the choices propagation could not
-    decide between, with a detail other than the kind's meaning; "" when it has none (a
-    blocked primitive: the message says it all)."""
+    decide between, with a detail other than the kind's meaning, or the detail alone (why
+    a dimension cannot be sharded); "" when it has neither or is a blocked primitive (the
+    message says it all)."""
     choices = c.get("choices") or []
     if not choices:
-        return ""
+        detail = c.get("detail", "")
+        if not detail or c.get("kind") == "unsupported":
+            return ""
+        return f"on axis '{c.get('axis', '')}': {detail}"
     text = f"on axis '{c.get('axis', '')}': " + " vs ".join(choices)
     detail = c.get("detail", "")
     return text + f" ({detail})" if detail and detail != meaning else text

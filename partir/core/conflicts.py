@@ -16,6 +16,10 @@ INDIVISIBLE = "indivisible"
 REPLICATED_OPERAND = "replicated_operand"
 # The primitive has no TMR entry: propagation is blocked at it.
 UNSUPPORTED = "unsupported"
+# The op's rule cannot slice the requested dimension: it needs replication (a sorted,
+# scanned or reversed dim...), or the axis would fall on the minor factor of a dimension
+# the op splits or merges, which needs a sub-axis.
+NEEDS_REPLICATION = "needs_replication"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from partir.core.conflicts import (
     AXIS_IN_SCOPE,
     INDIVISIBLE,
     MULTIPLE_MATCHES,
+    NEEDS_REPLICATION,
     REPLICATED_OPERAND,
     UNSUPPORTED,
     Conflict,
@@ -39,7 +40,7 @@ from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
 from partir.core.tmr import Entry, factor_mappings, lookup
 from partir.gcpause import paused_gc
-from partir.rules import OpView
+from partir.rules import REPLICATION, OpView, ShardingRule
 
 
 class _Excess(NamedTuple):
@@ -112,6 +113,30 @@ def use_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _Exces
         elif type(lp.results[k]) is Sum:
             in_scope.append((axis, d))
     return _excess((adopt, (), tuple(in_scope), deeper))
+
+
+def _unsliceable(rule: ShardingRule, sizes: tuple[int, ...], operand_dims: list[int | None],
+                 result_dims: list[int | None]) -> tuple[str, tuple[str, ...], str] | tuple[()]:
+    """Why no factor of the requested dimensions can be sliced, as a conflict, or () when
+    the request names no factor (a size-1 dim JAX broadcasts)."""
+    majors = rule.majors(sizes)
+    reasons = []
+    for what, dims_of, wanted in (("operand", rule.operands, operand_dims),
+                                  ("result", rule.results, result_dims)):
+        for i, d in enumerate(wanted):
+            if d is None:
+                continue
+            live = [f for f in dims_of[i][d] if sizes[f] != 1]
+            if not live:
+                continue
+            if rule.factors[live[0]].kind == REPLICATION:
+                reasons.append(f"dimension {d} of {what} {i} needs replication")
+            elif live[0] not in majors:
+                reasons.append(f"dimension {d} of {what} {i} would be sliced on a minor "
+                               f"part of a dimension the op splits or merges")
+    if not reasons:
+        return ()
+    return NEEDS_REPLICATION, (), "; ".join(reasons)
 
 
 class Propagator:
@@ -276,7 +301,7 @@ class Propagator:
             return (INDIVISIBLE, tuple(str(m) for m in indivisible),
                     f"axis size {n} does not divide the dimensions of {in_shapes} -> "
                     f"{out_shapes}")
-        return ()
+        return _unsliceable(rule, sizes, operand_dims, result_dims)
 
     def _forward(self, op: CoreOp, axis: str,
                  operand_ex: list[_Excess | None]) -> bool:

@@ -121,3 +121,27 @@ def test_tags_can_be_tiled_like_inputs():
     r = _run(f, [partir.ManualPartition({"hidden": 1}, axis="b")], f32(8, 4), f32(4, 6))
     assert str(r.program.input_shardings()["w"]) == '[{}, {"b"}]'
     assert str(r.program.output_shardings()["out"]) == '[{"b"}]'
+
+
+def test_a_sliced_dim_the_op_cannot_slice_is_reported_with_why():
+    def f(x):
+        merged = jnp.tanh(x).reshape(32)  # dim 1 of x is the minor part of the merge
+        return jnp.sort(jnp.tanh(x), axis=1), merged
+
+    r = _run(f, [partir.ManualPartition({"x": 1}, axis="b")], f32(4, 8))
+    by_op = {c.op: c for c in r.conflicts}
+    assert by_op["sort"].kind == "needs_replication"
+    assert by_op["sort"].detail == "dimension 1 of operand 0 needs replication"
+    assert by_op["reshape"].kind == "needs_replication"
+    assert "minor part of a dimension the op splits or merges" in by_op["reshape"].detail
+    assert _nests(r, "sort") == [()] and _nests(r, "reshape") == [()]
+
+
+def test_a_split_keeps_the_sharding_of_its_major_part():
+    def f(x):
+        return jnp.tanh(x).reshape(4, 2, 8) * 2.0
+
+    r = _run(f, [partir.ManualPartition({"x": 0}, axis="b")], f32(8, 8))
+    ((loop,),) = _nests(r, "reshape")
+    assert (loop.operands, loop.results) == ((0,), (Tile(0),))
+    assert r.conflicts == []

@@ -130,6 +130,17 @@ def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
     assert diags[1].message.endswith("several shardings of the op fit and none was chosen")
 
 
+def test_a_dimension_that_needs_replication_says_why() -> None:
+    why = {"kind": "needs_replication", "op": "sort", "axis": "batch",
+           "loc": {"file": "/ws/model.py", "line": 9}, "choices": [],
+           "detail": "dimension 1 of operand 0 needs replication"}
+    (d,) = render.schedule_diagnostics(result(tactic([why])), Lines.of(SCHEDULE))
+    assert d.code == "conflict/needs_replication"
+    assert d.message.endswith(render.CONFLICT_MEANING["needs_replication"])
+    _, occurrence = d.related_information
+    assert occurrence.message == "on axis 'batch': dimension 1 of operand 0 needs replication"
+
+
 def test_long_messages_are_cut_with_the_whole_text_related() -> None:
     long = "tracing the program raised TypeError: " + "shapes (8, 16) and (4, 2) " * 40
     diags = render.schedule_diagnostics(result(diagnostics=[P.Diagnostic(
