@@ -174,6 +174,8 @@ def iota_apply(op: OpView, prim, operands, ctx):
     # Tiles along the counting dim start at their offset in the global iota; the offset
     # is 0 (and this a no-op) when that dim is not tiled.
     offset = ctx.result_offset(0, op.params["dimension"])
+    if isinstance(offset, int) and offset == 0:
+        return [local]
     return [local + jnp.asarray(offset).astype(local.dtype)]
 
 
