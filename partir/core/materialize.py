@@ -39,6 +39,7 @@ from partir.core.program import (
 from partir.core.tmr import Entry, LocalContext, OpView, localized_params, lookup
 from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, TensorType, Value
+from partir.ir.dtypes import canonical
 
 
 def _cancels(identity_nest: Nest, consumer_nest: Nest, i: int) -> bool:
@@ -266,10 +267,19 @@ class _Materializer:
         body.extend(ops)
         produced = {v for o in ops for v in o.results}
         for v, t, r in zip(results, out_types, op.results, strict=True):
-            if v.type != t or v not in produced:
+            # A declared 64-bit type is what JAX traces in 32 bits when x64 is off.
+            if v not in produced or v.type.shape != t.shape or (
+                    canonical(v.type.dtype) != canonical(t.dtype)):
                 raise AssertionError(f"the local computation of {op.name} at {op.loc} gives "
                                      f"{v.type}, its tile is {t}")
-            v.name = r.name
+            v.type, v.name = t, r.name
+        # The intermediate values are named after their primitives (`%mul`, `%mul_1`...):
+        # the printer numbers only the results, as it would the single op's.
+        outputs = set(results)
+        for o in ops:
+            for v in o.results:
+                if v not in outputs:
+                    v.name = o.name
         return results
 
     def _traced(self, op: CoreOp, entry: Entry, params: dict[str, Any], nest: Nest,

@@ -46,13 +46,14 @@ def test_iota_tiled_along_its_counting_dim_shows_index_and_offset():
     meta = _check(counting_rows, (x,), [partir.ManualPartition({"x": 0}, axis="batch")])
     assert _loop_body(meta.core_ir) == [
         "%ibatch = index %rbatch : tensor<i32>",
-        "%1 = iota() {dimension=0, dtype=float32, shape=[4, 8]} : tensor<4x8xf32>",
-        "%2 = constant 4 : tensor<i32>",
-        "%3 = mul(%ibatch, %2) : tensor<i32>",
-        "%4 = convert_element_type(%3) {new_dtype=float32, weak_type=False} : tensor<f32>",
-        "%5 = add(%1, %4) : tensor<4x8xf32>",
-        "%6 = slice 0 %x[%rbatch] : tensor<4x8xf32>",
-        "%7 = add(%6, %5) : tensor<4x8xf32>",
+        "%iota = iota() {dimension=0, dtype=float32, shape=[4, 8]} : tensor<4x8xf32>",
+        "%constant = constant 4 : tensor<i32>",
+        "%mul = mul(%ibatch, %constant) : tensor<i32>",
+        "%convert_element_type = convert_element_type(%mul) {new_dtype=float32, "
+        "weak_type=False} : tensor<f32>",
+        "%1 = add(%iota, %convert_element_type) : tensor<4x8xf32>",
+        "%2 = slice 0 %x[%rbatch] : tensor<4x8xf32>",
+        "%3 = add(%2, %1) : tensor<4x8xf32>",
     ]
     assert '%ibatch = index %rbatch : tensor<i32>' in meta.spmd_ir
     assert '%ibatch = axis_index "batch" : tensor<i32>' in meta.hlo_ir

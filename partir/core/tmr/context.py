@@ -53,5 +53,6 @@ class LocalContext:
         first: Any = True
         for lp in self.nest:
             if isinstance(lp.results[k], Sum):
-                first = jnp.logical_and(first, self.index(lp.axis) == 0)
+                at_0 = self.index(lp.axis) == 0
+                first = at_0 if first is True else jnp.logical_and(first, at_0)
         return first
