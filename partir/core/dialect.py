@@ -1,14 +1,23 @@
-"""PartIR:Core ops in the IR: `loop`, `slice` and `tag`, with their syntax and typing.
+"""PartIR:Core ops in the IR: `loop`, `slice`, `index` and `tag`, with their syntax and
+typing.
 
 Op names carry the dialect prefix (`core.loop`, `core.slice`) because JAX has primitives
 of the same names (`slice` is `lax.slice`); `tag` is the frontend's primitive itself.
 
     %r = loop "B" [#tile<0>] (%rB: range<4>) { ...; yield %v : tensor<64x8xf32> }
     %s = slice 0 %x[%rB] : tensor<64x8xf32>
+    %iB = index %rB : tensor<i32>
     %t = tag "name" %x : tensor<...>
+
+`index` is the loop's iteration number as an int32 scalar: the only way a loop body reads
+its position besides `slice`. Materialization emits it, and ordinary primitives computing
+tile offsets from it, where a tile's local computation depends on where the tile lies
+(iota along a tiled dimension, a gather from a sliced table, ...).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.ir import Op, RangeType, Region, TensorType, Value
@@ -17,6 +26,8 @@ from partir.ir.verifier import register_type_rule
 
 LOOP = "core.loop"
 SLICE = "core.slice"
+INDEX = "core.index"
+INDEX_TYPE = TensorType((), np.dtype("int32"))
 
 
 def make_loop(axis: str, size: int, actions: tuple, body: list[Op], yields: list[Value],
@@ -27,6 +38,11 @@ def make_loop(axis: str, size: int, actions: tuple, body: list[Op], yields: list
 
 def make_slice(x: Value, dim: int, r: Value, result: Value) -> Op:
     return Op(SLICE, [x, r], [result], {"dim": dim})
+
+
+def make_index(r: Value, name: str | None = None) -> Op:
+    """The iteration number of the loop whose range is r."""
+    return Op(INDEX, [r], [Value(INDEX_TYPE, name)], {})
 
 
 def sliced_type(t: TensorType, dim: int, n: int) -> TensorType:
@@ -51,6 +67,12 @@ def _print_slice(p: Printer, op: Op, depth: int) -> None:
     x, r = op.operands
     p.emit(depth, f"{p.results_prefix(op)}slice {op.params['dim']} {p.ref(x)}[{p.ref(r)}]"
                   f" : {p.result_types(op)}")
+
+
+@register_op_printer(INDEX)
+def _print_index(p: Printer, op: Op, depth: int) -> None:
+    p.emit(depth, f"{p.results_prefix(op)}index {p.ref(op.operands[0])} : "
+                  f"{p.result_types(op)}")
 
 
 @register_op_printer("tag")
@@ -78,6 +100,15 @@ def _slice_type(op: Op) -> str | None:
     want = sliced_type(x.type, dim, r.type.size)
     if op.results[0].type != want:
         return f"result {op.results[0].type} should be {want}"
+    return None
+
+
+@register_type_rule(INDEX)
+def _index_type(op: Op) -> str | None:
+    if len(op.operands) != 1 or not isinstance(op.operands[0].type, RangeType):
+        return "index takes one range operand"
+    if op.results[0].type != INDEX_TYPE:
+        return f"result {op.results[0].type} should be {INDEX_TYPE}"
     return None
 
 

@@ -2,7 +2,8 @@
 
 Each `loop` runs its body once per index of its range, one iteration at a time; `#tile`
 concatenates the iterations' results, `#sum` reduces them with the monoid, `any` checks
-they are all equal. `slice` takes the index-th chunk. Primitives replay through JAX.
+they are all equal. `slice` takes the index-th chunk and `index` is the iteration number.
+Primitives replay through JAX.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from partir.core.actions import AnyAction, Sum, Tile
-from partir.core.dialect import LOOP, SLICE
-from partir.core.tmr import LocalContext, OpView, lookup
+from partir.core.dialect import INDEX, LOOP, SLICE
 from partir.ir import Function, Op, Region, Value
 from partir.ir.monoids import MONOIDS
 
@@ -42,35 +42,23 @@ def combine(action, parts: list[Any]) -> Any:
 
 
 def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
-    """A Core op without regions: `slice`, `tag`, `constant` or a primitive, with range
-    values in `env` bound to loop indices (or device coordinates)."""
+    """A Core op without regions: `slice`, `index`, `tag`, `constant` or a primitive, with
+    range values in `env` bound to loop indices (or device coordinates)."""
     if op.name == SLICE:
         x, r = (env[v] for v in op.operands)
         n = op.operands[1].type.size
         dim = op.params["dim"]
         chunk = x.shape[dim] // n
         return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
+    if op.name == INDEX:
+        return [jnp.asarray(env[op.operands[0]], jnp.int32)]
     if op.name == "tag":
         return [env[op.operands[0]]]
+    if op.name == "constant":
+        return [jnp.asarray(op.params["value"])]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    loops = op.params.get("_loops")
-    if loops is None:
-        if op.name == "constant":
-            return [jnp.asarray(op.params["value"])]
-        outs = op.prim.bind(*(env[v] for v in op.operands), **params)
-        return list(outs) if op.prim.multiple_results else [outs]
-    # A local op whose computation depends on where its tile is: the TMR entry computes
-    # it from the indices of the loops it came from, which are trailing range operands.
-    split = len(op.operands) - len(loops)
-    operands, ranges = op.operands[:split], op.operands[split:]
-    index = {rv.type.axis: env[rv] for rv in ranges}
-    sizes = {rv.type.axis: rv.type.size for rv in ranges}
-    in_global, out_global = op.params["_global_types"]
-    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
-                       axis_size=sizes.__getitem__)
-    view = OpView(op.name, params, tuple(v.type for v in operands),
-                  tuple(v.type for v in op.results))
-    return list(lookup(op.name).apply(view, op.prim, [env[v] for v in operands], ctx))
+    outs = op.prim.bind(*(env[v] for v in op.operands), **params)
+    return list(outs) if op.prim.multiple_results else [outs]
 
 
 class Interpreter:

@@ -5,16 +5,29 @@ between them inside the nest is exactly the tile the consumer slices (a `slice` 
 `#tile` loop result over the same range cancels). Value tiling loops whose every use
 slices them back are dropped: the uses slice the original value instead, which is what
 the paper's listings show "after simplification". Primitives inside loops get the
-parameters of their local tile from the TMR; those whose local computation depends on
-the loop index read the ranges as extra operands.
+parameters of their local tile from the TMR.
+
+A primitive whose local computation depends on where its tile lies (its TMR entry has an
+`apply`: iota along a tiled dimension, a gather from a sliced table, ...) becomes ordinary
+IR: `index` ops give the loop indices as int32 scalars, and the JAX primitives of the
+entry's `apply`, traced on the local operand types and one index per loop, compute the
+offsets and the tile. Later stages see plain ops and never call back into the TMR. Where
+the traced computation is the primitive itself on the local operands (no offset needed),
+the single op is emitted as for any other primitive.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax._src.interpreters import partial_eval as pe
+from jax.extend import core as jcore
 
 from partir.core.actions import AnyAction, Tile
-from partir.core.dialect import make_loop, make_slice, sliced_type
+from partir.core.dialect import INDEX_TYPE, make_index, make_loop, make_slice, sliced_type
 from partir.core.program import (
     CoreOp,
     CoreProgram,
@@ -23,8 +36,10 @@ from partir.core.program import (
     result_local_type,
     tile_dims,
 )
-from partir.core.tmr import Entry, OpView, localized_params, lookup
-from partir.ir import Function, Op, RangeType, Value
+from partir.core.tmr import Entry, LocalContext, OpView, localized_params, lookup
+from partir.frontend import inline_jaxpr
+from partir.ir import Function, Op, RangeType, TensorType, Value
+from partir.ir.dtypes import canonical
 
 
 def _cancels(identity_nest: Nest, consumer_nest: Nest, i: int) -> bool:
@@ -164,6 +179,7 @@ class _Materializer:
         alias, nests = self.alias, self.nests
         inner: dict[Value, Value] = {}
         sliced: dict[tuple[Value, tuple], Value] = {}
+        indices: list[Value | None] = [None] * depth  # per level, its `index` once made
         body: list[Op] = []
         for op in g.ops:
             nest = nests.get(op.uid, ())
@@ -192,9 +208,9 @@ class _Materializer:
             if op.is_identity:
                 inner[op.results[0]] = operands[0]
                 continue
-            local = self._local_op(op, nest, operand_dims, sizes, operands, ranges)
-            body.append(local)
-            for r, lr in zip(op.results, local.results, strict=True):
+            local = self._local_op(op, nest, operand_dims, sizes, operands, ranges, indices,
+                                   body)
+            for r, lr in zip(op.results, local, strict=True):
                 inner[r] = lr
         # build the nest from the innermost loop outwards
         yields = [inner[v] for v in escaping]
@@ -213,7 +229,9 @@ class _Materializer:
         return body[0]
 
     def _local_op(self, op: CoreOp, nest: Nest, operand_dims: list[tuple[int | None, ...]],
-                  sizes: list[int], operands: list[Value], ranges: list[Value]) -> Op:
+                  sizes: list[int], operands: list[Value], ranges: list[Value],
+                  indices: list[Value | None], body: list[Op]) -> list[Value]:
+        """Append op's local computation to `body`; its results."""
         # result_local_type (and operand_local_type below), from the dims the caller gathered
         out_types = []
         for k, r in enumerate(op.results):
@@ -230,13 +248,109 @@ class _Materializer:
             in_types = tuple([divided_type(v.type, dims, sizes)
                               for v, dims in zip(op.operands, operand_dims, strict=True)])
             params = localized_params(entry, OpView(op.name, op.params, in_types, out_types))
-        results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
+        traced = None
         if entry.apply is not None:
-            params["_loops"] = nest
-            params["_global_types"] = (tuple([v.type for v in op.operands]),
-                                       tuple([v.type for v in op.results]))
-            operands = [*operands, *ranges]
-        return Op(op.name, operands, results, params, loc=op.loc, prim=op.prim)
+            traced = self._traced(op, entry, params, nest, tuple([v.type for v in operands]),
+                                  out_types)
+        if traced is None:
+            results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
+            body.append(Op(op.name, operands, results, params, loc=op.loc, prim=op.prim))
+            return results
+        closed, levels = traced
+        for lvl in levels:
+            if indices[lvl] is None:
+                made = make_index(ranges[lvl], name=f"i{ranges[lvl].type.axis}")
+                body.append(made)
+                indices[lvl] = made.results[0]
+        ops, results = inline_jaxpr(closed, [*operands, *[indices[lvl] for lvl in levels]],
+                                    op.loc)
+        body.extend(ops)
+        produced = {v for o in ops for v in o.results}
+        for v, t, r in zip(results, out_types, op.results, strict=True):
+            # A declared 64-bit type is what JAX traces in 32 bits when x64 is off.
+            if v not in produced or v.type.shape != t.shape or (
+                    canonical(v.type.dtype) != canonical(t.dtype)):
+                raise AssertionError(f"the local computation of {op.name} at {op.loc} gives "
+                                     f"{v.type}, its tile is {t}")
+            v.type, v.name = t, r.name
+        # The intermediate values are named after their primitives (`%mul`, `%mul_1`...):
+        # the printer numbers only the results, as it would the single op's.
+        outputs = set(results)
+        for o in ops:
+            for v in o.results:
+                if v not in outputs:
+                    v.name = o.name
+        return results
+
+    def _traced(self, op: CoreOp, entry: Entry, params: dict[str, Any], nest: Nest,
+                in_types: tuple, out_types: tuple) -> tuple[Any, tuple[int, ...]] | None:
+        """The entry's `apply` traced on the local operands and the loop indices: the
+        closed jaxpr taking the operands and the indices of `levels` (the loop levels it
+        reads), or None when it is the primitive itself with `params` on the operands."""
+        sig = op.signature
+        key = None
+        if sig is not None:
+            key = (sig, in_types, out_types, nest, tuple([v.type for v in op.operands]),
+                   tuple([v.type for v in op.results]), jax.config.jax_enable_x64,
+                   jax.config.jax_threefry_partitionable)
+            found = _TRACES.get(key, _MISSING)
+            if found is not _MISSING:
+                return found
+        traced = _trace_apply(op, entry, params, nest, in_types, out_types, self.sizes)
+        if key is not None:
+            if len(_TRACES) >= _MAX_TRACES:
+                _TRACES.clear()
+            _TRACES[key] = traced
+        return traced
+
+
+# Traced local computations of index-dependent ops, shared by the repeated layers of a model
+# and by the materializations after each tactic.
+_TRACES: dict[tuple, Any] = {}
+_MAX_TRACES = 4096
+_MISSING = object()
+
+
+def _trace_apply(op: CoreOp, entry: Entry, params: dict[str, Any], nest: Nest,
+                 in_types: Sequence[TensorType], out_types: Sequence[TensorType],
+                 sizes: dict[str, int]) -> tuple[Any, tuple[int, ...]] | None:
+    n = len(in_types)
+    level_of = {lp.axis: lvl for lvl, lp in enumerate(nest)}
+    view = OpView(op.name, params, tuple(in_types), tuple(out_types))
+    global_in = tuple([v.type for v in op.operands])
+    global_out = tuple([v.type for v in op.results])
+
+    def local(*args: Any) -> list[Any]:
+        index = args[n:]
+        ctx = LocalContext(nest, global_in, global_out,
+                           index=lambda axis: index[level_of[axis]],
+                           axis_size=sizes.__getitem__)
+        return list(entry.apply(view, op.prim, list(args[:n]), ctx))
+
+    avals = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in in_types]
+    avals += [jax.ShapeDtypeStruct((), INDEX_TYPE.dtype)] * len(nest)
+    closed = jax.make_jaxpr(local)(*avals)
+    jaxpr, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    # Every operand stays an input, read or not; of the indices only those it reads.
+    levels = tuple(lvl for lvl in range(len(nest)) if used[n + lvl])
+    invars = closed.jaxpr.invars
+    jaxpr = jaxpr.replace(invars=[*invars[:n], *[invars[n + lvl] for lvl in levels]])
+    if _is_primitive(op, jaxpr, n):
+        return None
+    return jcore.ClosedJaxpr(jaxpr, closed.consts), levels
+
+
+def _is_primitive(op: CoreOp, jaxpr: Any, n: int) -> bool:
+    """Is the jaxpr op's primitive applied to its n operands in order (or, for a
+    constant, the constant itself)?"""
+    if op.prim is None:
+        return (not jaxpr.eqns and len(jaxpr.outvars) == 1
+                and jaxpr.outvars[0] in jaxpr.constvars)
+    if len(jaxpr.eqns) != 1:
+        return False
+    (eqn,) = jaxpr.eqns
+    return (eqn.primitive is op.prim and list(eqn.invars) == list(jaxpr.invars)
+            and list(eqn.outvars) == list(jaxpr.outvars))
 
 
 def materialize(prog: CoreProgram, fuse: bool = True, elide_identities: bool = True) -> Function:

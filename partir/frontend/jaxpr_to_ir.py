@@ -81,13 +81,14 @@ class _Builder:
         return v
 
     def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value],
-               call_loc: Location = UNKNOWN_LOCATION) -> list[Value]:
+               call_loc: Location = UNKNOWN_LOCATION, user_frames: bool = True) -> list[Value]:
         """Append the ops of `jaxpr` applied to `args`. Equations of a called body whose
         trace has no user frame (bodies JAX cached from an earlier trace) get the
-        location of the call."""
+        location of the call; without `user_frames`, every equation gets it."""
         env: dict[Any, Value] = {}
         for var, c in zip(jaxpr.constvars, consts, strict=True):
-            env[var] = self.constant(c, Location("<constant>", 0), var.aval)
+            env[var] = self.constant(c, Location("<constant>", 0) if user_frames else call_loc,
+                                     var.aval)
         for var, a in zip(jaxpr.invars, args, strict=True):
             env[var] = a
 
@@ -97,7 +98,7 @@ class _Builder:
             return env[atom]
 
         for eqn in jaxpr.eqns:
-            loc = user_location(eqn.source_info)
+            loc = user_location(eqn.source_info) if user_frames else call_loc
             if loc is UNKNOWN_LOCATION:
                 loc = call_loc
             operands = [read(a, loc) for a in eqn.invars]
@@ -105,9 +106,9 @@ class _Builder:
             if name in INLINED_CALLS and INLINED_CALLS[name] in eqn.params:
                 body = eqn.params[INLINED_CALLS[name]]
                 if hasattr(body, "jaxpr"):  # a ClosedJaxpr
-                    outs = self.inline(body.jaxpr, body.consts, operands, loc)
+                    outs = self.inline(body.jaxpr, body.consts, operands, loc, user_frames)
                 else:
-                    outs = self.inline(body, (), operands, loc)
+                    outs = self.inline(body, (), operands, loc, user_frames)
             else:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
                 params = dict(eqn.params)
@@ -119,6 +120,17 @@ class _Builder:
                 if not isinstance(var, jcore.DropVar):
                     env[var] = v
         return [read(a, Location("<return>", 0)) for a in jaxpr.outvars]
+
+
+def inline_jaxpr(closed: Any, args: Sequence[Value],
+                 loc: Location = UNKNOWN_LOCATION) -> tuple[list[Op], list[Value]]:
+    """The ops of a closed jaxpr applied to `args`, and its results: how a later stage
+    turns a JAX computation into IR ops (e.g. an op's local computation inside a loop).
+    Calls are inlined and literals become `constant` ops, as in `trace`; every op gets
+    `loc` (the jaxpr was traced by the compiler, not from the user's code)."""
+    builder = _Builder()
+    results = builder.inline(closed.jaxpr, closed.consts, args, loc, user_frames=False)
+    return builder.ops, results
 
 
 def _unsharded(x: Any) -> jax.ShapeDtypeStruct:

@@ -7,10 +7,11 @@ import os
 
 from jax._src import source_info_util
 
-import partir
 from partir.ir.location import UNKNOWN_LOCATION, Location
 
-_PARTIR_DIR = os.path.dirname(os.path.abspath(partir.__file__)) + os.sep
+# The `partir` package directory (this file is partir/frontend/source.py), found without
+# importing the package, which imports every stage.
+_PARTIR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def is_user_file(filename: str) -> bool:

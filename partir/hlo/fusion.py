@@ -407,7 +407,7 @@ def _reduction(op: Op) -> tuple:
 
 def _reassociate(rw: _Rewriter, op: Op) -> Value | None:
     monoid = _MONOID_OPS.get(op.name)
-    if monoid is None or "_loops" in op.params or len(op.operands) != 2:
+    if monoid is None or len(op.operands) != 2:
         return None
     a, b = op.operands
     for kind in (ALL_REDUCE, REDUCE_SCATTER):

@@ -19,7 +19,6 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from partir.core.tmr import LocalContext, OpView, lookup
 from partir.hlo.ops import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -30,13 +29,13 @@ from partir.hlo.ops import (
     AxesPerDim,
     flat_axes,
 )
-from partir.ir import Function, Op, RangeType, Value
+from partir.ir import Function, Op, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
 from partir.ir.monoids import MONOIDS
 from partir.mesh import Mesh
 
 Device = tuple[int, ...]
-Local = dict[Device, Any]  # device -> its local array (or coordinate, for axis_index)
+Local = dict[Device, Any]  # device -> its local array
 
 
 class HloInterpreterError(Exception):
@@ -141,7 +140,11 @@ class HloInterpreter:
     def _eval(self, op: Op, env: dict[Value, Local]) -> list[Local]:
         x = env[op.operands[0]] if op.operands else None
         if op.name == AXIS_INDEX:
-            return [{dev: self.m.coord(dev, op.params["axis"]) for dev in self.m.devices}]
+            # One array per coordinate, shared by the devices at it (so that `_local`
+            # computes what depends on the coordinate once per coordinate).
+            axis = op.params["axis"]
+            coords = [np.asarray(c, np.int32) for c in range(self.m.mesh[axis])]
+            return [{dev: coords[self.m.coord(dev, axis)] for dev in self.m.devices}]
         if op.name == ALL_SLICE:
             return [self._all_slice(x, op.params["axes"])]
         if op.name == ALL_GATHER:
@@ -199,9 +202,8 @@ class HloInterpreter:
         memo: dict[tuple, list[Any]] = {}
         for dev in self.m.devices:
             operands = [env[v][dev] for v in op.operands]
-            # Coordinates compare by value, arrays by identity (env keeps them alive).
-            key = tuple(("coord", a) if isinstance(a, int) else ("array", id(a))
-                        for a in operands)
+            # Arrays compare by identity (env keeps them alive).
+            key = tuple([id(a) for a in operands])
             if key not in memo:
                 memo[key] = _eval_local(op, operands)
             for out, r in zip(outs, memo[key], strict=True):
@@ -213,28 +215,11 @@ def _eval_local(op: Op, operands: list[Any]) -> list[Any]:
     """A primitive, `constant` or `tag` on one device's operands."""
     if op.name == "tag":
         return [operands[0]]
+    if op.name == "constant":
+        return [jnp.asarray(op.params["value"])]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    loops = op.params.get("_loops")
-    if loops is None:
-        if op.name == "constant":
-            return [jnp.asarray(op.params["value"])]
-        outs = op.prim.bind(*operands, **params)
-        return list(outs) if op.prim.multiple_results else [outs]
-    # An index-dependent op: its trailing operands are the device's coordinates on the
-    # axes of the loops it came from, which the TMR entry turns into tile offsets.
-    split = len(op.operands) - len(loops)
-    ranges = op.operands[split:]
-    if not all(isinstance(r.type, RangeType) for r in ranges):
-        raise HloInterpreterError(f"{op.name} at {op.loc} needs {len(loops)} trailing "
-                                  "axis_index operands")
-    index = {r.type.axis: c for r, c in zip(ranges, operands[split:], strict=True)}
-    sizes = {r.type.axis: r.type.size for r in ranges}
-    in_global, out_global = op.params["_global_types"]
-    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
-                       axis_size=sizes.__getitem__)
-    view = OpView(op.name, params, tuple(v.type for v in op.operands[:split]),
-                  tuple(v.type for v in op.results))
-    return list(lookup(op.name).apply(view, op.prim, operands[:split], ctx))
+    outs = op.prim.bind(*operands, **params)
+    return list(outs) if op.prim.multiple_results else [outs]
 
 
 def interpret_hlo(fn: Function, *args: Any) -> list[Any]:

@@ -5,7 +5,7 @@ A value of type mu becomes the device-local tensor L(mu) each device holds; devi
 type does not distinguish hold equal tensors. Then:
 - an `execute` is flattened: every device runs the body once, with the body's ranges
   bound to the device's coordinates. `slice d x[r]` becomes `all_slice` of x on d over
-  r's axis, and a range operand of an index-dependent primitive becomes `axis_index`;
+  r's axis, and `index r` the device's coordinate on it, `axis_index`;
 - `tile_reduce [#sum<a>]` is an `all_reduce <a>`; `#tile` and `any` change the type only:
   the devices already hold the tiles (resp. equal values) the new type describes;
 - `redistribute` from mu1 to mu2 is one all_gather/all_slice pair through the common
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from partir.core.actions import Sum
-from partir.core.dialect import SLICE
+from partir.core.dialect import INDEX, SLICE
 from partir.hlo.ops import (
     AxesPerDim,
     make_all_gather,
@@ -178,9 +178,6 @@ class _Lowering:
                 raise HloLoweringError(f"execute local %{y.name} has type {y.type} but its "
                                        f"operand's local tensor is {local.type}")
             sub[y] = local
-        # The coordinates are read only by index-dependent primitives, so an axis_index is
-        # emitted at its first use: slices become all_slice, which finds them itself.
-        index: dict[Value, Value] = {}
         range_set = set(ranges)
         for body_op in region.ops:
             if body_op.name == SLICE:
@@ -197,12 +194,15 @@ class _Lowering:
                 self.out.append(sliced)
                 sub[body_op.results[0]] = sliced.results[0]
                 continue
-            if not range_set.isdisjoint(body_op.operands):  # rare: one test for the others
-                for v in body_op.operands:
-                    if v in range_set and v not in index:
-                        made = make_axis_index(v.type.axis, self.mesh, v.name)
-                        self.out.append(made)
-                        index[v] = sub[v] = made.results[0]
+            if body_op.name == INDEX:
+                (r,), (i,) = body_op.operands, body_op.results
+                made = make_axis_index(r.type.axis, i.name, body_op.loc)
+                self.out.append(made)
+                sub[i] = made.results[0]
+                continue
+            if not range_set.isdisjoint(body_op.operands):  # one test for all operands
+                raise HloLoweringError(f"{body_op.name} at {body_op.loc} reads a range, which "
+                                       "only `slice` and `index` may")
             self.clone(body_op, sub)
         for r, y in zip(op.results, region.yields, strict=True):
             self.env[r] = sub[y]

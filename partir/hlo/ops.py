@@ -10,7 +10,7 @@ chunk i_a * |b| + i_b.
     %r = all_reduce <"x1", "x2"> %x : tensor<16x5x40xf32>
     %r = reduce_scatter [{"x1"}, {}, {"x2"}] %x : tensor<8x5x10xf32>
     %r = all_to_all {0 -> 1} <"x1", "x2"> %x : tensor<128x4xf32>
-    %r = axis_index "x1" : range<2>
+    %i = axis_index "x1" : tensor<i32>
 
 A reduction other than addition prints as the paper's `<@red_fn>`: `all_reduce<@max> ...`.
 
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, RangeType, TensorType, Value, verify
+import numpy as np
+
+from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value, verify
 from partir.ir.monoids import NAMES as MONOIDS
 from partir.ir.printer import Printer, register_op_printer
 from partir.ir.verifier import VerificationError, register_type_rule
@@ -36,6 +38,7 @@ ALL_REDUCE = "hlo.all_reduce"
 REDUCE_SCATTER = "hlo.reduce_scatter"
 ALL_TO_ALL = "hlo.all_to_all"
 AXIS_INDEX = "hlo.axis_index"
+AXIS_INDEX_TYPE = TensorType((), np.dtype("int32"))
 COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE)
 
 # What the simulator needs of them; they have no sharding rule, existing only in
@@ -141,10 +144,11 @@ def make_all_to_all(x: Value, split_dim: int, concat_dim: int, axes: Sequence[st
               {"split_dim": split_dim, "concat_dim": concat_dim, "axes": tuple(axes)}, loc=loc)
 
 
-def make_axis_index(axis: str, mesh: Mapping[str, int], name: str | None = None) -> Op:
-    """The device's coordinate on a mesh axis: what the loop range of an index-dependent
-    primitive becomes once each device runs its own iteration."""
-    return Op(AXIS_INDEX, [], [Value(RangeType(axis, mesh[axis]), name)], {"axis": axis})
+def make_axis_index(axis: str, name: str | None = None,
+                    loc: Location = UNKNOWN_LOCATION) -> Op:
+    """The device's coordinate on a mesh axis as an int32 scalar: what a Core `index` of a
+    loop over the axis becomes once each device runs its own iteration."""
+    return Op(AXIS_INDEX, [], [Value(AXIS_INDEX_TYPE, name)], {"axis": axis}, loc=loc)
 
 
 def count_collectives(fn: Function) -> dict[str, int]:
@@ -291,8 +295,8 @@ def _all_to_all_type(op: Op) -> str | None:
 @register_type_rule(AXIS_INDEX)
 def _axis_index_type(op: Op) -> str | None:
     (r,) = op.results
-    if op.operands or not isinstance(r.type, RangeType) or r.type.axis != op.params["axis"]:
-        return f'axis_index "{op.params["axis"]}" takes no operand and gives a range of its axis'
+    if op.operands or r.type != AXIS_INDEX_TYPE:
+        return f'axis_index "{op.params["axis"]}" takes no operand and gives {AXIS_INDEX_TYPE}'
     return None
 
 
@@ -309,12 +313,10 @@ def collective_type_error(op: Op, mesh: Mapping[str, int]) -> str | None:
     missing = [a for a in named if a not in mesh]
     if missing:
         return f"names axes {missing} that are not in the mesh {dict(mesh)}"
-    if op.name == AXIS_INDEX:
-        want: object = RangeType(op.params["axis"], mesh[op.params["axis"]])
-    elif op.name == ALL_REDUCE:
+    if op.name in (AXIS_INDEX, ALL_REDUCE):
         return None  # its type does not depend on the sizes: the registered rule suffices
     elif op.name == ALL_GATHER:
-        want = gathered_type(op.operands[0].type, op.params["axes"], mesh)
+        want: object = gathered_type(op.operands[0].type, op.params["axes"], mesh)
     else:
         x = op.operands[0].type
         split = ((op.params["split_dim"], op.params["axes"]),) if op.name == ALL_TO_ALL \

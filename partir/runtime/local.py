@@ -1,11 +1,8 @@
 """Evaluation of a PartIR:HLO function on device-local arrays: the body of the shard_map.
 
-Ops run in program order on traced local arrays. Collectives go through `COLLECTIVES`;
-`tag` is the identity; primitives are re-bound with their localized public parameters.
-An op whose local computation depends on where its tile lies (params `_loops`) runs
-through its TMR entry, with the device's `lax.axis_index` coordinates (the results of the
-`hlo.axis_index` ops passed as its trailing operands) as loop indices: the same entries
-the sequential interpreter runs with Python ints.
+Ops run in program order on traced local arrays. Collectives (and `hlo.axis_index`, the
+device's `lax.axis_index`) go through `COLLECTIVES`; `tag` is the identity; primitives
+are re-bound with their localized public parameters.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from partir.core.tmr import LocalContext, OpView, lookup
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.mesh import Mesh
@@ -56,8 +52,6 @@ def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
                                loc=op.loc) from e
     if op.name == "tag":
         return operands
-    if "_loops" in op.params:
-        return _index_dependent(op, operands, mesh)
     if op.name == "constant":
         return [jnp.asarray(op.params["value"])]
     if op.prim is None:
@@ -66,23 +60,6 @@ def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
                            loc=op.loc)
     outs = op.prim.bind(*operands, **_public(op.params))
     return list(outs) if op.prim.multiple_results else [outs]
-
-
-def _index_dependent(op: Op, operands: list[Any], mesh: Mesh) -> list[Any]:
-    entry = lookup(op.name)
-    if entry is None or entry.apply is None:
-        raise ProgramError(f"op {op.name!r} depends on its tile's position (it has `_loops`) "
-                           f"but its TMR entry has no `apply` to compute it", loc=op.loc)
-    loops = op.params["_loops"]
-    split = len(op.operands) - len(loops)
-    local_operands, ranges = op.operands[:split], op.operands[split:]
-    index = {rv.type.axis: i for rv, i in zip(ranges, operands[split:], strict=True)}
-    in_global, out_global = op.params["_global_types"]
-    ctx = LocalContext(loops, in_global, out_global, index=index.__getitem__,
-                       axis_size=mesh.__getitem__)
-    view = OpView(op.name, _public(op.params), tuple(v.type for v in local_operands),
-                  tuple(v.type for v in op.results))
-    return list(entry.apply(view, op.prim, operands[:split], ctx))
 
 
 def _check_axes(op: Op, mesh: Mesh) -> None:

@@ -62,7 +62,7 @@ def size_table() -> SizesFn:
                 for d in t.shape:
                     n *= d
                 found = (n, n * itemsize(t.dtype))
-            else:  # a range (axis_index): one int32 coordinate
+            else:  # not a tensor (a range): one int32 coordinate
                 found = (1, 4)
             cache[id(t)] = found
             seen.append(t)

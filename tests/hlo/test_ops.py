@@ -24,7 +24,7 @@ from partir.hlo.ops import (
     make_axis_index,
     make_reduce_scatter,
 )
-from partir.ir import Function, Op, RangeType, Value, VerificationError, verify
+from partir.ir import Function, Op, RangeType, TensorType, Value, VerificationError, verify
 from partir.ir.printer import Printer
 from partir.mesh import Mesh
 from partir.spmd.ops import make_execute
@@ -93,7 +93,7 @@ def test_all_reduce_and_axis_index_print():
         '%y = all_reduce<@max> <"a", "b"> %x : tensor<4xf32>'
     assert printed(make_reduce_scatter(x, (("b",),), MESH, "min", "y")) == \
         '%y = reduce_scatter<@min> [{"b"}] %x : tensor<1xf32>'
-    assert printed(make_axis_index("b", MESH, "i")) == '%i = axis_index "b" : range<4>'
+    assert printed(make_axis_index("b", "i")) == '%i = axis_index "b" : tensor<i32>'
 
 
 def test_count_collectives_keys():
@@ -139,12 +139,16 @@ def test_verify_hlo_checks_sizes_on_the_mesh(op, message):
         verify_hlo(fn)
 
 
-def test_verify_hlo_checks_axis_index_sizes():
+@pytest.mark.parametrize("result, axis, message", [
+    (RangeType("a", 2), "a", "gives tensor<i32>"),  # the coordinate is a tensor, not a range
+    (TensorType((), np.dtype("int32")), "q", "not in the mesh"),
+])
+def test_verify_hlo_checks_axis_index(result, axis, message):
     x = Value(_t(4,), "x")
-    index = Op("hlo.axis_index", [], [Value(RangeType("a", 4))], {"axis": "a"})
+    index = Op("hlo.axis_index", [], [Value(result)], {"axis": axis})
     fn = Function("f", [x], [index], [x], attributes={
         "mesh": MESH, "in_shardings": (((),),), "out_shardings": (((),),)})
-    with pytest.raises(VerificationError, match="should be range<2>"):
+    with pytest.raises(VerificationError, match=message):
         verify_hlo(fn)
 
 

@@ -14,9 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from partir.core.actions import Loop
-from partir.core.tmr import OpView, localized_params, lookup
-from partir.ir import Function, Op, RangeType, TensorType, Value
+from partir.frontend import inline_jaxpr
+from partir.ir import Function, Op, TensorType, Value
 from partir.mesh import Mesh
 
 F32 = np.dtype("float32")
@@ -55,7 +54,7 @@ class Builder:
         return self.op(f"hlo.{name}", [x], x.type.with_shape(tuple(shape)), **params)
 
     def axis_index(self, axis: str) -> Value:
-        return self.op("hlo.axis_index", [], RangeType(axis, self.mesh[axis]), axis=axis)
+        return self.op("hlo.axis_index", [], TensorType((), np.dtype("int32")), axis=axis)
 
     def prim(self, f: Callable[..., Any], *operands: Value) -> Value:
         """The single primitive of `f` applied to operands (traced on their types)."""
@@ -67,22 +66,13 @@ class Builder:
                        TensorType(tuple(out.aval.shape), np.dtype(out.aval.dtype)),
                        eqn.primitive, **eqn.params)
 
-    def index_dependent(self, f: Callable[[], Any], nest: Sequence[Loop], sharding) -> Value:
-        """The operand-free op of `f` (iota, ...) tiled per `sharding`, computed by its TMR
-        entry from the loop indices of `nest`, passed as `hlo.axis_index` operands."""
-        jaxpr = jax.make_jaxpr(f)().jaxpr
-        (eqn,) = jaxpr.eqns
-        (out,) = eqn.outvars
-        global_type = TensorType(tuple(out.aval.shape), np.dtype(out.aval.dtype))
-        local = global_type.with_shape(local_shape(global_type.shape, sharding, self.mesh))
-        name = eqn.primitive.name
-        params = localized_params(lookup(name), OpView(name, eqn.params, (), (local,)))
-        params["_loops"] = tuple(nest)
-        params["_global_types"] = ((), (global_type,))
-        indices = [self.axis_index(lp.axis) for lp in nest]
-        result = Value(local)
-        self.ops.append(Op(name, indices, [result], params, prim=eqn.primitive))
-        return result
+    def traced(self, f: Callable[..., Any], *operands: Value) -> list[Value]:
+        """The ops of `f` on operands (traced on their types), inlined: a local
+        computation of several primitives, e.g. a tile offset from axis indices."""
+        avals = [jax.ShapeDtypeStruct(v.type.shape, v.type.dtype) for v in operands]
+        ops, results = inline_jaxpr(jax.make_jaxpr(f)(*avals), operands)
+        self.ops.extend(ops)
+        return results
 
     def build(self, results: Sequence[Value], out_shardings: Sequence[Any]) -> Function:
         return Function(self.name, self.args, self.ops, list(results),

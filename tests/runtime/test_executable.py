@@ -11,7 +11,6 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 import partir
-from partir.core.actions import Loop, Tile
 from partir.ir import TensorType
 from partir.runtime import ArgumentError, DeviceCountError, ProgramError, build_callable
 from tests.runtime.programs import (
@@ -66,15 +65,13 @@ def test_multi_axis_dimension_spec_and_reduce_scatter_output():
 
 
 def test_index_dependent_iota():
-    """iota counting along a dimension split over (B, M) and along one split over M: the
-    TMR entry adds each device's tile offset, from `hlo.axis_index` operands."""
+    """iota counting along a dimension split over (B, M) and along one split over M: each
+    device adds its tile offset, computed from `hlo.axis_index` coordinates."""
     b = Builder()
-    rows = b.index_dependent(lambda: lax.broadcasted_iota(jnp.int32, (16, 6), 0),
-                             [Loop("B", (Tile(0),), ()), Loop("M", (Tile(0),), ())],
-                             (("B", "M"), ()))
-    cols = b.index_dependent(lambda: lax.broadcasted_iota(jnp.int32, (8, 16), 1),
-                             [Loop("B", (Tile(0),), ()), Loop("M", (Tile(1),), ())],
-                             (("B",), ("M",)))
+    i, j = b.axis_index("B"), b.axis_index("M")
+    (rows,) = b.traced(lambda i, j: lax.broadcasted_iota(jnp.int32, (2, 6), 0)
+                       + (i * 2 + j) * 2, i, j)
+    (cols,) = b.traced(lambda j: lax.broadcasted_iota(jnp.int32, (2, 8), 1) + j * 8, j)
     exe = build_callable(b.build([rows, cols], [(("B", "M"), ()), (("B",), ("M",))]))
     got_rows, got_cols = exe()
     check_shards(got_rows, np.broadcast_to(np.arange(16, dtype=np.int32)[:, None], (16, 6)))
@@ -85,9 +82,8 @@ def test_constants_plain_and_index_dependent():
     value = np.arange(32, dtype=np.float32).reshape(8, 4)
     b = Builder()
     x = b.arg("x", (8, 4), (("M",), ()))
-    tile = b.op("constant", [b.axis_index("M")], x.type, value=value,
-                _loops=(Loop("M", (Tile(0),), ()),),
-                _global_types=((), (x.type.with_shape((8, 4)),)))
+    (tile,) = b.traced(lambda j: lax.dynamic_slice_in_dim(jnp.asarray(value), j * 4, 4),
+                       b.axis_index("M"))
     whole = b.op("constant", [], x.type.with_shape((8, 4)), value=value)
     y = b.prim(lambda a, c: a * c, x, tile)
     exe = build_callable(b.build([y, whole], [(("M",), ()), ((), ())]))
@@ -209,17 +205,7 @@ def _one_op_program(name, result_shape, mesh=MESH, **params):
     return b.build([y], [(("B",), ())])
 
 
-def _index_dependent_without_apply():
-    b = Builder()
-    x = b.arg("x", (16, 4), (("B",), ()))
-    y = b.prim(jnp.sin, x)
-    b.ops[-1].params["_loops"] = (Loop("B", (Tile(0),), (0,)),)
-    return b.build([y], [(("B",), ())])
-
-
 @pytest.mark.parametrize("fn, message", [
-    (_index_dependent_without_apply(),
-     r"op 'sin' depends on its tile's position .* its TMR entry has no `apply`"),
     (_one_op_program("all_gather", (8, 4), axes=(("B",), ())),
      r"hlo.all_gather computes tensor<16x4xf32> on each device, the program declares "
      r"tensor<8x4xf32>"),

@@ -1,8 +1,8 @@
 """Loop-index information an entry's `apply` may need inside a loop nest.
 
-The same entries run in the sequential interpreter (indices are Python ints) and in the
-SPMD runtime (indices are `lax.axis_index` values), so offsets are computed with
-operations valid for both.
+Materialization traces an entry's `apply` with the indices as int32 scalars and emits the
+traced ops into the loop body (the indices are `index` ops there); tests may call it with
+Python ints as indices. Offsets are therefore computed with operations valid for both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class LocalContext:
         offset: Any = 0
         for axis in levels:
             size //= self.axis_size(axis)
-            offset = offset + self.index(axis) * size
+            term = self.index(axis) * size
+            # No `0 +` in a traced computation: the first term is the offset itself.
+            offset = term if isinstance(offset, int) and offset == 0 else offset + term
         return offset
 
     def operand_offset(self, i: int, dim: int) -> Any:
@@ -51,5 +53,6 @@ class LocalContext:
         first: Any = True
         for lp in self.nest:
             if isinstance(lp.results[k], Sum):
-                first = jnp.logical_and(first, self.index(lp.axis) == 0)
+                at_0 = self.index(lp.axis) == 0
+                first = at_0 if first is True else jnp.logical_and(first, at_0)
         return first

@@ -11,6 +11,8 @@ def iota_apply(op, prim, operands, ctx):
     local = prim.bind(**op.params)
     # The offset is 0 (and this a no-op) when the counting dim is not tiled.
     offset = ctx.result_offset(0, op.params["dimension"])
+    if isinstance(offset, int) and offset == 0:
+        return [local]
     return [local + jnp.asarray(offset).astype(local.dtype)]
 
 
