@@ -44,7 +44,7 @@ from partir.sim.cost import (
 )
 
 # (elements, bytes) of a value's type.
-SizesFn = Callable[[object], tuple[int, int]]
+SizesFn = Callable[[TensorType], tuple[int, int]]
 
 
 def size_table() -> SizesFn:
@@ -54,16 +54,13 @@ def size_table() -> SizesFn:
     cache: dict[int, tuple[int, int]] = {}
     seen: list[object] = []
 
-    def sizes(t: object) -> tuple[int, int]:
+    def sizes(t: TensorType) -> tuple[int, int]:
         found = cache.get(id(t))
         if found is None:
-            if isinstance(t, TensorType):
-                n = 1
-                for d in t.shape:
-                    n *= d
-                found = (n, n * itemsize(t.dtype))
-            else:  # not a tensor (a range): one int32 coordinate
-                found = (1, 4)
+            n = 1
+            for d in t.shape:
+                n *= d
+            found = (n, n * itemsize(t.dtype))
             cache[id(t)] = found
             seen.append(t)
         return found
