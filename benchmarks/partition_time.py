@@ -22,7 +22,12 @@ Targets (issue 12): partition <= 0.35x the unpartitioned lower+compile at 32 lay
 <= 0.45x at 64; without the trace <= 0.2x at 32 layers; growth exponent of the partition
 time over the layer counts <= 1.1.
 
-    python benchmarks/partition_time.py [--repeat 3] [--layers 16 32 64]
+With `--against REV`, it instead times `partir.partition` of this checkout and of the
+commit REV (a temporary `git worktree`) side by side, alternating fresh processes, and
+prints this checkout's time over REV's: the check that a change does not slow
+partitioning down (issue 13: ratio <= 1.05).
+
+    python benchmarks/partition_time.py [--repeat 3] [--layers 16 32 64] [--against REV]
 """
 
 import os
@@ -39,17 +44,27 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax
+def _root() -> Path:
+    """The checkout whose partir is measured: `--root DIR` (a fresh process measuring
+    another commit), else this file's."""
+    if "--root" in sys.argv:
+        return Path(sys.argv[sys.argv.index("--root") + 1])
+    return Path(__file__).resolve().parents[1]
 
-import partir
-from examples.transformer import model, schedules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = _root()
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402  (after sys.path names the measured checkout)
+
+import partir  # noqa: E402
+from examples.transformer import model, schedules  # noqa: E402
+
 MESH = {schedules.BATCH: 4, schedules.MODEL: 2}
 SCHEDULE = [schedules.BP, schedules.MP, schedules.Z3]
 KINDS = ("partition", "xla_unpartitioned", "xla_sharded")
@@ -122,12 +137,34 @@ def measure(kind: str, layers: int, repeat: int) -> dict:
     return {"times": times, **extra}
 
 
-def in_fresh_process(kind: str, layers: int, repeat: int) -> dict:
+def in_fresh_process(kind: str, layers: int, repeat: int, root: Path = ROOT) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--measure", kind, "--layers", str(layers),
-         "--repeat", str(repeat)],
-        check=True, capture_output=True, text=True, cwd=ROOT)
+         "--repeat", str(repeat), "--root", str(root)],
+        check=True, capture_output=True, text=True, cwd=root)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def against(rev: str, layers_list: list[int], repeat: int) -> None:
+    """This checkout's partition time over commit `rev`'s, alternating fresh processes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), rev],
+                       check=True, cwd=ROOT)
+        try:
+            print(f"partir.partition of this checkout vs {rev}: median of {repeat} fresh "
+                  f"processes each, alternating")
+            print(f"{'layers':>6}  {'this':>8}  {rev[:12]:>12}  {'ratio':>6}")
+            for layers in layers_list:
+                ours, theirs = [], []
+                for _ in range(repeat):
+                    theirs += in_fresh_process("partition", layers, 1, base)["times"]
+                    ours += in_fresh_process("partition", layers, 1)["times"]
+                a, b = statistics.median(ours), statistics.median(theirs)
+                print(f"{layers:>6}  {a:>7.3f}s  {b:>11.3f}s  {a / b:>5.2f}x"
+                      f"   (target <= 1.05: {verdict(a / b <= 1.05)})")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
 
 
 def exponent(xs: list[int], ys: list[float]) -> float:
@@ -147,10 +184,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="timings per fresh process; medians are reported")
     parser.add_argument("--layers", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--against", metavar="REV",
+                        help="compare partir.partition with commit REV instead")
     parser.add_argument("--measure", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure, args.layers[0], args.repeat)))
+        return
+    if args.against:
+        against(args.against, args.layers, args.repeat)
         return
 
     print(f"step: examples/transformer train_step, T32 shapes ({model.T32}) with the layer "

@@ -2,7 +2,8 @@
 
 Every module of `partir/` is parsed with `ast`; its imports (module level and inside
 functions, `import partir` included) must name only modules of its own layer or of an
-earlier one. Layers, earliest first: base (ir, errors, mesh, registry, gcpause) <
+earlier one. Layers, earliest first: base (ir, errors, mesh, registry, gcpause, and rules, the
+primitive catalogue every stage reads) <
 frontend < core < tactics < spmd < hlo < runtime, with sim after hlo beside runtime (the
 two do not import each other); the tools/API modules at the top of the package may
 import everything. Besides, `partir/hlo` and `partir/runtime` never import the TMR
@@ -26,6 +27,7 @@ RANK = {"base": 0, "frontend": 1, "core": 2, "tactics": 3, "spmd": 4, "hlo": 5,
 # The layer of every subpackage and top-level module: a new one must be placed here.
 LAYERS = {
     "ir": "base", "errors": "base", "mesh": "base", "registry": "base", "gcpause": "base",
+    "rules": "base",
     "frontend": "frontend",
     "core": "core",
     "tactics": "tactics",
