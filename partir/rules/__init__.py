@@ -10,6 +10,7 @@ from partir.rules import (  # noqa: F401  (each module declares its family)
     random,
     reduction,
     shape,
+    windows,
 )
 from partir.rules.catalogue import (
     CATALOGUE,

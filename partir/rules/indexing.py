@@ -171,5 +171,3 @@ declare("dynamic_slice", Primitive(Kind.MOVEMENT, no_flops, dynamic_slice_rule,
                                    doc="whole-dim slice: t_d -> t_d"))
 declare("dynamic_update_slice", Primitive(Kind.KERNEL, no_flops, dynamic_update_slice_rule,
                                           doc="whole-dim update: t_d, t_d -> t_d"))
-# No sharding rule yet: used whole.
-declare("select_and_gather_add", Primitive(Kind.KERNEL, no_flops))
