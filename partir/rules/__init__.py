@@ -5,6 +5,7 @@ Each module holds one family; importing the package declares them all."""
 from partir.rules import (  # noqa: F401  (each module declares its family)
     conv,
     elementwise,
+    fft,
     indexing,
     linalg,
     random,
