@@ -60,3 +60,21 @@ def test_cnn_gradient_under_batch_parallelism_only_reduces_weight_gradients():
     assert meta.collectives["all_gather"] == 0, meta.collectives
     assert meta.collectives["all_reduce"] >= 1
     assert meta.tactics[0].conflicts == []
+
+
+def test_depthwise_conv_shards_on_its_feature_groups():
+    x, w = _normal(4, 8, 8, 8), _normal(3, 3, 1, 16)
+
+    def depthwise(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=DN,
+                                        feature_group_count=8)
+
+    mesh = partir.Mesh({"batch": 2, "model": 4})
+    fn, meta = partir.jit(depthwise, mesh, [
+        partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+        partir.ManualPartition({"w": 3}, axis="model", name="channels")])
+    assert_same(fn(x, w), jax.jit(depthwise)(x, w), "executed")
+    assert sum(meta.collectives.values()) == 0, meta.collectives
+    # Each device convolves 2 of the 8 channel groups of its 2 images.
+    assert "feature_group_count=2" in meta.hlo_ir
+    assert "tensor<2x8x8x2xf32>" in meta.hlo_ir
