@@ -1,4 +1,4 @@
-"""Indexing primitives: gather, scatter-add, dynamic_slice and dynamic_update_slice.
+"""Indexing primitives: gather, the scatters, dynamic_slice and dynamic_update_slice.
 
 Dimensions that no index value refers to (batch dimensions of the indices, operand
 dimensions taken whole) are pass-through factors. An operand dimension indexed element by
@@ -83,10 +83,27 @@ declare("gather", Primitive(
         "unit-window operand dim -> #sum"))
 
 
-# --- scatter-add -------------------------------------------------------------------------
+# --- scatters ----------------------------------------------------------------------------
+#
+# Batching dims and whole windows pass through for every scatter, as does an indexed
+# unit-window operand dim (each chunk of the operand takes the updates whose index falls
+# in it: `partir.core.tmr.scatter`). The updates' scatter dims differ:
+#
+# - scatter-add (and scatter-sub, operand - sum of updates) and scatter-min/max: a
+#   reduction with the add / min / max monoid. Tiles of the updates each scatter into the
+#   operand; for add and sub the operand is kept in one tile only (the apply zeroes it
+#   elsewhere), for min and max it may be counted in every tile (they are idempotent).
+# - scatter (set) and scatter-mul need replication: tiles of a set write different
+#   positions of the operand and no monoid picks, per position, the tile that wrote it
+#   (nor the last of several duplicate writes); a product of tiles needs a multiplicative
+#   monoid, which no `#sum` action has.
+
+SCATTER_MONOIDS = {"scatter-add": "add", "scatter-sub": "add", "scatter-min": "min",
+                   "scatter-max": "max", "scatter": None, "scatter-mul": None}
 
 
-def scatter_add_rule(view: OpView) -> ShardingRule:
+def scatter_rule(view: OpView) -> ShardingRule:
+    monoid = SCATTER_MONOIDS[view.name]
     dn = view.params["dimension_numbers"]
     operand, indices, updates = view.in_types
     indexed_ok = view.params["mode"] in KNOWN_MODES
@@ -97,8 +114,10 @@ def scatter_add_rule(view: OpView) -> ShardingRule:
         if j in dn.scatter_indices_batching_dims:
             d = dn.operand_batching_dims[dn.scatter_indices_batching_dims.index(j)]
             b.factor(operand.shape[d], {0: d, 1: j, 2: u}, {0: d})
+        elif monoid is not None:
+            b.factor(updates.shape[u], {1: j, 2: u}, kind="reduction", monoid=monoid)
         else:
-            b.factor(updates.shape[u], {1: j, 2: u}, kind="reduction", monoid="add")
+            b.replicated(updates.shape[u], operands={1: j, 2: u})
     dims = window_dims(operand.rank, dn.inserted_window_dims, dn.operand_batching_dims)
     for d, u in zip(dims, dn.update_window_dims, strict=True):
         # As for gather: a whole window starts at 0 globally and in every chunk.
@@ -127,13 +146,15 @@ def scatter_flops(view: OpView, rule: ShardingRule | None) -> float:
     return float(view.in_types[2].size if rule is None else rule.elements_of_operand(2))
 
 
-declare("scatter-add", Primitive(
-    Kind.KERNEL, scatter_flops, scatter_add_rule,
-    doc="updates batch -> #sum; batching / whole window / indexed unit-window operand "
-        "dim -> tile"))
-# No sharding rule yet: used whole.
-declare(("scatter", "scatter-mul", "scatter-min", "scatter-max"),
-        Primitive(Kind.KERNEL, scatter_flops))
+_TILES = "batching / whole window / indexed unit-window operand dim -> tile"
+declare(("scatter-add", "scatter-sub"), Primitive(
+    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum; {_TILES}"))
+declare("scatter-min", Primitive(
+    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum<min>; {_TILES}"))
+declare("scatter-max", Primitive(
+    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum<max>; {_TILES}"))
+declare(("scatter", "scatter-mul"), Primitive(
+    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch whole; {_TILES}"))
 
 
 # --- dynamic_slice / dynamic_update_slice ------------------------------------------------
@@ -171,5 +192,3 @@ declare("dynamic_slice", Primitive(Kind.MOVEMENT, no_flops, dynamic_slice_rule,
                                    doc="whole-dim slice: t_d -> t_d"))
 declare("dynamic_update_slice", Primitive(Kind.KERNEL, no_flops, dynamic_update_slice_rule,
                                           doc="whole-dim update: t_d, t_d -> t_d"))
-# No sharding rule yet: used whole.
-declare("select_and_gather_add", Primitive(Kind.KERNEL, no_flops))

@@ -1,4 +1,4 @@
-"""dot_general and convolutions."""
+"""dot_general (convolutions are in `partir.rules.conv`)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,3 @@ def dot_general_rule(view: OpView) -> ShardingRule:
 declare("dot_general", Primitive(Kind.KERNEL, per_point(2), dot_general_rule, matmul=True,
                                  doc="matmul: batch/free -> tile, contracting -> #sum"))
 
-
-def conv_flops(view: OpView, rule: ShardingRule | None) -> float:
-    """2 * |out| * (input features per group) * prod(window) = 2 * |out| * |rhs| / (output
-    features), as XLA's HloCostAnalysis counts."""
-    rhs = view.in_types[1]
-    out_feature_dim = view.params["dimension_numbers"].rhs_spec[0]
-    return 2.0 * view.out_types[0].size * rhs.size / rhs.shape[out_feature_dim]
-
-
-# No sharding rule yet: used whole.
-declare("conv_general_dilated", Primitive(Kind.KERNEL, conv_flops, matmul=True))

@@ -1,4 +1,4 @@
-"""Reductions, arg-reductions, cumulative ops, sort and top_k.
+"""Reductions, arg-reductions, cumulative ops, sort, top_k and approx_top_k.
 
 A dimension the op does not reduce or scan along is a pass-through factor: each tile of
 it is an independent instance of the op. A reduced dimension is a reduction factor only
@@ -78,6 +78,12 @@ def top_k_rule(view: OpView) -> ShardingRule:
     return _all_but(view, view.params["axis"])
 
 
+def approx_top_k_rule(view: OpView) -> ShardingRule:
+    # As top_k: the reduced dimension stays whole (a tile's candidates would need merging
+    # and their indices an offset); `reduction_input_size_override` refers to it.
+    return _all_but(view, view.params["reduction_dimension"] % view.in_types[0].rank)
+
+
 def sort_flops(view: OpView, rule: ShardingRule | None) -> float:
     """|x| log2(n) comparisons along the sorted dimension of size n."""
     x = view.in_types[0]
@@ -105,3 +111,6 @@ declare("sort", Primitive(Kind.KERNEL, sort_flops, sort_rule,
                               "dimension"))
 declare("top_k", Primitive(Kind.KERNEL, top_k_flops, top_k_rule,
                            doc="t_d -> t_d, t_d for every d but the top-k axis"))
+declare("approx_top_k", Primitive(Kind.KERNEL, top_k_flops, approx_top_k_rule,
+                                  doc="t_d -> t_d, t_d for every d but the reduced "
+                                      "dimension"))

@@ -10,9 +10,14 @@ types. Counts follow XLA's HloCostAnalysis conventions:
   2 * |out| * |rhs| / (output features);
 * elementwise ops (arithmetic, comparisons, selects, conversions, transcendentals): 1 FLOP
   per output element;
-* reductions, cumulative ops: 1 FLOP per input element; `scatter-add`: 1 per update;
+* reductions, cumulative ops: 1 FLOP per input element; the scatters: 1 per update;
   `sort`: |x| log2(n) comparisons along the sorted dimension;
-* `top_k`: |x| log2(k) comparisons (a selection keeping k candidates per row);
+* window reductions (pooling): 1 FLOP per window element per output element;
+  `select_and_scatter_add`: per source element, one select per window element and one
+  add; `select_and_gather_add`: one select per window element per output element;
+* `top_k`, `approx_top_k`: |x| log2(k) comparisons (a selection keeping k candidates per
+  row);
+* `fft`: 5 N log2 N per transform of N = prod(fft_lengths) points;
 * PRNG: one threefry2x32 hash (THREEFRY_OPS integer ops) per random word or new key;
   `random_gamma` a few hashes and transcendentals per draw (rejection sampling);
 * data movement (broadcasts, transposes, slices, gathers, ...) and bitcasts, key

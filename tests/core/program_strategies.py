@@ -567,6 +567,61 @@ def gen_constant(g: _Builder):
     return f"{x} + {const}", a.shape, "float32", b, [a]
 
 
+def gen_conv(g: _Builder):
+    """A 1-d NWC conv (rank 3 stays within MAX_RANK) of a value with a kernel: another
+    value of the kernel's shape (W, Cin / groups, Cout) when there is one, else an integer
+    constant; feature groups 1, 2 or depthwise."""
+    a = g.pick([v for v in g.floats if v.rank == 3])
+    if a is None:
+        return None
+    cin = a.shape[2]
+    groups = g.draw(st.sampled_from((1, 2, cin)))
+    kernels = [v for v in g.floats if v.rank == 3 and v.shape[1] * groups == cin
+               and v.shape[0] <= 3 and v.shape[2] % groups == 0 and v is not a]
+    b = g.pick(kernels) if kernels and g.draw(st.booleans()) else None
+    if b is None:
+        cout = g.draw(st.sampled_from(DIMS))
+        if cin % groups or cout % groups:
+            return None
+        kshape = (g.draw(st.integers(1, 3)), cin // groups, cout)
+        kernel = (f"(np.arange({_size(kshape)}, dtype=np.float32).reshape({kshape}) % 5 - 2)")
+        (x,), bound = _squash([a], lambda p: kshape[0] * kshape[1] * 2 * p)
+        operands = [a]
+    else:
+        kshape = b.shape
+        (x, kernel), bound = _squash([a, b], lambda p, q: kshape[0] * kshape[1] * p * q)
+        operands = [a, b]
+    stride = g.draw(st.sampled_from((1, 2)))
+    padding = g.draw(st.sampled_from(("SAME", "VALID")))
+    n = a.shape[1]
+    w = -(-n // stride) if padding == "SAME" else (n - kshape[0]) // stride + 1
+    if w < 1:
+        return None
+    expr = (f"lax.conv_general_dilated({x}, {kernel}, ({stride},), '{padding}', "
+            f"dimension_numbers=('NWC', 'WIO', 'NWC'), feature_group_count={groups})")
+    return expr, (a.shape[0], w, kshape[2]), "float32", bound, operands
+
+
+def gen_pool(g: _Builder):
+    """Sum or max pooling along one dim of a value (window 2 or 3, stride 1 or 2)."""
+    a = g.pick([v for v in g.floats if v.rank >= 1])
+    if a is None:
+        return None
+    d = g.dim(a, negative=False)
+    k, stride = g.draw(st.integers(2, 3)), g.draw(st.sampled_from((1, 2)))
+    if a.shape[d] < k:
+        return None
+    window = tuple(k if i == d else 1 for i in range(a.rank))
+    strides = tuple(stride if i == d else 1 for i in range(a.rank))
+    shape = tuple((n - k) // stride + 1 if i == d else n for i, n in enumerate(a.shape))
+    if g.draw(st.booleans()):
+        (x,), b = _squash([a], lambda b: k * b)
+        return (f"lax.reduce_window({x}, 0.0, lax.add, {window}, {strides}, 'VALID')",
+                shape, "float32", b, [a])
+    return (f"lax.reduce_window({a.name}, -jnp.inf, lax.max, {window}, {strides}, 'VALID')",
+            shape, "float32", a.bound, [a])
+
+
 GENERATORS: dict[str, Callable[[_Builder], Any]] = {
     "unary": gen_unary,
     "scalar": gen_scalar,
@@ -589,6 +644,8 @@ GENERATORS: dict[str, Callable[[_Builder], Any]] = {
     "gather": gen_gather,
     "argmax": gen_argmax,
     "constant": gen_constant,
+    "conv": gen_conv,
+    "pool": gen_pool,
 }
 
 

@@ -131,12 +131,12 @@ async def test_blocked_propagation_warns_at_the_primitive(session: Session) -> N
     assert errors(diags) == []
     (warning,) = warnings(diags)
     assert warning.code == "unsupported"
-    assert "`fft`" in warning.message and "blocked" in warning.message
+    assert "`pure_callback`" in warning.message and "blocked" in warning.message
     (related,) = warning.related_information
     model = session.workspace.path("mlp/blocked.py")
     assert related.location.uri == model.as_uri()
     line = model.read_text().splitlines()[related.location.range.start.line]
-    assert "fft" in line
+    assert "pure_callback" in line
     session.close(uri)
 
 

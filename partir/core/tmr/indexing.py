@@ -1,6 +1,6 @@
 """Tiles of gather and scatter-add whose indexed operand dimension is sliced: each handles
 only the indices that fall in its chunk (see `partir.rules.indexing`), shifted to the
-chunk's start."""
+chunk's start. The other scatters reuse `scatter_local` (`partir.core.tmr.scatter`)."""
 
 from __future__ import annotations
 
@@ -95,13 +95,11 @@ def _scatter_windows(dn, operand_shape, updates_shape) -> dict[int, int]:
     return {d: updates_shape[u] for d, u in zip(dims, dn.update_window_dims, strict=True)}
 
 
-def scatter_add_apply(op: OpView, prim, operands, ctx):
+def scatter_local(op: OpView, indices, ctx):
+    """(indices, params) of a scatter tile: where an indexed unit-window operand dim is
+    sliced, the indices relative to the operand's chunk, out-of-chunk updates dropped."""
     dn = op.params["dimension_numbers"]
-    operand, indices, updates = operands
     params = op.params
-    if any(isinstance(lp.results[0], Sum) for lp in ctx.nest):
-        # The iterations' results are summed: the operand must be counted once.
-        operand = jnp.where(ctx.is_first(0), operand, jnp.zeros_like(operand))
     if _unit_dim_sliced(op, ctx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
         windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
         cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
@@ -110,6 +108,15 @@ def scatter_add_apply(op: OpView, prim, operands, ctx):
         # starts need not stay sorted.
         indices = _local_indices(cols, clip=params["mode"] == Mode.CLIP)
         params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}
+    return indices, params
+
+
+def scatter_add_apply(op: OpView, prim, operands, ctx):
+    operand, indices, updates = operands
+    if any(isinstance(lp.results[0], Sum) for lp in ctx.nest):
+        # The iterations' results are summed: the operand must be counted once.
+        operand = jnp.where(ctx.is_first(0), operand, jnp.zeros_like(operand))
+    indices, params = scatter_local(op, indices, ctx)
     return [prim.bind(operand, indices, updates, **params)]
 
 

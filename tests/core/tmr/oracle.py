@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
-from partir.core.tmr import LocalContext, OpView, localized_params, lookup
+from partir.core.tmr import LocalContext, OpView, factor_mappings, localized_params, lookup
 from partir.frontend import trace
 from partir.ir import TensorType
 from partir.ir.dtypes import sliceable, to_host
@@ -102,7 +102,11 @@ def _eval_nest(op, entry, operands, nest, depth=0, index=None):
     return [_combine(lp.results[k], [it[k] for it in per_iter]) for k in range(len(op.results))]
 
 
-def _divisible(mapping, view, n):
+def _divisible(mapping, view, n, factor_size=None):
+    # As propagation: the axis must divide the sliced factor, not only its dimensions (a
+    # compound dimension's major factor may be smaller than the axis).
+    if factor_size is not None and factor_size % n:
+        return False
     for d, t in zip(mapping.operands, view.in_types, strict=True):
         if d is not None and t.shape[d] % n:
             return False
@@ -126,14 +130,15 @@ def check_entry(fn, *args, sizes=(2, 4), rtol=1e-5, atol=1e-5, min_mappings=1):
         view = OpView(op.name, op.params, _local_types(tuple(v.type for v in op.operands), nest,
                                                        "in"),
                       _local_types(tuple(v.type for v in op.results), nest, "out"))
-        return view, list(entry.mappings(view))
+        rule = entry.rule(view)
+        return view, [(m, rule.sizes[f]) for f, m in factor_mappings(rule, rule.sizes)]
 
     _, first = mappings_at([])
     assert len(first) >= min_mappings, f"{op.name}: only {len(first)} mappings"
     for n in sizes:
         view, ms = mappings_at([])
-        for m in ms:
-            if not _divisible(m, view, n):
+        for m, size in ms:
+            if not _divisible(m, view, n, size):
                 continue
             nest = [(Loop("a", m.results, m.operands), n)]
             got = _eval_nest(op, entry, operands, nest)
@@ -142,8 +147,8 @@ def check_entry(fn, *args, sizes=(2, 4), rtol=1e-5, atol=1e-5, min_mappings=1):
             checked += 1
             # a second loop over another axis, inside the first
             view2, ms2 = mappings_at(nest)
-            for m2 in itertools.islice(ms2, 6):
-                if not _divisible(m2, view2, 2):
+            for m2, size2 in itertools.islice(ms2, 6):
+                if not _divisible(m2, view2, 2, size2):
                     continue
                 nest2 = [*nest, (Loop("b", m2.results, m2.operands), 2)]
                 got = _eval_nest(op, entry, operands, nest2)
@@ -152,3 +157,30 @@ def check_entry(fn, *args, sizes=(2, 4), rtol=1e-5, atol=1e-5, min_mappings=1):
                                                err_msg=f"{op.name} {m} then {m2}")
                 checked += 1
     return checked
+
+
+def random_operands(op, rng, ints=None):
+    """Random values of an op's operand types: normal floats, integers in [0, ints[i])
+    (default 8) for integer operands."""
+    out = []
+    for i, v in enumerate(op.operands):
+        t = v.type
+        if np.issubdtype(t.dtype, np.integer):
+            hi = (ints or {}).get(i, 8)
+            out.append(rng.integers(0, hi, size=t.shape).astype(t.dtype))
+        else:
+            out.append(rng.normal(size=t.shape).astype(t.dtype))
+    return out
+
+
+def traced_ops(fn, name, *args):
+    """The `name` ops jax emits for fn(*args) (e.g. the convs of a gradient)."""
+    return [op for op in trace(fn, *args).function.ops if op.name == name]
+
+
+def check_op(op, *args, **kw):
+    """check_entry on one traced op, bound alone to `args`."""
+    def single(*xs):
+        out = op.prim.bind(*xs, **op.params)
+        return tuple(out) if op.prim.multiple_results else out
+    return check_entry(single, *args, **kw)
