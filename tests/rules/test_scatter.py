@@ -11,13 +11,11 @@ from jax import lax
 from partir.core.tmr import OpView, lookup
 from partir.rules import CATALOGUE
 from tests.core.tmr.oracle import check_entry, traced_ops
+from tests.core.tmr.test_indexing import BAD_ROWS, EMBED_SCATTER, MODES, ROWS
 
 rng = np.random.default_rng(0)
-MODES = ("promise_in_bounds", "clip", "fill")
-ROWS = np.array([0, 9, 17, 31, 5, 9, 24, 16, 30, 1, 9, 12, 20, 28, 9, 3], np.int32)
-BAD_ROWS = np.array([-3, 40, 32, -1], np.int32)
-EMBED = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
-                                    scatter_dims_to_operand_dims=(0,))
+# The embedding rows and modes of the scatter-add tests: the same table, hit unevenly.
+EMBED = EMBED_SCATTER
 SCATTERS = {"scatter": lax.scatter, "scatter-mul": lax.scatter_mul,
             "scatter-min": lax.scatter_min, "scatter-max": lax.scatter_max,
             "scatter-sub": lax.scatter_sub}
