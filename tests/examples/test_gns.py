@@ -71,9 +71,11 @@ def with_steps(steps: int) -> model.Config:
 
 
 @functools.cache
-def _collectives(steps: int) -> dict[str, int]:
-    result = partir.core_partition(model.train_step, schedules.mesh(), [schedules.ES],
-                                   *model.abstract_inputs(with_steps(steps)))
+def _collectives(steps: int, layer_norm: bool = True,
+                 mesh: tuple = (("batch", 8),)) -> dict[str, int]:
+    cfg = dataclasses.replace(with_steps(steps), layer_norm=layer_norm)
+    result = partir.core_partition(model.train_step, partir.Mesh(dict(mesh)), [schedules.ES],
+                                   *model.abstract_inputs(cfg))
     assert result.unsupported == []
     return lower(result.program).collectives
 
@@ -146,6 +148,15 @@ def test_full_size_es_counts():
 @pytest.mark.parametrize("steps", [1, 2, 24])
 def test_counts_follow_the_model_structure(steps):
     assert _collectives(steps) == expected(with_steps(steps))
+
+
+def test_counts_without_layer_norm_and_on_a_2d_mesh():
+    # P = 10 tensors per edge MLP: 25 x 10 + 5 x 24 - 1 = 369. The "model" axis is unused
+    # by ES and adds nothing.
+    no_ln = dataclasses.replace(GNS, layer_norm=False)
+    assert _collectives(24, layer_norm=False) == expected(no_ln)
+    assert expected(no_ln)["all_reduce"] == 369
+    assert _collectives(24, mesh=(("batch", 4), ("model", 2))) == expected(GNS)
 
 
 def test_all_reduces_by_what_they_reduce():
