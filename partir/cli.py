@@ -16,9 +16,14 @@
     partir daemon start|stop|status [--workspace DIR]
                                         the compiler daemon of a workspace (default: the
                                         current directory), see `partir_daemon`
+    partir lsp                          the language server over stdio, see `partir_lsp`
 
 FILE is a schedule file (`*.partir.py`, see `partir.schedule_file`). Bad schedule files
 and bad tactics are reported as `partir: error: ...` with exit status 2.
+
+The tools built on the library add their commands (`daemon`, `lsp`) through the
+`partir.commands` entry points: each is a function given the subparsers that adds its
+parser with a `run(args) -> int` default. The library itself never imports them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from partir import __version__
@@ -50,12 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "partition" and args.after is not None and args.ir is None:
         parser.error("--after needs --ir")
-    if args.command == "daemon":
-        return _daemon(args)
-    if args.command == "lsp":
-        from partir_lsp.server import main as lsp_main
-
-        return lsp_main()
+    run = getattr(args, "run", None)
+    if run is not None:
+        return run(args)
     try:
         return _partition(args) if args.command == "partition" else _run(args)
     except PartitionError as e:
@@ -96,21 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
     run.add_argument("--steps", type=int, default=10, metavar="N",
                      help="timed steps after the first (compiling) one (default 10)")
-    daemon = commands.add_parser(
-        "daemon", help="start, stop or show the compiler daemon of a workspace",
-        description="The compiler daemon keeps traces and per-tactic results cached for "
-                    "editors and tools (see partir_daemon).")
-    daemon.add_argument("action", choices=["start", "stop", "status"])
-    daemon.add_argument("--workspace", default=".", metavar="DIR",
-                        help="the workspace the daemon serves (default: the current "
-                             "directory)")
-    daemon.add_argument("--idle-timeout", type=float, default=None, metavar="S",
-                        help="with start: exit after S seconds without clients or jobs")
-    commands.add_parser(
-        "lsp", help="run the language server over stdio (editors start it)",
-        description="The PartIR language server over stdio: diagnostics, hovers, code lenses "
-                    "and inlay hints for schedule files, computed by the workspace's daemon "
-                    "(see lsp/README.md).")
+    for command in entry_points(group="partir.commands"):
+        command.load()(commands)
     return parser
 
 
@@ -299,37 +289,3 @@ def _concrete_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
         return rng.normal(size=x.shape).astype(x.dtype)
 
     return tuple(jax.tree.map(make, a) for a in args)
-
-
-def _daemon(args: argparse.Namespace) -> int:
-    # Imported here: the other commands do not need the daemon's package.
-    from partir_daemon.client import DaemonError, daemon_status, start_daemon, stop_daemon
-    from partir_daemon.protocol import DaemonConfig
-
-    try:
-        if args.action == "status":
-            status = daemon_status(args.workspace)
-            if status is None:
-                print(f"no partir daemon is running for {args.workspace}")
-                return 1
-            print(json.dumps(status, indent=2))
-        elif args.action == "start":
-            running = daemon_status(args.workspace)
-            if running is not None:
-                print(f"a partir daemon is already running for {running['workspace']}: "
-                      f"pid {running['pid']}, socket {running['socket']}")
-                return 0
-            config = DaemonConfig()
-            if args.idle_timeout is not None:
-                config.idle_timeout_s = args.idle_timeout
-            status = start_daemon(args.workspace, config)
-            print(f"started the partir daemon for {status['workspace']}: pid "
-                  f"{status['pid']}, socket {status['socket']}, log {status['log']}")
-        else:
-            if not stop_daemon(args.workspace):
-                print(f"no partir daemon is running for {args.workspace}")
-                return 1
-            print(f"stopped the partir daemon for {args.workspace}")
-    except (DaemonError, OSError) as e:
-        return _fail(str(e))
-    return 0
