@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -63,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _partition(args) if args.command == "partition" else _run(args)
     except PartitionError as e:
         return _fail(str(e))
+    except BrokenPipeError:
+        # The reader stopped early (`partir partition FILE | head`): not an error. Python
+        # would report the failed flush of stdout at exit, so it is pointed at devnull.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _fail(message: str) -> int:

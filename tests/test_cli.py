@@ -167,3 +167,17 @@ def test_version_is_the_installed_packages(capsys):
     assert e.value.code == 0
     assert capsys.readouterr().out == f"partir {version('partir')}\n"
     assert partir.__version__ == version("partir")
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    # `partir partition FILE --ir hlo | head -1`: the HLO text is far larger than a pipe.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from partir.cli import main; sys.exit(main())",
+         "partition", str(ROOT / "examples" / "transformer" / "bp_mp_z3.partir.py"),
+         "--ir", "hlo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline().startswith(b"func @train_step(")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
