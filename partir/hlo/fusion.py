@@ -423,6 +423,35 @@ def _reassociate(rw: _Rewriter, op: Op) -> Value | None:
                               loc=op.loc, prim=op.prim))
         return rw.emit(replace(ra, operands=[combined],
                                results=[Value(op.results[0].type, name)]))
+    return _reassociate_across(rw, op, monoid)
+
+
+def _reassociate_across(rw: _Rewriter, op: Op, monoid: str) -> Value | None:
+    """(r + reduce(x)) + reduce(y) -> r + reduce(x + y): autodiff accumulates the partial
+    cotangents of a value used several times one at a time onto a replicated one
+    (add_any(add_any(r, s1), s2)), which would otherwise take a reduction each."""
+    for inner_v, outer_v in (op.operands, op.operands[::-1]):
+        inner = rw.producer.get(inner_v)
+        if (inner is None or inner in rw.dead or rw.uses[inner_v] != 1
+                or _MONOID_OPS.get(inner.name) != monoid or len(inner.operands) != 2):
+            continue
+        for kind in (ALL_REDUCE, REDUCE_SCATTER):
+            ry = rw.source(outer_v, kind, single_use=True)
+            if ry is None or ry.params["monoid"] != monoid:
+                continue
+            for j in (0, 1):
+                rx = rw.source(inner.operands[j], kind, single_use=True)
+                if (rx is None or rx is ry or _reduction(rx) != _reduction(ry)
+                        or rx.operands[0].type != ry.operands[0].type):
+                    continue
+                x, y = rx.operands[0], ry.operands[0]
+                combined = rw.emit(Op(op.name, [x, y], [Value(x.type)], dict(op.params),
+                                      loc=op.loc, prim=op.prim))
+                reduced = rw.emit(replace(rx, operands=[combined],
+                                          results=[Value(rx.results[0].type)]))
+                return rw.emit(Op(op.name, [inner.operands[1 - j], reduced],
+                                  [Value(op.results[0].type, op.results[0].name)],
+                                  dict(op.params), loc=op.loc, prim=op.prim))
     return None
 
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from jax import lax
+from jax.extend.core.primitives import add_jaxvals_p
 
 from partir.hlo import count_collectives, interpret_hlo, optimize, print_hlo, verify_hlo
 from partir.hlo.fusion import (
@@ -250,6 +251,23 @@ def test_two_reductions_combined_reduce_once(prim, monoid):
     wrong = add(rx.results[0], ry.results[0], prim=lax.min_p)
     assert reassociate_reductions(function([x, y], [rx, ry, wrong], wrong.results)).ops[2] \
         is wrong
+
+
+@pytest.mark.parametrize("inner_first", [True, False])
+def test_partial_sums_added_one_at_a_time_to_a_replicated_value_reduce_once(inner_first):
+    # add_any(add_any(r, s1), s2), how autodiff accumulates a value's cotangents.
+    r, x, y = Value(_t(4, 4), "r"), Value(_t(4, 4), "x"), Value(_t(4, 4), "y")
+    rx, ry = make_all_reduce(x, ("a",)), make_all_reduce(y, ("a",))
+    inner = add(r, rx.results[0]) if inner_first else add(rx.results[0], r)
+    outer = add(inner.results[0], ry.results[0], "z", prim=add_jaxvals_p)
+    fn = function([r, x, y], [rx, inner, ry, outer], outer.results)
+    out = dce(reassociate_reductions(fn))
+    assert names(out) == ["add_any", ALL_REDUCE, "add_any"], print_hlo(out)
+    assert out.results[0].name == "z"
+    assert_same(fn, out)
+    # A partial sum with another use keeps its own reduction.
+    fn = function([r, x, y], [rx, inner, ry, outer], [outer.results[0], rx.results[0]])
+    assert names(dce(reassociate_reductions(fn))).count(ALL_REDUCE) == 2
 
 
 def test_arguments_sliced_the_same_way_arrive_sliced():
