@@ -695,7 +695,7 @@ def child_message(line: bytes) -> dict[str, Any] | None:
     anything else (a library printing to the child's stdout)."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return message if isinstance(message, dict) else None
 
@@ -707,6 +707,8 @@ def decode(line: bytes | str) -> dict[str, Any]:
         message = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(PARSE_ERROR, f"parse error: {e}") from None
+    except RecursionError:  # e.g. [[[[...]]]] nested deeper than the decoder's stack
+        raise ProtocolError(PARSE_ERROR, "parse error: JSON nested too deeply") from None
     if not isinstance(message, dict) or message.get("jsonrpc") != JSONRPC:
         raise ProtocolError(INVALID_REQUEST, "not a JSON-RPC 2.0 message (an object with "
                             "\"jsonrpc\": \"2.0\")")

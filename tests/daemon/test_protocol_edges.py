@@ -1,0 +1,56 @@
+"""Hostile protocol input (issue 15): each case gets a JSON-RPC answer (or, for a
+notification, none) and the connection keeps serving; nothing reads without bound."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from partir_daemon import protocol as P
+
+
+def _raw(env) -> socket.socket:
+    env.connect()  # make sure the daemon runs
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(env.paths.socket))
+    sock.settimeout(60)
+    return sock
+
+
+def _reply(sock: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        assert chunk, "the daemon closed the connection"
+        data += chunk
+    (line,) = data.splitlines()  # one answer, not one per notification sent before
+    return json.loads(line)
+
+
+def _still_serving(env, sock: socket.socket) -> None:
+    sock.sendall(P.encode(P.request(99, "status", P.StatusParams())))
+    reply = _reply(sock)
+    assert reply["id"] == 99 and reply["result"]["pid"] == env.daemon_pid(), reply
+
+
+def _call(sock: socket.socket, method: str, params: str) -> dict:
+    sock.sendall(b'{"jsonrpc": "2.0", "id": 7, "method": "%s", "params": %s}\n'
+                 % (method.encode(), params.encode()))
+    return _reply(sock)
+
+
+@pytest.mark.parametrize("line", [
+    b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000 + b"\n",
+    b'{"jsonrpc": "2.0", "id": 3, "method": "status", "params": {"x": '
+    + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",
+], ids=["list", "object", "in-params"])
+def test_deeply_nested_json_is_a_parse_error(shared, line):
+    with _raw(shared) as sock:
+        sock.sendall(line)
+        reply = _reply(sock)
+        assert reply["error"]["code"] == P.PARSE_ERROR, reply
+        assert "nested too deeply" in reply["error"]["message"]
+        _still_serving(shared, sock)
