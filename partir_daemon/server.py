@@ -609,7 +609,12 @@ class Daemon:
                 except (ConnectionError, OSError):
                     break
                 if line.strip():
-                    self._message(conn, line)
+                    try:
+                        self._message(conn, line)
+                    except Exception:  # a bad message must not cost the connection
+                        log.exception("handling a message failed")
+                        conn.send(P.error_response(None, P.INTERNAL_ERROR,
+                                                   "internal error handling a message"))
         finally:
             self.connections.discard(conn)
             self.last_activity = time.monotonic()
@@ -629,8 +634,10 @@ class Daemon:
         if P.is_request(message):
             self._spawn(self._request(conn, message))
         elif P.is_notification(message) and message["method"] == P.CANCEL_REQUEST:
-            params = message.get("params") or {}
-            if P.valid_id(params.get("id")):
+            # A notification gets no answer, not even an error: a malformed one (params
+            # not an object, no id, an id of another type) is ignored.
+            params = message.get("params")
+            if isinstance(params, dict) and P.valid_id(params.get("id")):
                 self.compilers.cancel_request(conn, params["id"])
         # Responses from clients: the daemon sends no requests, so there are none to match.
 

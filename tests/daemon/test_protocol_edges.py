@@ -54,3 +54,16 @@ def test_deeply_nested_json_is_a_parse_error(shared, line):
         assert reply["error"]["code"] == P.PARSE_ERROR, reply
         assert "nested too deeply" in reply["error"]["message"]
         _still_serving(shared, sock)
+
+
+@pytest.mark.parametrize("params", [
+    '[1]', '"1"', '3', 'null', '{}', '{"id": null}', '{"id": 1.5}', '{"id": true}',
+    '{"id": [1]}', '{"id": {"a": 1}}', '{"id": 1, "extra": 2}',
+])
+def test_a_malformed_cancel_request_is_ignored(shared, params):
+    with _raw(shared) as sock:
+        sock.sendall(b'{"jsonrpc": "2.0", "method": "$/cancelRequest", "params": %s}\n'
+                     % params.encode())
+        sock.sendall(b'{"jsonrpc": "2.0", "method": "$/cancelRequest"}\n')
+        # A notification gets no answer: the next reply is the status request's.
+        _still_serving(shared, sock)
