@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import types
@@ -282,10 +283,10 @@ class RunParams:
     "random" (every leaf random), or a path to an .npz file whose keys are input names."""
 
     path: str
-    steps: int = 10
+    steps: int = field(default=10, metadata={"min": 0})
     inputs: str = "example"
     seed: int = 0
-    timeout_s: float = 1800.0
+    timeout_s: float = field(default=1800.0, metadata={"min": 0, "exclusive": True})
     check: bool = True  # compare against the unpartitioned function
 
 
@@ -339,7 +340,7 @@ class JobsResult:
 @dataclass
 class JobParams:
     id: str
-    log_tail: int = 200  # last lines of the log to return (0: none)
+    log_tail: int = field(default=200, metadata={"min": 0})  # last lines of the log (0: none)
 
 
 @dataclass
@@ -761,7 +762,32 @@ def parse_params(method: str, params: Any) -> Any:
         raise ProtocolError(METHOD_NOT_FOUND, f"unknown method {method!r}")
     if params is not None and not isinstance(params, dict):
         raise ProtocolError(INVALID_PARAMS, "params must be an object")
-    return from_json(spec.params, params or {})
+    parsed = from_json(spec.params, params or {})
+    check_numbers(parsed)
+    return parsed
+
+
+def check_numbers(params: Any) -> None:
+    """Raise ProtocolError(INVALID_PARAMS), naming the parameter, for a number field of
+    the params dataclass `params` that is not finite (NaN and infinities: Python's JSON
+    reads `NaN` and `Infinity`) or is below the bound its field's metadata sets (`min`,
+    and `exclusive` for a strict bound). Types (e.g. a bool for a number) are checked by
+    `from_json` already. Results are not checked: a job's error may well be NaN."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        where = f"{type(params).__name__}.{f.name}"
+        if not math.isfinite(value):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected a finite number, got "
+                                f"{value!r}")
+        low = f.metadata.get("min")
+        if low is None:
+            continue
+        if f.metadata.get("exclusive") and not value > low:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: must be > {low}, got {value!r}")
+        if value < low:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: must be >= {low}, got {value!r}")
 
 
 def parse_result(method: str, result: Any) -> Any:

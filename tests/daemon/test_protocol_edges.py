@@ -67,3 +67,32 @@ def test_a_malformed_cancel_request_is_ignored(shared, params):
         sock.sendall(b'{"jsonrpc": "2.0", "method": "$/cancelRequest"}\n')
         # A notification gets no answer: the next reply is the status request's.
         _still_serving(shared, sock)
+
+
+@pytest.mark.parametrize("method, params, name", [
+    ("run", '{"path": "x.py", "timeout_s": NaN}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": Infinity}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": -Infinity}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": -1}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": 0}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": "10"}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": true}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "timeout_s": null}', "RunParams.timeout_s"),
+    ("run", '{"path": "x.py", "steps": -1}', "RunParams.steps"),
+    ("run", '{"path": "x.py", "steps": 1.5}', "RunParams.steps"),
+    ("job", '{"id": "x", "log_tail": -5}', "JobParams.log_tail"),
+])
+def test_bad_numeric_params_are_invalid_params(shared, method, params, name):
+    with _raw(shared) as sock:
+        reply = _call(sock, method, params)
+        assert reply["id"] == 7 and reply["error"]["code"] == P.INVALID_PARAMS, reply
+        assert name in reply["error"]["message"], reply
+        _still_serving(shared, sock)
+
+
+def test_numbers_within_bounds_are_accepted():
+    # The check in parse_params, which every method's params go through.
+    params = P.parse_params("run", {"path": "x.py", "timeout_s": 0.5, "steps": 0})
+    assert params.timeout_s == 0.5 and params.steps == 0
+    assert P.parse_params("job", {"id": "x", "log_tail": 0}).log_tail == 0
+    assert P.parse_params("ir", {"path": "x.py", "after": 0, "version": -3}).version == -3
