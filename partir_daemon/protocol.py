@@ -664,6 +664,9 @@ def _identity(data: Any) -> Any:
 # --- JSON-RPC framing -------------------------------------------------------------------
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a line longer than this is refused
+# A schedule file named by a request (`path`) must be a regular file of at most this
+# many bytes, else the request gets INVALID_PARAMS (not /dev/zero, a FIFO, a directory).
+MAX_SOURCE_FILE_BYTES = 16 * 1024 * 1024
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -40,6 +40,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -662,9 +663,29 @@ class Daemon:
             self._spawn(self.stop("shutdown requested"))
 
     # -- methods -------------------------------------------------------------------------
+    def _source_file(self, params: Any, name: str = "path") -> str:
+        """The absolute path of the file parameter `name` of `params`, after checking
+        that it is a regular file of at most MAX_SOURCE_FILE_BYTES: reading /dev/zero, a
+        FIFO or a huge file would not end, or exhaust the memory. A file that cannot be
+        stat'ed (missing: the editor's unsaved text) passes: the worker reports it, as a
+        "read" diagnostic."""
+        where = f"{type(params).__name__}.{name}"
+        path = os.path.abspath(os.path.join(self.paths.workspace, getattr(params, name)))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if not stat.S_ISREG(st.st_mode):
+            raise RpcError(P.INVALID_PARAMS, f"{where}: {path} is not a regular file")
+        if name == "path" and st.st_size > P.MAX_SOURCE_FILE_BYTES:
+            raise RpcError(P.INVALID_PARAMS, f"{where}: {path} has {st.st_size} bytes, more "
+                           f"than the limit of {P.MAX_SOURCE_FILE_BYTES} bytes "
+                           f"({P.MAX_SOURCE_FILE_BYTES // (1024 * 1024)} MiB)")
+        return path
+
     def _document(self, method: str, conn: Connection, request_id: Any,
                   params: P.DocumentParams) -> WorkItem:
-        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        path = self._source_file(params)
         return WorkItem(method, P.to_json(params), path, params.version, conn, request_id)
 
     async def _m_partition(self, conn: Connection, request_id: Any,
@@ -682,9 +703,12 @@ class Daemon:
 
     async def _m_run(self, conn: Connection, request_id: Any,
                      params: P.RunParams) -> P.RunResult:
-        if params.steps < 0:
-            raise RpcError(P.INVALID_PARAMS, "steps must be >= 0")
-        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        path = self._source_file(params)
+        if params.inputs not in ("example", "random"):
+            # An .npz of the inputs: a regular file (it may be large), relative to the
+            # schedule file's directory, where the job runs.
+            inputs = os.path.join(os.path.dirname(path), params.inputs)
+            self._source_file(dataclasses.replace(params, inputs=inputs), "inputs")
         # Partition first (cached): it validates the file and gives the mesh's size.
         checked = await self.compilers.call(WorkItem(
             "partition", P.to_json(P.PartitionParams(path)), path, None, conn, request_id))

@@ -4,6 +4,7 @@ notification, none) and the connection keeps serving; nothing reads without boun
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -96,3 +97,32 @@ def test_numbers_within_bounds_are_accepted():
     assert params.timeout_s == 0.5 and params.steps == 0
     assert P.parse_params("job", {"id": "x", "log_tail": 0}).log_tail == 0
     assert P.parse_params("ir", {"path": "x.py", "after": 0, "version": -3}).version == -3
+
+
+def test_file_params_must_be_bounded_regular_files(shared):
+    big = shared.workspace / "mlp" / "big.partir.py"
+    with open(big, "wb") as f:  # sparse: no disk space used
+        f.truncate(P.MAX_SOURCE_FILE_BYTES + 1)
+    fifo = shared.workspace / "mlp" / "fifo.partir.py"
+    os.mkfifo(fifo)
+    with _raw(shared) as sock:
+        for method in ("partition", "ir", "explain", "run"):
+            extra = ', "name": "x"' if method == "explain" else ""
+            for path, words in [("/dev/zero", ["not a regular file"]),
+                                (str(fifo), ["not a regular file"]),
+                                (str(shared.workspace / "mlp"), ["not a regular file"]),
+                                (str(big), ["limit of 16777216 bytes", "16 MiB"])]:
+                reply = _call(sock, method, f'{{"path": {json.dumps(path)}{extra}}}')
+                error = reply["error"]
+                assert error["code"] == P.INVALID_PARAMS, (method, path, reply)
+                assert f"Params.path: {path}" in error["message"], error
+                for word in words:
+                    assert word in error["message"], error
+        reply = _call(sock, "run", '{"path": "mlp/bp_mp_z3.partir.py", '
+                                   '"inputs": "/dev/zero"}')
+        assert reply["error"]["code"] == P.INVALID_PARAMS
+        assert "RunParams.inputs: /dev/zero is not a regular file" in reply["error"]["message"]
+        _still_serving(shared, sock)
+    # A file that is not there is still the worker's "read" diagnostic.
+    (d,) = shared.connect().partition(str(shared.workspace / "nope.partir.py")).diagnostics
+    assert d.kind == "read"
