@@ -49,6 +49,8 @@ INTERNAL_ERROR = -32603
 # Server-defined (the range -32000..-32099 is reserved for implementations).
 WORKER_CRASHED = -32001  # the compiler child process died while serving the request
 NOT_FOUND = -32002  # e.g. an unknown job id
+# The daemon is stopping: requests that were running, and requests (also on connections
+# made) while it stops, are answered with this instead of being dropped.
 SHUTTING_DOWN = -32003
 REQUEST_CANCELLED = -32800  # as in LSP: superseded by a newer revision, or $/cancelRequest
 

@@ -534,6 +534,12 @@ class Daemon:
         async with server:
             await self._stopped.wait()
             server.close()
+            # Connections made while `stop` closed the others: their requests were
+            # answered SHUTTING_DOWN; the server accepts no more, so this ends.
+            deadline = time.monotonic() + 5
+            while self.connections and time.monotonic() < deadline:
+                await asyncio.gather(*(conn.close() for conn in list(self.connections)))
+                await asyncio.sleep(0.01)
 
     async def stop(self, reason: str) -> None:
         if self._stopping:
@@ -596,7 +602,9 @@ class Daemon:
         self.connections.add(conn)
         self.last_activity = time.monotonic()
         try:
-            while not self._stopping:
+            # Also while the daemon stops: requests get SHUTTING_DOWN errors (`_message`)
+            # until `stop` closes the connection.
+            while True:
                 try:
                     line = await reader.readuntil(b"\n")
                 except asyncio.IncompleteReadError as e:
@@ -633,6 +641,10 @@ class Daemon:
             conn.send(P.error_response(request_id, e.code, e.message))
             return
         if P.is_request(message):
+            if self._stopping and message["method"] != "shutdown":
+                conn.send(P.error_response(message["id"], P.SHUTTING_DOWN,
+                                           "the daemon is shutting down"))
+                return
             self._spawn(self._request(conn, message))
         elif P.is_notification(message) and message["method"] == P.CANCEL_REQUEST:
             # A notification gets no answer, not even an error: a malformed one (params

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
+from pathlib import Path
 
 import pytest
 
 from partir_daemon import protocol as P
+from tests.daemon.support import BP_MP_Z3, wait_until
 
 
 def _raw(env) -> socket.socket:
@@ -126,3 +129,45 @@ def test_file_params_must_be_bounded_regular_files(shared):
     # A file that is not there is still the worker's "read" diagnostic.
     (d,) = shared.connect().partition(str(shared.workspace / "nope.partir.py")).diagnostics
     assert d.kind == "read"
+
+
+# A schedule file whose job ignores SIGTERM: stopping the daemon waits the jobs' grace
+# period (2 s) for it, a window in which the daemon is shutting down but listening.
+STUBBORN = '''\
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("PARTIR_JOB_ID"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("SIGTERM-IGNORED", file=sys.stderr, flush=True)
+    time.sleep(120)
+''' + BP_MP_Z3
+
+
+def test_requests_while_shutting_down_get_an_error(env):
+    client = env.connect()
+    path = env.write("stubborn.partir.py", STUBBORN)
+    job = client.run(path, steps=1)
+    assert wait_until(lambda: "SIGTERM-IGNORED" in Path(job.log_path).read_text(), timeout=60)
+    pid = env.daemon_pid()
+    with _raw(env) as before:
+        _still_serving(env, before)
+        client.shutdown()
+        start = time.monotonic()
+        # A connection made while the daemon stops, and one made before.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as during:
+            during.settimeout(30)
+            during.connect(str(env.paths.socket))
+            for sock in (during, before):
+                sock.sendall(P.encode(P.request(5, "status", P.StatusParams())))
+                reply = _reply(sock)
+                assert reply["id"] == 5 and reply["error"]["code"] == P.SHUTTING_DOWN, reply
+                assert "shutting down" in reply["error"]["message"]
+            assert time.monotonic() - start < 2, "the window closed: the test proves nothing"
+            # Then the daemon closes them, and exits.
+            assert during.recv(1) == b""
+    assert wait_until(lambda: env.daemon_pid() != pid or not os.path.exists(f"/proc/{pid}"),
+                      timeout=30)
