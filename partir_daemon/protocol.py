@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import types
@@ -48,6 +49,8 @@ INTERNAL_ERROR = -32603
 # Server-defined (the range -32000..-32099 is reserved for implementations).
 WORKER_CRASHED = -32001  # the compiler child process died while serving the request
 NOT_FOUND = -32002  # e.g. an unknown job id
+# The daemon is stopping: requests that were running, and requests (also on connections
+# made) while it stops, are answered with this instead of being dropped.
 SHUTTING_DOWN = -32003
 REQUEST_CANCELLED = -32800  # as in LSP: superseded by a newer revision, or $/cancelRequest
 
@@ -282,10 +285,10 @@ class RunParams:
     "random" (every leaf random), or a path to an .npz file whose keys are input names."""
 
     path: str
-    steps: int = 10
+    steps: int = field(default=10, metadata={"min": 0})
     inputs: str = "example"
     seed: int = 0
-    timeout_s: float = 1800.0
+    timeout_s: float = field(default=1800.0, metadata={"min": 0, "exclusive": True})
     check: bool = True  # compare against the unpartitioned function
 
 
@@ -339,7 +342,7 @@ class JobsResult:
 @dataclass
 class JobParams:
     id: str
-    log_tail: int = 200  # last lines of the log to return (0: none)
+    log_tail: int = field(default=200, metadata={"min": 0})  # last lines of the log (0: none)
 
 
 @dataclass
@@ -663,6 +666,9 @@ def _identity(data: Any) -> Any:
 # --- JSON-RPC framing -------------------------------------------------------------------
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a line longer than this is refused
+# A schedule file named by a request (`path`) must be a regular file of at most this
+# many bytes, else the request gets INVALID_PARAMS (not /dev/zero, a FIFO, a directory).
+MAX_SOURCE_FILE_BYTES = 16 * 1024 * 1024
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -695,7 +701,7 @@ def child_message(line: bytes) -> dict[str, Any] | None:
     anything else (a library printing to the child's stdout)."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return message if isinstance(message, dict) else None
 
@@ -707,6 +713,8 @@ def decode(line: bytes | str) -> dict[str, Any]:
         message = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(PARSE_ERROR, f"parse error: {e}") from None
+    except RecursionError:  # e.g. [[[[...]]]] nested deeper than the decoder's stack
+        raise ProtocolError(PARSE_ERROR, "parse error: JSON nested too deeply") from None
     if not isinstance(message, dict) or message.get("jsonrpc") != JSONRPC:
         raise ProtocolError(INVALID_REQUEST, "not a JSON-RPC 2.0 message (an object with "
                             "\"jsonrpc\": \"2.0\")")
@@ -759,7 +767,32 @@ def parse_params(method: str, params: Any) -> Any:
         raise ProtocolError(METHOD_NOT_FOUND, f"unknown method {method!r}")
     if params is not None and not isinstance(params, dict):
         raise ProtocolError(INVALID_PARAMS, "params must be an object")
-    return from_json(spec.params, params or {})
+    parsed = from_json(spec.params, params or {})
+    check_numbers(parsed)
+    return parsed
+
+
+def check_numbers(params: Any) -> None:
+    """Raise ProtocolError(INVALID_PARAMS), naming the parameter, for a number field of
+    the params dataclass `params` that is not finite (NaN and infinities: Python's JSON
+    reads `NaN` and `Infinity`) or is below the bound its field's metadata sets (`min`,
+    and `exclusive` for a strict bound). Types (e.g. a bool for a number) are checked by
+    `from_json` already. Results are not checked: a job's error may well be NaN."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        where = f"{type(params).__name__}.{f.name}"
+        if not math.isfinite(value):
+            raise ProtocolError(INVALID_PARAMS, f"{where}: expected a finite number, got "
+                                f"{value!r}")
+        low = f.metadata.get("min")
+        if low is None:
+            continue
+        if f.metadata.get("exclusive") and not value > low:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: must be > {low}, got {value!r}")
+        if value < low:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: must be >= {low}, got {value!r}")
 
 
 def parse_result(method: str, result: Any) -> Any:

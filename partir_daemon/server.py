@@ -40,6 +40,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -533,6 +534,12 @@ class Daemon:
         async with server:
             await self._stopped.wait()
             server.close()
+            # Connections made while `stop` closed the others: their requests were
+            # answered SHUTTING_DOWN; the server accepts no more, so this ends.
+            deadline = time.monotonic() + 5
+            while self.connections and time.monotonic() < deadline:
+                await asyncio.gather(*(conn.close() for conn in list(self.connections)))
+                await asyncio.sleep(0.01)
 
     async def stop(self, reason: str) -> None:
         if self._stopping:
@@ -595,7 +602,9 @@ class Daemon:
         self.connections.add(conn)
         self.last_activity = time.monotonic()
         try:
-            while not self._stopping:
+            # Also while the daemon stops: requests get SHUTTING_DOWN errors (`_message`)
+            # until `stop` closes the connection.
+            while True:
                 try:
                     line = await reader.readuntil(b"\n")
                 except asyncio.IncompleteReadError as e:
@@ -609,7 +618,12 @@ class Daemon:
                 except (ConnectionError, OSError):
                     break
                 if line.strip():
-                    self._message(conn, line)
+                    try:
+                        self._message(conn, line)
+                    except Exception:  # a bad message must not cost the connection
+                        log.exception("handling a message failed")
+                        conn.send(P.error_response(None, P.INTERNAL_ERROR,
+                                                   "internal error handling a message"))
         finally:
             self.connections.discard(conn)
             self.last_activity = time.monotonic()
@@ -627,10 +641,16 @@ class Daemon:
             conn.send(P.error_response(request_id, e.code, e.message))
             return
         if P.is_request(message):
+            if self._stopping and message["method"] != "shutdown":
+                conn.send(P.error_response(message["id"], P.SHUTTING_DOWN,
+                                           "the daemon is shutting down"))
+                return
             self._spawn(self._request(conn, message))
         elif P.is_notification(message) and message["method"] == P.CANCEL_REQUEST:
-            params = message.get("params") or {}
-            if P.valid_id(params.get("id")):
+            # A notification gets no answer, not even an error: a malformed one (params
+            # not an object, no id, an id of another type) is ignored.
+            params = message.get("params")
+            if isinstance(params, dict) and P.valid_id(params.get("id")):
                 self.compilers.cancel_request(conn, params["id"])
         # Responses from clients: the daemon sends no requests, so there are none to match.
 
@@ -655,9 +675,29 @@ class Daemon:
             self._spawn(self.stop("shutdown requested"))
 
     # -- methods -------------------------------------------------------------------------
+    def _source_file(self, params: Any, name: str = "path") -> str:
+        """The absolute path of the file parameter `name` of `params`, after checking
+        that it is a regular file of at most MAX_SOURCE_FILE_BYTES: reading /dev/zero, a
+        FIFO or a huge file would not end, or exhaust the memory. A file that cannot be
+        stat'ed (missing: the editor's unsaved text) passes: the worker reports it, as a
+        "read" diagnostic."""
+        where = f"{type(params).__name__}.{name}"
+        path = os.path.abspath(os.path.join(self.paths.workspace, getattr(params, name)))
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if not stat.S_ISREG(st.st_mode):
+            raise RpcError(P.INVALID_PARAMS, f"{where}: {path} is not a regular file")
+        if name == "path" and st.st_size > P.MAX_SOURCE_FILE_BYTES:
+            raise RpcError(P.INVALID_PARAMS, f"{where}: {path} has {st.st_size} bytes, more "
+                           f"than the limit of {P.MAX_SOURCE_FILE_BYTES} bytes "
+                           f"({P.MAX_SOURCE_FILE_BYTES // (1024 * 1024)} MiB)")
+        return path
+
     def _document(self, method: str, conn: Connection, request_id: Any,
                   params: P.DocumentParams) -> WorkItem:
-        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        path = self._source_file(params)
         return WorkItem(method, P.to_json(params), path, params.version, conn, request_id)
 
     async def _m_partition(self, conn: Connection, request_id: Any,
@@ -675,9 +715,12 @@ class Daemon:
 
     async def _m_run(self, conn: Connection, request_id: Any,
                      params: P.RunParams) -> P.RunResult:
-        if params.steps < 0:
-            raise RpcError(P.INVALID_PARAMS, "steps must be >= 0")
-        path = os.path.abspath(os.path.join(self.paths.workspace, params.path))
+        path = self._source_file(params)
+        if params.inputs not in ("example", "random"):
+            # An .npz of the inputs: a regular file (it may be large), relative to the
+            # schedule file's directory, where the job runs.
+            inputs = os.path.join(os.path.dirname(path), params.inputs)
+            self._source_file(dataclasses.replace(params, inputs=inputs), "inputs")
         # Partition first (cached): it validates the file and gives the mesh's size.
         checked = await self.compilers.call(WorkItem(
             "partition", P.to_json(P.PartitionParams(path)), path, None, conn, request_id))
