@@ -141,7 +141,7 @@ def start_daemon(workspace: str | os.PathLike[str], config: P.DaemonConfig | Non
     status instead (the new process refuses to start and exits)."""
     paths = DaemonPaths.of(workspace, runtime_dir)
     ensure_private_dir(paths.dir)
-    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = config or P.DaemonConfig()
     cmd = [sys.executable, "-m", "partir_daemon.server", "--workspace", str(paths.workspace),
            "--runtime-dir", str(paths.dir), "--detach", *config.to_args()]

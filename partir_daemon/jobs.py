@@ -41,9 +41,28 @@ KILL_GRACE_S = 2.0
 ProgressSink = Callable[[P.ProgressParams], None]
 
 
+def _open_private(path: str | os.PathLike[str], flags: int) -> int:
+    """A file descriptor on `path`, created 0600 and kept so whatever the umask (and
+    whatever mode an older file had): jobs' records and logs are the user's alone."""
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) mode 0700 whatever the umask; fix its mode if
+    it exists."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
+    with os.fdopen(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
 
@@ -121,7 +140,9 @@ class JobManager:
     def _new(self, params: P.RunParams) -> P.JobInfo:
         job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         directory = self.root / job_id
-        directory.mkdir(parents=True, exist_ok=False)
+        _private_dir(self.root)
+        directory.mkdir(mode=0o700, exist_ok=False)
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
         job = P.JobInfo(job_id, "queued", params.path, params.steps, time.time(),
                         record_path=str(directory / "job.json"),
                         log_path=str(directory / "log.txt"))
@@ -142,7 +163,7 @@ class JobManager:
                          if not f.startswith("--xla_force_host_platform_device_count"))
         env = child_env({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count="
                                       f"{devices}".strip(), "PARTIR_JOB_ID": job.id})
-        with open(job.log_path, "ab") as logf:
+        with os.fdopen(_open_private(job.log_path, os.O_WRONLY | os.O_APPEND), "ab") as logf:
             # A session of its own: cancelling kills the job's whole process group.
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

@@ -830,7 +830,7 @@ def _listen(path: Path) -> socket.socket:
 def main(argv: list[str] | None = None) -> int:
     config, paths, detach = _parse(argv)
     ensure_private_dir(paths.dir)
-    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
