@@ -140,15 +140,33 @@ class ScheduleTypeError(ScheduleFileError):
     """`program`, `mesh` or `schedule` holds the wrong kind of value."""
 
 
+def _user_path_index() -> int:
+    """Where a directory of user modules goes on `sys.path`: after the standard
+    library's entries (its directory, `lib-dynload`, its zip), before installed packages."""
+    stdlib = os.path.dirname(os.path.realpath(os.__file__))
+    index = 0
+    for i, entry in enumerate(sys.path):
+        real = os.path.realpath(entry or ".")
+        inside = real == stdlib or (real.startswith(stdlib + os.sep) and
+                                    not {"site-packages", "dist-packages"} &
+                                    set(real.split(os.sep)))
+        if inside or (real.endswith(".zip") and
+                      os.path.dirname(real) == os.path.dirname(stdlib)):
+            index = i + 1
+    return index
+
+
 def load_schedule_file(path: str | os.PathLike[str], text: str | None = None, *,
                        abstract_args: bool = False) -> ScheduleFile:
     """Execute the schedule file at `path` (or `text`, its unsaved contents) and return
     its program, mesh and schedule with their source ranges.
 
-    The file's directory is first on `sys.path` while it executes, so it can import the
-    user's modules next to it. Those stay imported for the next load of a file of that
-    directory, and are imported again once their file, or one they import, changes
-    (`partir.user_modules`). Afterwards `sys.path` is as before, and `sys.modules` holds
+    The file's directory is on `sys.path` while it executes, right after the standard
+    library (ahead of installed packages), so it can import the user's modules next to it
+    but a `random.py` or `queue.py` there does not replace the standard module. Those
+    modules stay imported for the next load of a file of that directory, and are
+    imported again once their file, or one they import, changes (`partir.user_modules`).
+    Afterwards `sys.path` is as before, and `sys.modules` holds
     the directory's user modules. Loading changes these process-wide tables while the
     file runs, so only one thread at a time may load schedule files.
 
@@ -242,7 +260,7 @@ def _execute(source: _Source, tree: ast.Module, abstract_args: bool) -> dict[str
     saved_path = list(sys.path)
     saved_module = sys.modules.get(MODULE_NAME)
     importlib.invalidate_caches()  # the user may just have created a module there
-    sys.path.insert(0, directory)
+    sys.path.insert(_user_path_index(), directory)
     # Registered while it runs: dataclasses, typing and pickle look classes up by module.
     sys.modules[MODULE_NAME] = module
     try:

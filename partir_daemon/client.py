@@ -108,6 +108,15 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
+def module_command(module: str) -> list[str]:
+    """The command running `module` in a child process. `-P`: `python -m` would put the
+    current directory (the workspace, for the daemon and its compiler) first on
+    `sys.path`, ahead of the standard library, so that a workspace's `random.py`,
+    `logging.py` or `queue.py` would replace the standard module. The children add the
+    directories the user's modules are in at the end of `sys.path` themselves."""
+    return [sys.executable, "-P", "-m", module]
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     root = _package_root()
@@ -143,7 +152,7 @@ def start_daemon(workspace: str | os.PathLike[str], config: P.DaemonConfig | Non
     ensure_private_dir(paths.dir)
     paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = config or P.DaemonConfig()
-    cmd = [sys.executable, "-m", "partir_daemon.server", "--workspace", str(paths.workspace),
+    cmd = [*module_command("partir_daemon.server"), "--workspace", str(paths.workspace),
            "--runtime-dir", str(paths.dir), "--detach", *config.to_args()]
     # The daemon forks into the background (a new session, so that the terminal's Ctrl-C
     # spares it) and logs to its file; the process started here exits at once (status 3

@@ -83,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-check", action="store_true")
     args = parser.parse_args(argv)
+    # The schedule file's directory, after the standard library (started with -P: see
+    # `client.module_command`).
+    directory = os.path.dirname(os.path.abspath(args.path))
+    if directory not in sys.path:
+        sys.path.append(directory)
     out = P.child_stream()
     _watch_parent()
 

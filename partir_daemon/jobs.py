@@ -20,14 +20,13 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from partir_daemon import protocol as P
-from partir_daemon.client import child_env
+from partir_daemon.client import child_env, module_command
 from partir_daemon.paths import DaemonPaths, pid_alive
 
 log = logging.getLogger("partir_daemon.jobs")
@@ -153,7 +152,7 @@ class JobManager:
                     progress: ProgressSink) -> P.JobInfo:
         job = self._new(params)
         self._save(job)
-        cmd = [sys.executable, "-m", "partir_daemon.job_runner", "--path", path,
+        cmd = [*module_command("partir_daemon.job_runner"), "--path", path,
                "--steps", str(params.steps), "--inputs", params.inputs,
                "--seed", str(params.seed)]
         if not params.check:

@@ -50,7 +50,7 @@ from typing import Any
 
 from partir_daemon import __version__
 from partir_daemon import protocol as P
-from partir_daemon.client import child_env
+from partir_daemon.client import child_env, module_command
 from partir_daemon.jobs import JobManager
 from partir_daemon.paths import DaemonPaths, ensure_private_dir, read_status
 
@@ -262,7 +262,7 @@ class WorkerSupervisor:
                 await self._start_worker()
 
     async def _start_worker(self) -> None:
-        cmd = [sys.executable, "-m", "partir_daemon.worker", "--workspace",
+        cmd = [*module_command("partir_daemon.worker"), "--workspace",
                str(self.paths.workspace), f"--load-timeout={self.config.load_timeout_s}",
                f"--max-entries={self.config.max_cache_entries}",
                f"--max-ops={self.config.max_cache_ops}"]

@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-entries", type=int, default=256)
     parser.add_argument("--max-ops", type=int, default=4_000_000)
     args = parser.parse_args(argv)
+    # The user's modules may be imported from the workspace, after the standard library
+    # (started with -P: see `client.module_command`).
+    if args.workspace not in sys.path:
+        sys.path.append(args.workspace)
     out = P.child_stream()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
