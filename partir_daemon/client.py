@@ -28,6 +28,9 @@ API:
 - Errors: `DaemonNotRunning` (no daemon and no auto-start, or it failed to start),
   `DaemonConnectionLost` (the daemon crashed or exited while a request was pending),
   `InsecureDaemonSocket` (the socket belongs to another user or others can access it),
+  `NotADaemon` (what listens on the socket does not answer the opening `status`
+  request within 2 s, or answers something that is not the daemon's status),
+  `SocketPathTooLongError` (the socket's path is over the 107-byte AF_UNIX limit),
   `RequestError` (a JSON-RPC error; `RequestCancelled` for a superseded or cancelled
   request), `RequestTimeout`. All derive from `DaemonError`.
 
@@ -55,8 +58,10 @@ from partir_daemon import protocol as P
 from partir_daemon.paths import (
     DaemonPaths,
     InsecurePathError,
+    SocketPathTooLong,
     check_private_dir,
     check_socket,
+    check_socket_path,
     ensure_private_dir,
     pid_alive,
     read_status,
@@ -77,6 +82,16 @@ class DaemonConnectionLost(DaemonError):
 
 class InsecureDaemonSocket(DaemonError):
     """The socket belongs to another user or has loose permissions: refused."""
+
+
+class SocketPathTooLongError(DaemonError):
+    """The socket's path is over the AF_UNIX limit (107 bytes): no daemon can listen
+    there."""
+
+
+class NotADaemon(DaemonError):
+    """Something that is not the partir daemon holds the socket: it does not answer the
+    client's opening `status` request, or answers something else."""
 
 
 class RequestTimeout(DaemonError):
@@ -125,9 +140,17 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _check_socket_path(paths: DaemonPaths) -> None:
+    try:
+        check_socket_path(paths.socket)
+    except SocketPathTooLong as e:
+        raise SocketPathTooLongError(str(e)) from None
+
+
 def _connect_socket(paths: DaemonPaths) -> socket.socket:
     """A connected socket, after checking its ownership and mode. Raises
     FileNotFoundError/ConnectionRefusedError when nothing listens there."""
+    _check_socket_path(paths)
     try:
         if paths.dir.exists():
             check_private_dir(paths.dir)
@@ -143,12 +166,75 @@ def _connect_socket(paths: DaemonPaths) -> socket.socket:
     return sock
 
 
+# How long the client waits for the answer to its opening `status` request before it
+# concludes that what holds the socket is not a daemon.
+HANDSHAKE_TIMEOUT_S = 1.5
+_HANDSHAKE_ID = "partir-client-handshake"
+
+
+def _handshake(sock: socket.socket, paths: DaemonPaths) -> bytes:
+    """Check that the daemon is what listens on `sock`: send a `status` request (an
+    ordinary one: the wire format is unchanged) and read its answer within
+    HANDSHAKE_TIMEOUT_S. Returns the bytes that came before and after the answer
+    (notifications), for the client's reader. Raises NotADaemon."""
+    what = f"something other than the partir daemon holds the socket {paths.socket}"
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+    before: list[bytes] = []
+    buffer = b""
+    try:
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        sock.sendall(P.encode(P.request(_HANDSHAKE_ID, "status", P.StatusParams())))
+        while True:
+            while b"\n" not in buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    raise NotADaemon(f"{what}: it closed the connection without answering "
+                                     f"the client's status request")
+                buffer += chunk
+                if len(buffer) > P.MAX_MESSAGE_BYTES:
+                    raise NotADaemon(f"{what}: it sent {len(buffer)} bytes without a "
+                                     f"line break")
+            line, buffer = buffer.split(b"\n", 1)
+            if not line.strip():
+                continue
+            try:
+                message = P.decode(line)
+            except P.ProtocolError:
+                raise NotADaemon(f"{what}: it answered {line[:80]!r}, which is not "
+                                 f"JSON-RPC") from None
+            if P.is_notification(message):
+                before.append(line + b"\n")
+                continue
+            if message.get("id") != _HANDSHAKE_ID or "result" not in message:
+                raise NotADaemon(f"{what}: it answered the status request with "
+                                 f"{line[:200]!r}")
+            try:
+                P.parse_result("status", message["result"])
+            except P.ProtocolError:
+                raise NotADaemon(f"{what}: its answer to the status request is not a "
+                                 f"daemon's status: {line[:200]!r}") from None
+            return b"".join(before) + buffer
+    except TimeoutError:
+        raise NotADaemon(f"{what}: it accepted the connection but did not answer the "
+                         f"client's status request within {HANDSHAKE_TIMEOUT_S} s") from None
+    except OSError as e:
+        raise NotADaemon(f"{what}: {e}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(None)
+
+
 def start_daemon(workspace: str | os.PathLike[str], config: P.DaemonConfig | None = None, *,
                  runtime_dir: Path | None = None, timeout: float = 60.0) -> dict[str, Any]:
     """Start the workspace's daemon (detached from this process) and wait until it
     accepts connections; returns its status file. If one is already running, returns its
     status instead (the new process refuses to start and exits)."""
     paths = DaemonPaths.of(workspace, runtime_dir)
+    _check_socket_path(paths)  # else the daemon fails to bind, and only its log says why
     ensure_private_dir(paths.dir)
     paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     config = config or P.DaemonConfig()
@@ -230,7 +316,8 @@ class Pending:
 class DaemonClient:
     def __init__(self, sock: socket.socket, paths: DaemonPaths, *, timeout: float | None,
                  on_progress: ProgressCallback | None = None,
-                 on_notification: NotificationCallback | None = None) -> None:
+                 on_notification: NotificationCallback | None = None,
+                 pending: bytes = b"") -> None:
         self.paths = paths
         self.timeout = timeout
         self.on_progress = on_progress
@@ -242,6 +329,7 @@ class DaemonClient:
         self._pending_lock = threading.Lock()
         self._closed = False
         self._lost: str | None = None
+        self._initial = pending  # what came with the handshake's answer
         self._reader = threading.Thread(target=self._read_loop, name="partir-daemon-client",
                                         daemon=True)
         self._reader.start()
@@ -282,8 +370,13 @@ class DaemonClient:
             except (FileNotFoundError, ConnectionRefusedError) as e2:
                 raise DaemonNotRunning(f"the daemon for {paths.workspace} started but does "
                                        f"not accept connections: {e2}") from None
+        try:
+            pending = _handshake(sock, paths)
+        except NotADaemon:
+            sock.close()
+            raise
         return cls(sock, paths, timeout=timeout, on_progress=on_progress,
-                   on_notification=on_notification)
+                   on_notification=on_notification, pending=pending)
 
     def __enter__(self) -> DaemonClient:
         return self
@@ -353,18 +446,18 @@ class DaemonClient:
             self.notify(P.CANCEL_REQUEST, P.CancelRequestParams(request_id))
 
     def _read_loop(self) -> None:
-        buffer = b""
+        buffer, self._initial = self._initial, b""
         reason = "the daemon closed the connection"
         try:
             while True:
-                chunk = self._sock.recv(1 << 20)
-                if not chunk:
-                    break
-                buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
                         self._dispatch(line)
+                chunk = self._sock.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
         except OSError as e:
             reason = f"connection to the daemon lost: {e}"
         if self._closed:

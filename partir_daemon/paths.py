@@ -25,6 +25,24 @@ class InsecurePathError(OSError):
     access."""
 
 
+# A Unix socket's path is at most 107 bytes (`sun_path` holds 108 with the final NUL).
+SOCKET_PATH_MAX = 107
+
+
+class SocketPathTooLong(OSError):
+    """The socket's path does not fit in a Unix socket address."""
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse a socket path over the AF_UNIX limit before anything waits on it."""
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX:
+        raise SocketPathTooLong(
+            f"the daemon's socket path {path} is {size} bytes long, over the "
+            f"{SOCKET_PATH_MAX}-byte limit of Unix socket paths: choose a shorter runtime "
+            f"directory (PARTIR_DAEMON_DIR or XDG_RUNTIME_DIR)")
+
+
 def runtime_dir() -> Path:
     override = os.environ.get("PARTIR_DAEMON_DIR")
     if override:

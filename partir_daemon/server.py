@@ -52,7 +52,13 @@ from partir_daemon import __version__
 from partir_daemon import protocol as P
 from partir_daemon.client import child_env, module_command
 from partir_daemon.jobs import JobManager
-from partir_daemon.paths import DaemonPaths, ensure_private_dir, read_status
+from partir_daemon.paths import (
+    DaemonPaths,
+    SocketPathTooLong,
+    check_socket_path,
+    ensure_private_dir,
+    read_status,
+)
 
 log = logging.getLogger("partir_daemon")
 
@@ -829,6 +835,11 @@ def _listen(path: Path) -> socket.socket:
 
 def main(argv: list[str] | None = None) -> int:
     config, paths, detach = _parse(argv)
+    try:
+        check_socket_path(paths.socket)
+    except SocketPathTooLong as e:
+        print(f"partir daemon: {e}", file=sys.stderr)
+        return 2
     ensure_private_dir(paths.dir)
     paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)

@@ -4,11 +4,23 @@ and something other than the daemon listening on the socket."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import stat
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from partir_daemon.client import (
+    DaemonClient,
+    NotADaemon,
+    SocketPathTooLongError,
+    start_daemon,
+)
+from partir_daemon.paths import DaemonPaths
 from tests.daemon.support import make_env
 
 SCHEDULE = "mlp/bp_mp_z3.partir.py"
@@ -75,4 +87,68 @@ def test_a_workspace_shadowing_standard_modules_breaks_neither_daemon_nor_compil
         log = env.paths.log.read_text()
         assert "instead of the standard library" not in log
     finally:
+        env.teardown()
+
+
+def test_a_socket_path_over_the_af_unix_limit_fails_at_once_naming_path_and_limit():
+    env = make_env()
+    long_runtime = env.runtime / ("r" * 110)
+    try:
+        start = time.monotonic()
+        with pytest.raises(SocketPathTooLongError) as e:
+            DaemonClient.connect(env.workspace, runtime_dir=long_runtime, config=env.config)
+        assert time.monotonic() - start < 2
+        socket_path = str(DaemonPaths.of(env.workspace, long_runtime).socket)
+        assert socket_path in str(e.value) and "107" in str(e.value)
+        with pytest.raises(SocketPathTooLongError):
+            start_daemon(env.workspace, env.config, runtime_dir=long_runtime)
+        assert not long_runtime.exists()  # nothing was started or created
+    finally:
+        env.teardown()
+
+
+def _impostor(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A process-like listener on the daemon's socket that is not the daemon: it accepts
+    and then never answers (`answer` None) or answers `answer`."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old)
+    listener.listen(8)
+    conns = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conns.append(conn)
+                if answer is not None:
+                    conn.recv(1 << 16)
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize("answer", [
+    None, b"HTTP/1.1 400 Bad Request\r\n\r\n", b'{"jsonrpc": "2.0", "id": 7, "result": 1}\n',
+    b'{"jsonrpc": "2.0", "id": "partir-client-handshake", "result": {"x": 1}}\n',
+], ids=["silent", "garbage", "wrong-id", "not-a-status"])
+def test_something_else_on_the_socket_fails_the_client_within_2_s(answer):
+    env = make_env()
+    paths = env.paths
+    listener, _thread = _impostor(paths.socket, answer)
+    try:
+        for autostart in (False, True):
+            start = time.monotonic()
+            with pytest.raises(NotADaemon) as e:
+                env.connect(autostart=autostart, timeout=60)
+            assert time.monotonic() - start < 2
+            assert "something other than the partir daemon holds the socket" in str(e.value)
+            assert str(paths.socket) in str(e.value)
+    finally:
+        listener.close()
         env.teardown()
