@@ -1,14 +1,21 @@
 """Jobs: partitioned programs run for N steps in child processes of the daemon.
 
 Each job has a directory `<workspace>/.partir/jobs/<id>/` holding `job.json` (its
-`JobInfo`, rewritten atomically by the daemon, the only writer) and `log.txt` (everything
-the job printed). Records outlive the daemon: on start, a daemon marks the jobs that were
-still queued or running as `interrupted` (their processes exit by themselves when the
-daemon that started them dies, and any that did not are killed).
+`JobInfo`, rewritten atomically by the daemon, the only writer: temporary file, fsync,
+rename) and `log.txt` (what the job printed, copied there by the daemon from the job's
+stderr, at most LOG_LIMIT_BYTES of it). Records outlive the daemon: on start, a daemon
+marks the jobs that were still queued or running as `interrupted` (their processes exit
+by themselves when the daemon that started them dies, and any that did not are killed).
 
 States: queued -> running -> succeeded | failed (exit status != 0, e.g. the numerical
 check failed or the program raised) | crashed (killed by a signal nobody sent) | timeout
 | cancelled | interrupted (the daemon stopped first).
+
+Storage errors (a full disk) never leave a job behind unfinished: a `run` whose directory
+or first record cannot be written answers an error and leaves no job; an `OSError` in
+writing a running job's record or log stops the job into `failed`, with the cause as its
+error; a final record that cannot be written is kept in memory (what `job`/`jobs`
+answer) and written again every RETRY_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -36,6 +44,16 @@ log = logging.getLogger("partir_daemon.jobs")
 SAVE_INTERVAL_S = 0.5
 # Between SIGTERM and SIGKILL when stopping a job.
 KILL_GRACE_S = 2.0
+# Of a job's output, at most this much goes to its log; the rest is counted and dropped.
+LOG_LIMIT_BYTES = 16 * 1024 * 1024
+# How often records that could not be written (a full disk) are written again.
+RETRY_INTERVAL_S = 5.0
+# After a job's process exited: how long its output pipes may stay open (a grandchild).
+DRAIN_TIMEOUT_S = 5.0
+
+
+class JobStorageError(Exception):
+    """A job could not be created: its directory or first record cannot be written."""
 
 ProgressSink = Callable[[P.ProgressParams], None]
 
@@ -60,10 +78,31 @@ def _private_dir(path: Path) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with os.fdopen(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    """Replace `path` by `data` atomically and durably: a reader (or a crash) sees the old
+    record or the new one, never a part of it. Raises OSError (the temporary file gone)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with os.fdopen(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
+
+
+def _append(fd: int, data: bytes) -> None:
+    """Write all of `data` to the log `fd`. Raises OSError (e.g. ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class JobManager:
@@ -73,15 +112,67 @@ class JobManager:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._stopping: dict[str, str] = {}  # job id -> state it is being stopped into
+        self._causes: dict[str, str] = {}  # job id -> why it is being stopped into failed
         self._saved: dict[str, float] = {}
+        self._unsaved: set[str] = set()  # jobs whose record on disk is out of date
+        self._retry: asyncio.Task | None = None
 
     # -- records -------------------------------------------------------------------------
-    def _save(self, job: P.JobInfo, force: bool = True) -> None:
+    def _save(self, job: P.JobInfo, force: bool = True) -> OSError | None:
+        """Write `job`'s record (at most every SAVE_INTERVAL_S unless `force`). Never
+        raises: an OSError is returned, and the record written again later."""
         now = time.monotonic()
         if not force and now - self._saved.get(job.id, 0.0) < SAVE_INTERVAL_S:
-            return
+            return None
         self._saved[job.id] = now
-        _write_json(Path(job.record_path), P.to_json(job))
+        try:
+            _write_json(Path(job.record_path), P.to_json(job))
+        except OSError as e:
+            log.warning("cannot write the record of job %s: %s", job.id, e)
+            self._unsaved.add(job.id)
+            self._retry_later()
+            return e
+        self._unsaved.discard(job.id)
+        return None
+
+    def _retry_later(self) -> None:
+        if self._retry is not None and not self._retry.done():
+            return
+        try:
+            self._retry = asyncio.get_running_loop().create_task(self._retry_saves())
+        except RuntimeError:  # no event loop (recover() called outside one)
+            self._retry = None
+
+    async def _retry_saves(self) -> None:
+        while self._unsaved:
+            await asyncio.sleep(RETRY_INTERVAL_S)
+            self.retry_saves()
+
+    def retry_saves(self) -> None:
+        """Write again the records that could not be written."""
+        for job_id in sorted(self._unsaved):
+            job = self.jobs.get(job_id)
+            if job is None:
+                self._unsaved.discard(job_id)
+                continue
+            try:
+                _write_json(Path(job.record_path), P.to_json(job))
+            except OSError:
+                continue
+            self._unsaved.discard(job_id)
+            log.info("wrote the record of job %s at last", job_id)
+
+    def _storage_failed(self, job: P.JobInfo, what: str, error: OSError) -> None:
+        """Writing a running job's record or log failed: stop it into `failed`."""
+        if job.id in self._stopping or job.state in P.FINAL_JOB_STATES:
+            return
+        cause = f"could not write the job's {what}: {error}"
+        log.warning("job %s: %s; stopping it", job.id, cause)
+        self._stopping[job.id] = "failed"
+        self._causes[job.id] = cause
+        proc = self._procs.get(job.id)
+        if proc is not None and proc.returncode is None:
+            asyncio.get_running_loop().create_task(self._kill(proc))
 
     def recover(self) -> None:
         """Load the records of earlier daemons; mark their unfinished jobs interrupted."""
@@ -102,6 +193,7 @@ class JobManager:
                 job.error = "the daemon stopped while the job was " + (
                     "running" if job.started else "queued")
                 job.finished = job.finished or time.time()
+                self.jobs[job.id] = job  # before saving: a failed save is retried
                 self._save(job)
             self.jobs[job.id] = job
 
@@ -130,28 +222,49 @@ class JobManager:
 
     # -- starting ------------------------------------------------------------------------
     def failed(self, params: P.RunParams, error: str) -> P.JobInfo:
-        """A job that could not start (e.g. the schedule file has errors)."""
-        job = self._new(params)
-        job.state, job.error, job.finished = "failed", error, time.time()
-        self._save(job)
-        return job
+        """A job that could not start (e.g. the schedule file has errors). Raises
+        JobStorageError (and leaves no job) if its record cannot be written."""
+        return self._new(params, "failed", error)
 
-    def _new(self, params: P.RunParams) -> P.JobInfo:
+    def _new(self, params: P.RunParams, state: P.JobState = "queued",
+             error: str | None = None) -> P.JobInfo:
+        """A new job with its directory and first record; registered only once they are
+        written: raises JobStorageError, leaving nothing behind, if they cannot be."""
         job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         directory = self.root / job_id
-        _private_dir(self.root)
-        directory.mkdir(mode=0o700, exist_ok=False)
-        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
-        job = P.JobInfo(job_id, "queued", params.path, params.steps, time.time(),
+        job = P.JobInfo(job_id, state, params.path, params.steps, time.time(),
                         record_path=str(directory / "job.json"),
-                        log_path=str(directory / "log.txt"))
+                        log_path=str(directory / "log.txt"), error=error)
+        if state in P.FINAL_JOB_STATES:
+            job.finished = job.created
+        created = False
+        try:
+            _private_dir(self.root)
+            directory.mkdir(mode=0o700, exist_ok=False)
+            created = True
+            os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+            _write_json(Path(job.record_path), P.to_json(job))
+        except OSError as e:
+            if created:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise JobStorageError(f"cannot create the job's record in {self.root}: {e}") \
+                from e
+        self._saved[job_id] = time.monotonic()
         self.jobs[job_id] = job
         return job
 
+    def _forget(self, job: P.JobInfo) -> None:
+        """Remove a job that never started, and its directory."""
+        self.jobs.pop(job.id, None)
+        self._saved.pop(job.id, None)
+        self._unsaved.discard(job.id)
+        shutil.rmtree(Path(job.record_path).parent, ignore_errors=True)
+
     async def start(self, params: P.RunParams, path: str, devices: int,
                     progress: ProgressSink) -> P.JobInfo:
+        """Start a job. Raises (leaving no job) if its records cannot be written or its
+        process cannot be started."""
         job = self._new(params)
-        self._save(job)
         cmd = [*module_command("partir_daemon.job_runner"), "--path", path,
                "--steps", str(params.steps), "--inputs", params.inputs,
                "--seed", str(params.seed)]
@@ -162,67 +275,157 @@ class JobManager:
                          if not f.startswith("--xla_force_host_platform_device_count"))
         env = child_env({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count="
                                       f"{devices}".strip(), "PARTIR_JOB_ID": job.id})
-        with os.fdopen(_open_private(job.log_path, os.O_WRONLY | os.O_APPEND), "ab") as logf:
-            # A session of its own: cancelling kills the job's whole process group.
+        logfd = -1
+        try:
+            logfd = _open_private(job.log_path, os.O_WRONLY | os.O_APPEND)
+            # A session of its own: cancelling kills the job's whole process group. Its
+            # output comes through the daemon, which caps it and survives a full disk
+            # (the job, writing its log itself, would die of it).
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=logf, env=env, cwd=os.path.dirname(path), start_new_session=True,
-                limit=P.MAX_MESSAGE_BYTES)
+                stderr=asyncio.subprocess.PIPE, env=env, cwd=os.path.dirname(path),
+                start_new_session=True, limit=P.MAX_MESSAGE_BYTES)
+        except BaseException as e:
+            if logfd >= 0:
+                os.close(logfd)
+            self._forget(job)
+            if isinstance(e, OSError):
+                raise JobStorageError(f"cannot start the job: {e}") from e
+            raise
         job.state, job.pid, job.started = "running", proc.pid, time.time()
-        self._save(job)
         self._procs[job.id] = proc
-        self._tasks[job.id] = asyncio.create_task(self._monitor(job, proc, params, progress))
+        error = self._save(job)
+        self._tasks[job.id] = asyncio.create_task(
+            self._monitor(job, proc, logfd, params, progress))
+        if error is not None:
+            self._storage_failed(job, "record", error)
         log.info("job %s started: pid %d, %s, %d devices", job.id, proc.pid, path, devices)
         return job
 
-    async def _monitor(self, job: P.JobInfo, proc: asyncio.subprocess.Process,
+    async def _monitor(self, job: P.JobInfo, proc: asyncio.subprocess.Process, logfd: int,
                        params: P.RunParams, progress: ProgressSink) -> None:
+        """Follow the job until its process exits, then record its final state, whatever
+        goes wrong on the way."""
+        def report(message: str, step: int | None = None, total: int | None = None) -> None:
+            with contextlib.suppress(Exception):  # a closed connection
+                progress(P.ProgressParams(job.id, "job", message, step, total, job.path))
+
+        lost = None
+        try:
+            await self._follow(job, proc, logfd, params, report)
+        except asyncio.CancelledError:
+            lost = "the daemon stopped following the job"
+            raise
+        except Exception as e:
+            log.exception("following job %s failed", job.id)
+            lost = f"the daemon lost track of the job: {type(e).__name__}: {e}"
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.close(logfd)
+            self._finish(job, proc, params, lost)
+            report(f"{job.state}" + (f": {job.error}" if job.error else ""))
+
+    async def _follow(self, job: P.JobInfo, proc: asyncio.subprocess.Process, logfd: int,
+                      params: P.RunParams, report: Callable[..., None]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + params.timeout_s
 
-        def report(message: str, step: int | None = None, total: int | None = None) -> None:
-            progress(P.ProgressParams(job.id, "job", message, step, total, job.path))
+        def event(line: bytes) -> None:
+            event = P.child_message(line)
+            if event is None:
+                return
+            kind = event.get("event")
+            if kind == "started":
+                report(f"running on {event['devices']} {event['platform']} devices")
+            elif kind == "compiled":
+                report(f"partitioned and compiled in {event['compile_s']:.2f} s")
+            elif kind == "step":
+                job.steps_done = int(event["step"])
+                error = self._save(job, force=False)
+                if error is not None:
+                    self._storage_failed(job, "record", error)
+                report(f"step {event['step']}/{event['total']}", event["step"],
+                       event["total"])
+            elif kind == "result":
+                job.metrics = P.from_json(P.JobMetrics, event["metrics"])
+                job.steps_done = job.metrics.steps
+            elif kind == "error":
+                job.error = event.get("message")
 
         async def events() -> None:
             assert proc.stdout is not None
-            async for line in proc.stdout:
-                event = P.child_message(line)
-                if event is None:
+            while True:
+                try:
+                    line = await proc.stdout.readline()
+                except ValueError:  # a line over the limit: dropped
                     continue
-                kind = event.get("event")
-                if kind == "started":
-                    report(f"running on {event['devices']} {event['platform']} devices")
-                elif kind == "compiled":
-                    report(f"partitioned and compiled in {event['compile_s']:.2f} s")
-                elif kind == "step":
-                    job.steps_done = int(event["step"])
-                    self._save(job, force=False)
-                    report(f"step {event['step']}/{event['total']}", event["step"],
-                           event["total"])
-                elif kind == "result":
-                    job.metrics = P.from_json(P.JobMetrics, event["metrics"])
-                    job.steps_done = job.metrics.steps
-                elif kind == "error":
-                    job.error = event.get("message")
+                if not line:
+                    return
+                try:
+                    event(line)
+                except Exception:  # a malformed event must not stop the reading
+                    log.exception("job %s: bad event %.200r", job.id, line)
 
-        reader = asyncio.create_task(events())
+        async def output() -> None:
+            """Copy the job's output to its log, up to LOG_LIMIT_BYTES; after a write
+            error, or past the limit, read on (the job would block) and drop it."""
+            assert proc.stderr is not None
+            written = dropped = 0
+            failed = False
+            while chunk := await proc.stderr.read(1 << 16):
+                keep = b"" if failed else chunk[:max(0, LOG_LIMIT_BYTES - written)]
+                dropped += len(chunk) - len(keep)
+                if keep:
+                    try:
+                        _append(logfd, keep)
+                        written += len(keep)
+                    except OSError as e:
+                        failed = True
+                        self._storage_failed(job, "log", e)
+            job.log_dropped_bytes = dropped
+            if dropped and not failed:
+                with contextlib.suppress(OSError):
+                    _append(logfd, f"\n[partir: the log is capped at {LOG_LIMIT_BYTES} "
+                                   f"bytes; {dropped} more bytes of output were dropped]\n"
+                            .encode())
+
+        readers = [asyncio.create_task(events()), asyncio.create_task(output())]
         try:
-            await asyncio.wait_for(proc.wait(), timeout=max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            self._stopping.setdefault(job.id, "timeout")
-            await self._kill(proc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reader, timeout=5)
+            try:
+                await asyncio.wait_for(proc.wait(),
+                                       timeout=max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                self._stopping.setdefault(job.id, "timeout")
+                await self._kill(proc)
+            done, _pending = await asyncio.wait(readers, timeout=DRAIN_TIMEOUT_S)
+            for task in done:
+                if task.exception() is not None:
+                    log.error("job %s: reading its output failed: %r", job.id,
+                              task.exception())
+        finally:
+            for task in readers:
+                task.cancel()
+
+    def _finish(self, job: P.JobInfo, proc: asyncio.subprocess.Process,
+                params: P.RunParams, lost: str | None) -> None:
+        """Give the job its final state, in memory at once, then in its record."""
         code = proc.returncode
         job.exit_code = code
         job.finished = time.time()
         stopped = self._stopping.pop(job.id, None)
+        cause = self._causes.pop(job.id, None)
         if stopped is not None:
             job.state = stopped  # type: ignore[assignment]
-            job.error = job.error or {
+            job.error = cause or job.error or {
                 "timeout": f"did not finish within {params.timeout_s:g} s; killed",
                 "cancelled": "cancelled on request",
-                "interrupted": "the daemon shut down while the job was running"}[stopped]
+                "interrupted": "the daemon shut down while the job was running",
+                "failed": "failed"}[stopped]
+        elif lost is not None:
+            job.state, job.error = "failed", lost
         elif code == 0:
             job.state = "succeeded"
         elif code is not None and code < 0:
@@ -234,10 +437,9 @@ class JobManager:
                 job.error = (f"the partitioned program differs from the unpartitioned "
                              f"function (max |error| {job.metrics.max_abs_error:.3g})")
             job.error = job.error or f"the job exited with status {code}"
-        self._save(job)
         self._procs.pop(job.id, None)
         self._tasks.pop(job.id, None)
-        report(f"{job.state}" + (f": {job.error}" if job.error else ""))
+        self._save(job)  # kept in memory and written again later if this fails
         log.info("job %s %s (exit %s)", job.id, job.state, code)
 
     async def _kill(self, proc: asyncio.subprocess.Process) -> None:
@@ -257,6 +459,7 @@ class JobManager:
         if job.state in P.FINAL_JOB_STATES or proc is None:
             return P.CancelResult(False, job)
         self._stopping[job_id] = "cancelled"
+        self._causes.pop(job_id, None)
         await self._kill(proc)
         task = self._tasks.get(job_id)
         if task is not None:
@@ -267,10 +470,14 @@ class JobManager:
         """Stop every running job (the daemon is shutting down): they are interrupted."""
         for job_id, proc in list(self._procs.items()):
             self._stopping[job_id] = "interrupted"
+            self._causes.pop(job_id, None)
             await self._kill(proc)
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+        self.retry_saves()
+        if self._retry is not None:
+            self._retry.cancel()
 
 
 def _is_our_runner(pid: int, job_id: str) -> bool:

@@ -322,6 +322,8 @@ class JobInfo:
     metrics: JobMetrics | None = None
     record_path: str = ""
     log_path: str = ""
+    # Output past the log's cap (`jobs.LOG_LIMIT_BYTES`), dropped.
+    log_dropped_bytes: int = 0
 
 
 @dataclass
