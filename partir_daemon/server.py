@@ -51,7 +51,7 @@ from typing import Any
 from partir_daemon import __version__
 from partir_daemon import protocol as P
 from partir_daemon.client import child_env, module_command
-from partir_daemon.jobs import JobManager
+from partir_daemon.jobs import JobManager, JobStorageError
 from partir_daemon.paths import (
     DaemonPaths,
     SocketPathTooLong,
@@ -730,16 +730,19 @@ class Daemon:
         # Partition first (cached): it validates the file and gives the mesh's size.
         checked = await self.compilers.call(WorkItem(
             "partition", P.to_json(P.PartitionParams(path)), path, None, conn, request_id))
-        if not checked["ok"]:
-            d = checked["diagnostics"][0]
-            where = f"{d['file']}:{d['line']}" if d["line"] else d["file"]
-            return P.RunResult(self.jobs.failed(params, f"{where}: {d['message']}"))
-        devices = math.prod(checked["mesh"].values())
-
         def progress(p: P.ProgressParams) -> None:
             conn.send(P.notification(P.PROGRESS, p))
 
-        return P.RunResult(await self.jobs.start(params, path, devices, progress))
+        # A job that cannot be recorded (a full disk) is not created: an error answers.
+        try:
+            if not checked["ok"]:
+                d = checked["diagnostics"][0]
+                where = f"{d['file']}:{d['line']}" if d["line"] else d["file"]
+                return P.RunResult(self.jobs.failed(params, f"{where}: {d['message']}"))
+            devices = math.prod(checked["mesh"].values())
+            return P.RunResult(await self.jobs.start(params, path, devices, progress))
+        except JobStorageError as e:
+            raise RpcError(P.INTERNAL_ERROR, str(e)) from None
 
     async def _m_jobs(self, conn: Connection, request_id: Any,
                       params: P.JobsParams) -> P.JobsResult:

@@ -6,6 +6,9 @@ import json
 import os
 import signal
 
+import pytest
+
+from partir_daemon.client import DaemonError
 from partir_daemon.paths import pid_alive
 from tests.daemon.support import BP_MP_Z3, processes_mentioning, wait_until
 
@@ -111,3 +114,16 @@ def test_shutdown_stops_running_jobs(env):
     assert wait_until(lambda: not pid_alive(job.pid), timeout=30)
     assert wait_until(lambda: _record(job)["state"] == "interrupted", timeout=30)
 
+
+
+def test_a_run_whose_job_cannot_be_recorded_answers_an_error_and_leaves_no_job(env):
+    # `.partir/jobs` a file: no job directory can be made (as on a full disk).
+    (env.workspace / ".partir").mkdir(exist_ok=True)
+    (env.workspace / ".partir" / "jobs").write_text("")
+    client = env.connect()
+    with pytest.raises(DaemonError, match="cannot create the job's record"):
+        client.run(SCHEDULE, steps=3)
+    broken = env.write("broken.partir.py", BP_MP_Z3.replace('"w2": 1', '"w9": 1'))
+    with pytest.raises(DaemonError, match="cannot create the job's record"):
+        client.run(broken, steps=3)
+    assert client.jobs() == [] and client.status().pid == env.daemon_pid()
