@@ -116,6 +116,7 @@ class JobManager:
         self._saved: dict[str, float] = {}
         self._unsaved: set[str] = set()  # jobs whose record on disk is out of date
         self._retry: asyncio.Task | None = None
+        self._kills: set[asyncio.Task] = set()  # referenced until done (not collected)
 
     # -- records -------------------------------------------------------------------------
     def _save(self, job: P.JobInfo, force: bool = True) -> OSError | None:
@@ -172,7 +173,9 @@ class JobManager:
         self._causes[job.id] = cause
         proc = self._procs.get(job.id)
         if proc is not None and proc.returncode is None:
-            asyncio.get_running_loop().create_task(self._kill(proc))
+            task = asyncio.get_running_loop().create_task(self._kill(proc))
+            self._kills.add(task)
+            task.add_done_callback(self._kills.discard)
 
     def recover(self) -> None:
         """Load the records of earlier daemons; mark their unfinished jobs interrupted."""
