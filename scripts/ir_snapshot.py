@@ -15,10 +15,10 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import pathlib  # noqa: E402
-import sys  # noqa: E402
+import dataclasses
+import json
+import pathlib
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
