@@ -4,9 +4,11 @@ their daemons, and the processes a workspace still has running."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,6 +53,27 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmdline and state != "Z":
             pids.append(int(entry))
     return pids
+
+
+def raw_connection(env) -> socket.socket:
+    """A plain socket to the daemon of `env` (started if needed), for bytes no client
+    would send."""
+    env.connect()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(env.paths.socket))
+    sock.settimeout(60)
+    return sock
+
+
+def read_reply(sock: socket.socket) -> dict:
+    """The one JSON-RPC answer the daemon sends next on a raw connection."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        assert chunk, "the daemon closed the connection"
+        data += chunk
+    (line,) = data.splitlines()  # one answer, not one per notification sent before
+    return json.loads(line)
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:

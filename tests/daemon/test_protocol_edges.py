@@ -12,37 +12,19 @@ from pathlib import Path
 import pytest
 
 from partir_daemon import protocol as P
-from tests.daemon.support import BP_MP_Z3, wait_until
-
-
-def _raw(env) -> socket.socket:
-    env.connect()  # make sure the daemon runs
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(env.paths.socket))
-    sock.settimeout(60)
-    return sock
-
-
-def _reply(sock: socket.socket) -> dict:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        assert chunk, "the daemon closed the connection"
-        data += chunk
-    (line,) = data.splitlines()  # one answer, not one per notification sent before
-    return json.loads(line)
+from tests.daemon.support import BP_MP_Z3, raw_connection, read_reply, wait_until
 
 
 def _still_serving(env, sock: socket.socket) -> None:
     sock.sendall(P.encode(P.request(99, "status", P.StatusParams())))
-    reply = _reply(sock)
+    reply = read_reply(sock)
     assert reply["id"] == 99 and reply["result"]["pid"] == env.daemon_pid(), reply
 
 
 def _call(sock: socket.socket, method: str, params: str) -> dict:
     sock.sendall(b'{"jsonrpc": "2.0", "id": 7, "method": "%s", "params": %s}\n'
                  % (method.encode(), params.encode()))
-    return _reply(sock)
+    return read_reply(sock)
 
 
 @pytest.mark.parametrize("line", [
@@ -52,9 +34,9 @@ def _call(sock: socket.socket, method: str, params: str) -> dict:
     + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",
 ], ids=["list", "object", "in-params"])
 def test_deeply_nested_json_is_a_parse_error(shared, line):
-    with _raw(shared) as sock:
+    with raw_connection(shared) as sock:
         sock.sendall(line)
-        reply = _reply(sock)
+        reply = read_reply(sock)
         assert reply["error"]["code"] == P.PARSE_ERROR, reply
         assert "nested too deeply" in reply["error"]["message"]
         _still_serving(shared, sock)
@@ -65,7 +47,7 @@ def test_deeply_nested_json_is_a_parse_error(shared, line):
     '{"id": [1]}', '{"id": {"a": 1}}', '{"id": 1, "extra": 2}',
 ])
 def test_a_malformed_cancel_request_is_ignored(shared, params):
-    with _raw(shared) as sock:
+    with raw_connection(shared) as sock:
         sock.sendall(b'{"jsonrpc": "2.0", "method": "$/cancelRequest", "params": %s}\n'
                      % params.encode())
         sock.sendall(b'{"jsonrpc": "2.0", "method": "$/cancelRequest"}\n')
@@ -87,7 +69,7 @@ def test_a_malformed_cancel_request_is_ignored(shared, params):
     ("job", '{"id": "x", "log_tail": -5}', "JobParams.log_tail"),
 ])
 def test_bad_numeric_params_are_invalid_params(shared, method, params, name):
-    with _raw(shared) as sock:
+    with raw_connection(shared) as sock:
         reply = _call(sock, method, params)
         assert reply["id"] == 7 and reply["error"]["code"] == P.INVALID_PARAMS, reply
         assert name in reply["error"]["message"], reply
@@ -108,7 +90,7 @@ def test_file_params_must_be_bounded_regular_files(shared):
         f.truncate(P.MAX_SOURCE_FILE_BYTES + 1)
     fifo = shared.workspace / "mlp" / "fifo.partir.py"
     os.mkfifo(fifo)
-    with _raw(shared) as sock:
+    with raw_connection(shared) as sock:
         for method in ("partition", "ir", "explain", "run"):
             extra = ', "name": "x"' if method == "explain" else ""
             for path, words in [("/dev/zero", ["not a regular file"]),
@@ -153,7 +135,7 @@ def test_requests_while_shutting_down_get_an_error(env):
     job = client.run(path, steps=1)
     assert wait_until(lambda: "SIGTERM-IGNORED" in Path(job.log_path).read_text(), timeout=60)
     pid = env.daemon_pid()
-    with _raw(env) as before:
+    with raw_connection(env) as before:
         _still_serving(env, before)
         client.shutdown()
         start = time.monotonic()
@@ -163,7 +145,7 @@ def test_requests_while_shutting_down_get_an_error(env):
             during.connect(str(env.paths.socket))
             for sock in (during, before):
                 sock.sendall(P.encode(P.request(5, "status", P.StatusParams())))
-                reply = _reply(sock)
+                reply = read_reply(sock)
                 assert reply["id"] == 5 and reply["error"]["code"] == P.SHUTTING_DOWN, reply
                 assert "shutting down" in reply["error"]["message"]
             assert time.monotonic() - start < 2, "the window closed: the test proves nothing"

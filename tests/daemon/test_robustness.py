@@ -3,13 +3,10 @@ serving; malformed JSON-RPC gets JSON-RPC errors."""
 
 from __future__ import annotations
 
-import json
-import socket
-
 import pytest
 
 from partir_daemon import protocol as P
-from tests.daemon.support import BP_MP_Z3
+from tests.daemon.support import BP_MP_Z3, raw_connection, read_reply
 
 GOOD = "mlp/bp_mp_z3.partir.py"
 
@@ -93,23 +90,6 @@ def test_a_function_that_fails_to_trace(shared):
     assert d.inner == P.SourceLocation(path, 6, "f")
 
 
-def _raw(shared) -> socket.socket:
-    shared.connect()  # make sure the daemon runs
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(shared.paths.socket))
-    sock.settimeout(60)
-    return sock
-
-
-def _reply(sock: socket.socket) -> dict:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        assert chunk, "the daemon closed the connection"
-        data += chunk
-    return json.loads(data)
-
-
 @pytest.mark.parametrize("line, code", [
     (b"{not json\n", P.PARSE_ERROR),
     (b"\xff\xfe\n", P.PARSE_ERROR),
@@ -124,13 +104,13 @@ def _reply(sock: socket.socket) -> dict:
      P.NOT_FOUND),
 ])
 def test_malformed_requests_get_json_rpc_errors(shared, line, code):
-    with _raw(shared) as sock:
+    with raw_connection(shared) as sock:
         sock.sendall(line)
-        reply = _reply(sock)
+        reply = read_reply(sock)
         assert reply["jsonrpc"] == "2.0" and reply["error"]["code"] == code
         # The connection and the daemon keep serving.
         sock.sendall(P.encode(P.request(99, "status", P.StatusParams())))
-        assert _reply(sock)["result"]["pid"] == shared.daemon_pid()
+        assert read_reply(sock)["result"]["pid"] == shared.daemon_pid()
 
 
 def test_an_infinite_loop_in_an_imported_model_module(shared):
