@@ -19,10 +19,8 @@ from partir.rules.catalogue import (
     OpView,
     Primitive,
     declare,
-    lookup,
-    rule_of,
 )
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, Factor, ShardingRule
 
 __all__ = ["CATALOGUE", "PASS", "REDUCTION", "REPLICATION", "Factor", "Kind", "OpView",
-           "Primitive", "ShardingRule", "declare", "lookup", "rule_of"]
+           "Primitive", "ShardingRule", "declare"]

@@ -102,16 +102,6 @@ def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = Tru
     return CATALOGUE.register(names, primitive)
 
 
-def lookup(name: str) -> Primitive | None:
-    return CATALOGUE.get(name)
-
-
-def rule_of(view: OpView) -> ShardingRule | None:
-    """The op's factor rule, or None when its primitive has none."""
-    p = CATALOGUE.get(view.name)
-    return None if p is None or p.rule is None else p.rule(view)
-
-
 # --- FLOP counts from the factors -------------------------------------------------------
 
 

@@ -67,10 +67,6 @@ class Entry:
     def localize(self):
         return self.primitive.localize
 
-    @property
-    def doc(self) -> str:
-        return self.primitive.doc
-
     def rule(self, view: OpView) -> ShardingRule:
         return self.primitive.rule(view)
 
