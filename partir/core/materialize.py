@@ -290,8 +290,8 @@ class _Materializer:
         sig = op.signature
         key = None
         if sig is not None:
-            key = (sig, in_types, out_types, nest, tuple([v.type for v in op.operands]),
-                   tuple([v.type for v in op.results]), jax.config.jax_enable_x64,
+            # The signature holds the global types the offsets are computed from.
+            key = (sig, in_types, out_types, nest, jax.config.jax_enable_x64,
                    jax.config.jax_threefry_partitionable)
             found = _TRACES.get(key, _MISSING)
             if found is not _MISSING:

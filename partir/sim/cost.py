@@ -65,24 +65,24 @@ def _catalogue_flops(primitive: Primitive) -> FlopsFn:
     # by them rather than rebuilding a rule per op.
     memo: dict[tuple, float] = {}
 
-    def compute(op: Op) -> float:
-        view = OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                      tuple([v.type for v in op.results]))
+    def compute(op: Op, in_types: tuple, out_types: tuple) -> float:
+        view = OpView(op.name, op.params, in_types, out_types)
         rule = None if primitive.rule is None else primitive.rule(view)
         return primitive.flops(view, rule)
 
     def flops(op: Op, size: SizeFn) -> float:
-        key = (tuple([v.type for v in op.operands]), tuple([v.type for v in op.results]),
-               tuple(op.params.items()))
+        in_types = tuple([v.type for v in op.operands])
+        out_types = tuple([v.type for v in op.results])
+        key = (in_types, out_types, tuple(op.params.items()))
         try:
             return memo[key]
         except KeyError:
             if len(memo) >= _MEMO_SIZE:  # a long-running daemon sees many programs
                 memo.clear()
-            f = memo[key] = compute(op)
+            f = memo[key] = compute(op, in_types, out_types)
             return f
         except TypeError:  # unhashable parameters
-            return compute(op)
+            return compute(op, in_types, out_types)
     return flops
 
 
