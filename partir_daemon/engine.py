@@ -444,28 +444,33 @@ class Engine:
                 not USER_MODULES.stale(os.path.dirname(path)):
             return last.schedule_file
         self._loaded.pop(path, None)
-        with _time_limit(self.load_timeout_s):
-            try:
-                sf = load_schedule_file(path, text, abstract_args=True)
-                if text is not None:
-                    self._loaded[path] = Loaded(text, sf)
-                return sf
-            except ScheduleExecutionError as e:
-                if e.exc_type == LoadInterrupted.__name__:
-                    raise Cancelled from None
-                if e.exc_type == ScheduleLoadTimeout.__name__:
-                    # Where the loop is, below the schedule file: the deepest user frame
-                    # of the interrupted code (the alarm handler's own frame is ours).
-                    original = e.__context__
-                    inner = _user_frame(original) if original is not None else None
-                    inner = inner if inner is not None and inner.file != path else None
-                    e.inner = inner and Location(inner.file, inner.line, inner.function)
-                    e.message = (f"executing the schedule file did not finish within "
-                                 f"{self.load_timeout_s:g} s (an infinite loop?); it was "
-                                 f"running this line" + (
-                                     f" (and {inner.file}:{inner.line} in "
-                                     f"{inner.function or 'module'})" if inner else ""))
-                raise
+        try:
+            with _time_limit(self.load_timeout_s):
+                try:
+                    sf = load_schedule_file(path, text, abstract_args=True)
+                    if text is not None:
+                        self._loaded[path] = Loaded(text, sf)
+                    return sf
+                except ScheduleExecutionError as e:
+                    if e.exc_type == LoadInterrupted.__name__:
+                        raise Cancelled from None
+                    if e.exc_type == ScheduleLoadTimeout.__name__:
+                        # Where the loop is, below the schedule file: the deepest user frame
+                        # of the interrupted code (the alarm handler's own frame is ours).
+                        original = e.__context__
+                        inner = _user_frame(original) if original is not None else None
+                        inner = inner if inner is not None and inner.file != path else None
+                        e.inner = inner and Location(inner.file, inner.line, inner.function)
+                        e.message = (f"executing the schedule file did not finish within "
+                                     f"{self.load_timeout_s:g} s (an infinite loop?); it was "
+                                     f"running this line" + (
+                                         f" (and {inner.file}:{inner.line} in "
+                                         f"{inner.function or 'module'})" if inner else ""))
+                    raise
+        except LoadInterrupted:
+            # The interrupt landed outside the schedule's own code (in the loader, or as
+            # the limit was lifted), so nothing wrapped it: cancelled all the same.
+            raise Cancelled from None
 
     # -- results -------------------------------------------------------------------------
     def _partition_result(self, params: P.PartitionParams,
