@@ -13,11 +13,19 @@ Caches:
   collectives, so an unchanged tactic is never lowered twice);
 - a few lowered programs, for `ir` and `explain`.
 Both main caches share one LRU bound on entries and on held ops.
+
+Files are hashed before they run and checked again after: the schedule file read from
+disk is hashed as read (the text executed is that one), the user's modules as imported
+(`partir.user_modules` reads and hashes them before the import). Once the analysis is
+done, a file whose content now differs — an edit landed while it ran — drops the trace
+made from it and the analysis runs again (at most MAX_STALE_RERUNS times), so that a
+result is never cached under a content it was not made from.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
 import os
@@ -69,6 +77,8 @@ IsCancelled = Callable[[], bool]
 
 # Lowered programs kept for `ir`/`explain` (each is a full Core+SPMD+HLO program).
 MAX_LOWERED = 6
+# How many times an analysis runs again because a file it read changed meanwhile.
+MAX_STALE_RERUNS = 3
 
 
 class Cancelled(Exception):
@@ -170,6 +180,7 @@ class Engine:
         self.invalidations = 0
         self.cancelled = 0
         self.lowerings = 0
+        self.stale_reruns = 0  # analyses run again: a file changed while they ran
         self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
         self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
         self._loaded: dict[str, Loaded] = {}  # schedule path -> as last executed
@@ -350,7 +361,47 @@ class Engine:
     # -- the incremental pipeline --------------------------------------------------------
     def apply(self, path: str, text: str | None, progress: Progress,
               is_cancelled: IsCancelled) -> Applied:
+        """Load, trace and apply the schedule file at `path` (or `text`, its unsaved
+        contents), again while a file it read changed during the analysis."""
         path = os.path.abspath(os.path.join(self.workspace, path))
+        for attempt in range(MAX_STALE_RERUNS + 1):
+            digest = None
+            source = text
+            if text is None:  # read (and hashed) here: the text executed is this one
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    digest = hashlib.sha256(data).hexdigest()
+                    source = importlib.util.decode_source(data)
+                except (OSError, SyntaxError, UnicodeDecodeError):
+                    source = None  # reported by load_schedule_file
+            applied = self._apply(path, source, progress, is_cancelled)
+            changed = self._changed_since(applied, path, digest)
+            if not changed:
+                return applied
+            self.stale_reruns += 1
+            if applied.trace is not None:
+                self._drop_trace(applied.trace.key)
+            self._loaded.pop(path, None)
+            log.info("%s: %s changed while it was analysed (run %d); analysing again",
+                     path, ", ".join(changed), attempt + 1)
+        return applied
+
+    def _changed_since(self, applied: Applied, path: str, digest: str | None) -> list[str]:
+        """The files the analysis read whose content differs now from when it read them:
+        the schedule file (read here when not given as text), the workspace modules the
+        trace was keyed by, and the user's modules the schedule file imported."""
+        read = dict(applied.trace.files) if applied.trace is not None else {}
+        imported = _imported_digests(os.path.dirname(path))
+        for f in applied.dependencies:
+            if f in imported:
+                read.setdefault(f, imported[f])
+        if digest is not None:
+            read[path] = digest
+        return sorted(f for f, h in read.items() if content_hash(f) != h)
+
+    def _apply(self, path: str, text: str | None, progress: Progress,
+               is_cancelled: IsCancelled) -> Applied:
         timings = P.Timings()
         start = time.perf_counter()
         progress("loading the schedule file", None, None)
@@ -364,7 +415,8 @@ class Engine:
         progress("loaded", None, None)
         applied = Applied(sf, [], timings=timings, dependencies=sf.dependencies)
 
-        fp = Fingerprinter([self.workspace, os.path.dirname(path)])
+        fp = Fingerprinter([self.workspace, os.path.dirname(path)],
+                           _imported_digests(os.path.dirname(path)))
         trace_key = fp.trace_key(sf.program)
         files = dict(fp.files)
         self._check_previous_trace(path, trace_key)
@@ -515,6 +567,15 @@ class Engine:
             result.collectives = _introductions([st.attribution for st in applied.states],
                                                 applied.states)
         return result
+
+
+def _imported_digests(directory: str) -> dict[str, str | None]:
+    """The user's modules a schedule file of `directory` has imported, with their content
+    hashes taken before the import read them."""
+    d = getattr(USER_MODULES, "_dirs", {}).get(directory)
+    if d is None:
+        return USER_MODULES.digests()
+    return {s.file: s.digest for s in d.sources.values()}
 
 
 def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:

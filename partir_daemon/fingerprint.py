@@ -5,7 +5,10 @@ new objects each time; the caches are keyed by what determines their results ins
 
 - a function defined in a workspace module (the user's `model.py`) by its qualified name
   and the content hashes of that module and of every workspace module it imports,
-  transitively (the dependencies the watcher checks when a file changes);
+  transitively (the dependencies the watcher checks when a file changes). A module's
+  hash is the one taken *before* it was imported (`partir.user_modules`), never one taken
+  after: an edit that lands while the module runs must not key the old program under the
+  new content (the engine checks the files again after the analysis);
 - any other function (defined in the schedule file itself, a lambda, a closure) by its
   code: bytecode, constants, line table (locations end up in the traced ops), defaults,
   closure cells and the globals it refers to, fingerprinted the same way;
@@ -54,8 +57,11 @@ class Fingerprinter:
     """Fingerprints for one request: remembers module hashes, and collects the workspace
     files (path -> content hash) that the fingerprinted objects depend on."""
 
-    def __init__(self, roots: Iterable[str]) -> None:
+    def __init__(self, roots: Iterable[str],
+                 imported: dict[str, str | None] | None = None) -> None:
         self.roots = tuple(sorted({os.path.abspath(r) + os.sep for r in roots}))
+        # file -> content hash taken before the module was imported, when known
+        self.imported = imported or {}
         self.files: dict[str, str | None] = {}
         self._modules: dict[str, str] = {}
 
@@ -85,7 +91,8 @@ class Fingerprinter:
             return _h("cycle", name)
         active.add(name)
         file = os.path.abspath(module.__file__)
-        content = self.files.setdefault(file, content_hash(file))
+        content = self.files.setdefault(
+            file, self.imported[file] if file in self.imported else content_hash(file))
         deps = set()
         for value in list(vars(module).values()):
             dep = value if isinstance(value, types.ModuleType) else \
