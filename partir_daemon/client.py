@@ -62,6 +62,7 @@ from partir_daemon.paths import (
     check_private_dir,
     check_socket,
     check_socket_path,
+    daemon_alive,
     ensure_private_dir,
     pid_alive,
     read_status,
@@ -78,6 +79,25 @@ class DaemonNotRunning(DaemonError):
 
 class DaemonConnectionLost(DaemonError):
     """The connection closed while requests were pending: the daemon crashed or exited."""
+
+
+class DaemonElsewhere(DaemonError):
+    """The workspace's daemon runs, but listens in another runtime directory (it was
+    started with another XDG_RUNTIME_DIR or PARTIR_DAEMON_DIR): no second daemon may
+    start, and this client does not reach that one."""
+
+
+def _elsewhere(paths: DaemonPaths) -> DaemonElsewhere | None:
+    """The error naming the workspace's running daemon if it listens on another socket
+    than the one `paths` has."""
+    status = read_status(paths)
+    if not daemon_alive(status) or status.get("socket") == str(paths.socket):
+        return None
+    return DaemonElsewhere(
+        f"a partir daemon already serves {paths.workspace} from another runtime "
+        f"directory: pid {status.get('pid')}, socket {status.get('socket')} (this client "
+        f"looks for {paths.socket}); stop it (`partir daemon stop`) or use its runtime "
+        f"directory")
 
 
 class InsecureDaemonSocket(DaemonError):
@@ -255,10 +275,12 @@ def start_daemon(workspace: str | os.PathLike[str], config: P.DaemonConfig | Non
     if proc.returncode not in (0, 3):  # 3: another daemon serves it: connect to that one
         raise DaemonNotRunning(f"the daemon failed to start (status {proc.returncode}): "
                                f"{err.decode(errors='replace').strip()[-2000:]}")
+    if proc.returncode == 3 and (elsewhere := _elsewhere(paths)) is not None:
+        raise elsewhere
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = read_status(paths)
-        if status and pid_alive(int(status.get("pid", 0))):
+        if daemon_alive(status):
             try:
                 _connect_socket(paths).close()
                 return status
@@ -273,7 +295,7 @@ def daemon_status(workspace: str | os.PathLike[str], *,
     """The status file of the workspace's daemon if that daemon is alive, else None."""
     paths = DaemonPaths.of(workspace, runtime_dir)
     status = read_status(paths)
-    if status and pid_alive(int(status.get("pid", 0))):
+    if daemon_alive(status):
         return status
     return None
 
@@ -347,16 +369,18 @@ class DaemonClient:
         try:
             sock = _connect_socket(paths)
             status = read_status(paths)
-            if status and not pid_alive(int(status.get("pid", 0))):
+            if status and not daemon_alive(status):
                 # A killed daemon's socket can outlive it for a moment in a child it was
                 # forking: what answers there is not a daemon.
                 sock.close()
                 raise ConnectionRefusedError(f"daemon pid {status.get('pid')} is gone")
         except (FileNotFoundError, ConnectionRefusedError) as e:
+            if (elsewhere := _elsewhere(paths)) is not None:
+                raise elsewhere from None
             if not autostart:
                 status = read_status(paths)
                 why = ""
-                if status and not pid_alive(int(status.get("pid", 0))):
+                if status and not daemon_alive(status):
                     why = (f" (its status file names pid {status.get('pid')}, which is not "
                            f"running: it crashed or was killed; see {paths.log})")
                 raise DaemonNotRunning(f"no partir daemon is running for "

@@ -4,8 +4,17 @@ Each job has a directory `<workspace>/.partir/jobs/<id>/` holding `job.json` (it
 `JobInfo`, rewritten atomically by the daemon, the only writer: temporary file, fsync,
 rename) and `log.txt` (what the job printed, copied there by the daemon from the job's
 stderr, at most LOG_LIMIT_BYTES of it). Records outlive the daemon: on start, a daemon
-marks the jobs that were still queued or running as `interrupted` (their processes exit
-by themselves when the daemon that started them dies, and any that did not are killed).
+marks the jobs that were still queued or running as `interrupted`.
+
+A job's processes are the daemon's alone to end, and end with it: the runner starts in a
+session (process group) of its own, gets SIGKILL when its daemon dies
+(`processes.die_with_parent`) and exits when its stdin closes; cancelling, a timeout, a
+storage error or the end of the job end its whole tree — the runner's group, its
+descendants found in `/proc` (a child that called `setsid` too) and every process with
+the job's `PARTIR_JOB_ID` in its environment. On start, a daemon kills what is left of
+an earlier daemon's unfinished job only when it is that job's: the runner's pid is
+signalled only if that process still has the job's id in its environment and started
+when the record says the job did (a pid reused by another process is left alone).
 
 States: queued -> running -> succeeded | failed (exit status != 0, e.g. the numerical
 check failed or the program raised) | crashed (killed by a signal nobody sent) | timeout
@@ -35,7 +44,13 @@ from typing import Any
 
 from partir_daemon import protocol as P
 from partir_daemon.client import child_env, module_command
-from partir_daemon.paths import DaemonPaths, pid_alive
+from partir_daemon.paths import DaemonPaths, pid_alive, process_start_ticks
+from partir_daemon.processes import (
+    JOB_ID_VARIABLE,
+    die_with_parent,
+    job_processes,
+    signal_all,
+)
 
 log = logging.getLogger("partir_daemon.jobs")
 
@@ -173,7 +188,7 @@ class JobManager:
         self._causes[job.id] = cause
         proc = self._procs.get(job.id)
         if proc is not None and proc.returncode is None:
-            task = asyncio.get_running_loop().create_task(self._kill(proc))
+            task = asyncio.get_running_loop().create_task(self._kill(job.id, proc))
             self._kills.add(task)
             task.add_done_callback(self._kills.discard)
 
@@ -188,10 +203,12 @@ class JobManager:
                 log.warning("skipping unreadable job record %s: %s", record, e)
                 continue
             if job.state not in P.FINAL_JOB_STATES:
-                if job.pid is not None and _is_our_runner(job.pid, job.id):
-                    log.info("killing job %s's leftover process %d", job.id, job.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(job.pid, signal.SIGKILL)
+                runner = job.pid if job.pid is not None and _is_our_runner(job) else None
+                leftovers = job_processes(job.id, runner)
+                if leftovers:
+                    log.info("killing job %s's leftover processes %s", job.id,
+                             sorted(leftovers))
+                    signal_all(leftovers, signal.SIGKILL)
                 job.state = "interrupted"
                 job.error = "the daemon stopped while the job was " + (
                     "running" if job.started else "queued")
@@ -277,17 +294,18 @@ class JobManager:
         flags = " ".join(f for f in flags.split()
                          if not f.startswith("--xla_force_host_platform_device_count"))
         env = child_env({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count="
-                                      f"{devices}".strip(), "PARTIR_JOB_ID": job.id})
+                                      f"{devices}".strip(), JOB_ID_VARIABLE: job.id})
         logfd = -1
         try:
             logfd = _open_private(job.log_path, os.O_WRONLY | os.O_APPEND)
-            # A session of its own: cancelling kills the job's whole process group. Its
-            # output comes through the daemon, which caps it and survives a full disk
-            # (the job, writing its log itself, would die of it).
+            # A session of its own (its tree is ended with its group), and death with the
+            # daemon. Its output comes through the daemon, which caps it and survives a
+            # full disk (the job, writing its log itself, would die of it).
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, cwd=os.path.dirname(path),
-                start_new_session=True, limit=P.MAX_MESSAGE_BYTES)
+                start_new_session=True, preexec_fn=die_with_parent(),
+                limit=P.MAX_MESSAGE_BYTES)
         except BaseException as e:
             if logfd >= 0:
                 os.close(logfd)
@@ -326,6 +344,9 @@ class JobManager:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+            # Whatever the job left running (a child that called setsid) ends with it.
+            with contextlib.suppress(OSError):
+                signal_all(job_processes(job.id, None), signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.close(logfd)
             self._finish(job, proc, params, lost)
@@ -402,7 +423,9 @@ class JobManager:
                                        timeout=max(0.0, deadline - loop.time()))
             except TimeoutError:
                 self._stopping.setdefault(job.id, "timeout")
-                await self._kill(proc)
+                await self._kill(job.id, proc)
+            # Processes the job left (holding its output pipes open) end with it.
+            signal_all(job_processes(job.id, None), signal.SIGKILL)
             done, _pending = await asyncio.wait(readers, timeout=DRAIN_TIMEOUT_S)
             for task in done:
                 if task.exception() is not None:
@@ -445,16 +468,30 @@ class JobManager:
         self._save(job)  # kept in memory and written again later if this fails
         log.info("job %s %s (exit %s)", job.id, job.state, code)
 
-    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
-        """SIGTERM the job's process group, SIGKILL it if it is still there after a grace
-        period; returns once the process is reaped."""
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 30.0)):
-            if proc.returncode is not None:
+    async def _kill(self, job_id: str, proc: asyncio.subprocess.Process) -> None:
+        """End the job's whole process tree: SIGTERM, then SIGKILL to what is still there
+        after a grace period; returns once the runner is reaped and the rest is gone."""
+        loop = asyncio.get_running_loop()
+        seen: dict[int, int | None] = {}  # pid -> start time: each one signalled
+
+        def remaining() -> list[int]:
+            # Signalled again only while the same process (its start time unchanged).
+            return [p for p, ticks in seen.items()
+                    if ticks is not None and process_start_ticks(p) == ticks and pid_alive(p)]
+
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 30.0)):
+            live = proc.returncode is None
+            for pid in job_processes(job_id, proc.pid if live else None):
+                seen.setdefault(pid, process_start_ticks(pid))
+            tree = remaining()
+            if not live and not tree:
                 return
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
+            signal_all(tree, sig, proc.pid if live else None)
+            deadline = loop.time() + grace
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=wait)
+                await asyncio.wait_for(proc.wait(), timeout=grace)
+            while remaining() and loop.time() < deadline:
+                await asyncio.sleep(0.02)
 
     async def cancel(self, job_id: str) -> P.CancelResult:
         job = self.get(job_id)
@@ -463,7 +500,7 @@ class JobManager:
             return P.CancelResult(False, job)
         self._stopping[job_id] = "cancelled"
         self._causes.pop(job_id, None)
-        await self._kill(proc)
+        await self._kill(job_id, proc)
         task = self._tasks.get(job_id)
         if task is not None:
             await asyncio.shield(task)
@@ -474,7 +511,7 @@ class JobManager:
         for job_id, proc in list(self._procs.items()):
             self._stopping[job_id] = "interrupted"
             self._causes.pop(job_id, None)
-            await self._kill(proc)
+            await self._kill(job_id, proc)
         tasks = list(self._tasks.values())
         if tasks:
             await asyncio.wait(tasks, timeout=10)
@@ -483,12 +520,31 @@ class JobManager:
             self._retry.cancel()
 
 
-def _is_our_runner(pid: int, job_id: str) -> bool:
-    """Whether `pid` is still the runner of `job_id` (pids are reused)."""
-    if not pid_alive(pid):
+def _is_our_runner(job: P.JobInfo) -> bool:
+    """Whether the record's pid is still the runner of `job` (pids are reused): that
+    process has the job's id in its environment and started when the job did."""
+    pid = job.pid
+    if pid is None or not pid_alive(pid):
         return False
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"PARTIR_JOB_ID={job_id}".encode() in f.read().split(b"\0")
+            if f"{JOB_ID_VARIABLE}={job.id}".encode() not in f.read().split(b"\0"):
+                return False
     except OSError:
         return False
+    started = _start_time(pid)
+    # The runner starts between the job's creation and its `started` stamp.
+    return started is None or job.created - 2 <= started <= (job.started or job.created) + 2
+
+
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (1 s precision)."""
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

@@ -1,5 +1,9 @@
-"""Where a workspace's daemon lives: its socket, status file and lock in a private
-runtime directory of the user, its log and jobs in the workspace's `.partir/`.
+"""Where a workspace's daemon lives: its socket in a private runtime directory of the
+user; its lock (`daemon.lock`), identity (`daemon.json`: pid, process start time,
+socket, version, ...), log and jobs in the workspace's `.partir/`. The lock being the
+workspace's, a second daemon for it refuses to start whatever runtime directory it was
+given (and names the running one: pid and socket); a lock whose holder died is released
+by the kernel (`flock`) and taken over by the next daemon.
 
 The runtime directory is `$PARTIR_DAEMON_DIR` if set (tests), else
 `$XDG_RUNTIME_DIR/partir`, else `~/.cache/partir/daemons`. It is created with mode 0700
@@ -73,8 +77,9 @@ class DaemonPaths:
         ws = Path(os.path.realpath(workspace))
         base = base if base is not None else runtime_dir()
         key = workspace_key(ws)
-        return cls(ws, base, base / f"{key}.sock", base / f"{key}.json", base / f"{key}.lock",
-                   ws / ".partir" / "daemon.log", ws / ".partir" / "jobs")
+        state = ws / ".partir"
+        return cls(ws, base, base / f"{key}.sock", state / "daemon.json", state / "daemon.lock",
+                   state / "daemon.log", state / "jobs")
 
 
 def ensure_private_dir(path: Path) -> None:
@@ -114,6 +119,32 @@ def read_status(paths: DaemonPaths) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (field 22 of
+    `/proc/<pid>/stat`); None when there is no such process. With the pid, it names one
+    process for good: a pid reused later has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def daemon_alive(status: dict[str, Any] | None) -> bool:
+    """Whether the daemon a status file names still runs: its pid alive and, when the
+    file records it, with the same start time (not a later process given its pid)."""
+    if not status:
+        return False
+    try:
+        pid = int(status.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    if not pid_alive(pid):
+        return False
+    ticks = status.get("start_ticks")
+    return ticks is None or process_start_ticks(pid) in (None, ticks)
 
 
 def pid_alive(pid: int) -> bool:

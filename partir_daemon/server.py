@@ -6,11 +6,13 @@
         [--max-cache-ops N] [--log-level L] [--compiler-processes N]
 
 (`partir daemon start` and `DaemonClient.connect` start it detached.) The process:
-- takes an exclusive lock per workspace: a second daemon refuses to start and names the
-  first one's pid and socket (exit status 3);
-- listens on `<runtime dir>/<workspace key>.sock` (mode 0600, private directory) and
-  serves only peers of its own uid; writes a status file (pid, socket, version, config
-  hash) next to it; logs to `<workspace>/.partir/daemon.log`, never to stdout;
+- takes the workspace's exclusive lock, `<workspace>/.partir/daemon.lock`: a second
+  daemon, whatever its runtime directory, refuses to start and names the first one's pid
+  and socket (exit status 3); writes its identity (pid, process start time, socket,
+  version, config hash) to `<workspace>/.partir/daemon.json`;
+- listens on `<runtime dir>/<workspace key>.sock` (mode 0600, private directory: the
+  runtime directory holds only the socket) and serves only peers of its own uid; logs to
+  `<workspace>/.partir/daemon.log`, never to stdout;
 - runs schedule files and compiles in a pool of worker processes
   (`partir_daemon.worker`, `--compiler-processes`), each one request at a time, killed
   and restarted when it hangs past its deadline or crashes; a document goes to the
@@ -56,9 +58,12 @@ from partir_daemon.paths import (
     DaemonPaths,
     SocketPathTooLong,
     check_socket_path,
+    daemon_alive,
     ensure_private_dir,
+    process_start_ticks,
     read_status,
 )
+from partir_daemon.processes import die_with_parent
 
 log = logging.getLogger("partir_daemon")
 
@@ -67,6 +72,8 @@ ALREADY_RUNNING = 3
 # worker interrupts Python code; this catches code that cannot be interrupted).
 LOAD_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 120.0
+# How long a daemon refused the workspace's lock waits for the holder's identity file.
+HOLDER_WAIT_S = 2.0
 
 
 class RpcError(Exception):
@@ -278,7 +285,7 @@ class WorkerSupervisor:
             self.proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=logf, env=env, cwd=str(self.paths.workspace),
-                limit=P.MAX_MESSAGE_BYTES)
+                preexec_fn=die_with_parent(), limit=P.MAX_MESSAGE_BYTES)
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), WORKER_START_TIMEOUT_S)
         if not line:
@@ -810,15 +817,44 @@ def _parse(argv: list[str] | None) -> tuple[P.DaemonConfig, DaemonPaths, bool]:
 
 
 def _write_status(paths: DaemonPaths, config: P.DaemonConfig) -> None:
-    status = {"pid": os.getpid(), "socket": str(paths.socket), "version": __version__,
-              "protocol": P.PROTOCOL_VERSION, "config_hash": config.hash(),
-              "config": P.to_json(config), "workspace": str(paths.workspace),
-              "log": str(paths.log), "started": time.time()}
-    tmp = paths.status.with_suffix(".tmp")
+    """The daemon's identity, in the workspace's `.partir/` next to its lock: what a
+    second daemon, refused, names, and what clients find the running one by."""
+    status = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()),
+              "socket": str(paths.socket), "runtime_dir": str(paths.dir),
+              "version": __version__, "protocol": P.PROTOCOL_VERSION,
+              "config_hash": config.hash(), "config": P.to_json(config),
+              "workspace": str(paths.workspace), "log": str(paths.log),
+              "started": time.time()}
+    tmp = paths.status.with_name(paths.status.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(status, f, indent=1)
     os.replace(tmp, paths.status)
+
+
+def _holder(paths: DaemonPaths) -> dict[str, Any]:
+    """The identity of the daemon holding the workspace's lock, waiting a moment for it
+    to write it (a daemon takes the lock first)."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        status = read_status(paths)
+        if daemon_alive(status) or time.monotonic() > deadline:
+            return status or {}
+        time.sleep(0.05)
+
+
+def _lock(paths: DaemonPaths) -> int | None:
+    """Take the workspace's lock (`.partir/daemon.lock`): its open file descriptor, or
+    None when a live daemon holds it. `flock` locks die with their holder, so the lock of
+    a daemon that was killed is free: taken over here, its identity file overwritten."""
+    paths.lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _listen(path: Path) -> socket.socket:
@@ -844,15 +880,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"partir daemon: {e}", file=sys.stderr)
         return 2
     ensure_private_dir(paths.dir)
-    paths.log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    lock_fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        status = read_status(paths) or {}
+    lock_fd = _lock(paths)
+    if lock_fd is None:
+        status = _holder(paths)
         print(f"partir daemon: a daemon is already running for {paths.workspace}: pid "
-              f"{status.get('pid', '?')}, socket {status.get('socket', paths.socket)}",
-              file=sys.stderr)
+              f"{status.get('pid', '?')}, socket {status.get('socket', '?')} (its lock: "
+              f"{paths.lock})", file=sys.stderr)
         return ALREADY_RUNNING
     if detach:
         # Daemonize: the parent returns at once (its caller waits for it, so it leaves no
@@ -870,8 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, config.log_level, "INFO"),
                         format="%(asctime)s daemon[%(process)d] %(levelname)s %(name)s: "
                                "%(message)s")
-    sock = _listen(paths.socket)
     _write_status(paths, config)
+    sock = _listen(paths.socket)
 
     async def run() -> None:
         daemon = Daemon(config, paths)
