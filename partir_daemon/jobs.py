@@ -419,8 +419,7 @@ class JobManager:
         readers = [asyncio.create_task(events()), asyncio.create_task(output())]
         try:
             try:
-                await asyncio.wait_for(proc.wait(),
-                                       timeout=max(0.0, deadline - loop.time()))
+                await _exited(proc, max(0.0, deadline - loop.time()))
             except TimeoutError:
                 self._stopping.setdefault(job.id, "timeout")
                 await self._kill(job.id, proc)
@@ -489,7 +488,7 @@ class JobManager:
             signal_all(tree, sig, proc.pid if live else None)
             deadline = loop.time() + grace
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=grace)
+                await _exited(proc, grace)
             while remaining() and loop.time() < deadline:
                 await asyncio.sleep(0.02)
 
@@ -518,6 +517,17 @@ class JobManager:
         self.retry_saves()
         if self._retry is not None:
             self._retry.cancel()
+
+
+async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    """Wait until `proc` exited (and was reaped); raises TimeoutError. Not `proc.wait()`:
+    that also waits for its output pipes to close, which a grandchild can hold open."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while proc.returncode is None:
+        if loop.time() >= deadline:
+            raise TimeoutError
+        await asyncio.sleep(0.02)
 
 
 def _is_our_runner(job: P.JobInfo) -> bool:
