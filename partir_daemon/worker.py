@@ -12,6 +12,10 @@ It speaks line-delimited JSON with the daemon on its stdin/stdout:
                        {"id": n, "partial": {...}}     a partition's partial result
                        {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
 
+Fault injection (tests): with `PARTIR_DAEMON_KILL_AT=<file>` in its environment, the
+process SIGKILLs itself right after reporting a progress message that starts with the
+file's content, and removes the file (so once): a compiler killed at a chosen stage.
+
 The user's code runs here and may print: file descriptor 1 is pointed at stderr (the
 daemon's log) and the protocol uses a private duplicate of the original stdout. The
 process exits when its stdin closes, so it never outlives the daemon.
@@ -23,6 +27,7 @@ import argparse
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=read, name="worker-stdin", daemon=True).start()
     send({"ready": os.getpid()})
     params_types = {"ir": P.IrParams, "explain": P.ExplainParams}
+    kill_at = os.environ.get("PARTIR_DAEMON_KILL_AT")
     while True:
         if requests.empty():
             engine.release()
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
                 loading[0] = None
             send({"id": request_id, "progress": {"message": text, "step": step,
                                                   "total": total}})
+            if kill_at:
+                _kill_at(kill_at, text)
 
         def is_cancelled(request_id: Any = request_id) -> bool:
             return request_id in cancelled
@@ -132,6 +140,20 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             loading[0] = None
             cancelled.discard(request_id)
+
+
+def _kill_at(path: str, text: str) -> None:
+    """Fault injection: SIGKILL this process if `text` starts with the content of the
+    file `path` (removed first, so that it happens once)."""
+    try:
+        with open(path) as f:
+            stage = f.read().strip()
+        if not stage or not text.startswith(stage):
+            return
+        os.unlink(path)
+    except OSError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
