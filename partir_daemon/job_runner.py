@@ -8,7 +8,8 @@ The daemon sets `XLA_FLAGS=--xla_force_host_platform_device_count=<mesh size>` (
 there is no accelerator) and `PARTIR_JOB_ID`. Events go to the daemon as JSON lines on a
 private duplicate of stdout: {"event": "started" | "compiled" | "step" | "result" |
 "error", ...}; everything the user's code prints goes to the job's log (stderr). The
-process exits when its stdin closes (the daemon is gone), so it never outlives it.
+process never outlives the daemon: it gets SIGKILL when the daemon dies (the daemon
+starts it with `processes.die_with_parent`), and exits when its stdin closes.
 """
 
 from __future__ import annotations
