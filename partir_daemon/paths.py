@@ -121,15 +121,23 @@ def read_status(paths: DaemonPaths) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (state, ppid, ...); None
+    when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
+
+
 def process_start_ticks(pid: int) -> int | None:
     """When process `pid` started, in clock ticks since boot (field 22 of
     `/proc/<pid>/stat`); None when there is no such process. With the pid, it names one
     process for good: a pid reused later has another start time."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def daemon_alive(status: dict[str, Any] | None) -> bool:
@@ -158,8 +166,5 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, but another user's
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    fields = proc_stat(pid)
+    return fields is None or fields[0] != "Z"

@@ -21,6 +21,8 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 
+from partir_daemon.paths import proc_stat
+
 JOB_ID_VARIABLE = "PARTIR_JOB_ID"
 _PR_SET_PDEATHSIG = 1
 
@@ -47,14 +49,8 @@ def _children() -> dict[int, list[int]]:
     """Parent pid -> pids of its live children, from `/proc`."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields and fields[0] != "Z":
+        fields = proc_stat(entry) if entry.isdigit() else None
+        if fields is not None and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     return children
 
@@ -84,12 +80,11 @@ def carrying(job_id: str) -> set[int]:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if wanted not in f.read().split(b"\0"):
                     continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except (OSError, IndexError):  # gone, or another user's
+        except OSError:  # gone, or another user's
             continue
-        found.add(int(entry))
+        fields = proc_stat(entry)
+        if fields is not None and fields[0] != "Z":
+            found.add(int(entry))
     return found
 
 

@@ -176,7 +176,8 @@ def _all_final_records(mgr: jobs.JobManager) -> None:
 PARENT = '''
 import subprocess, sys, time
 from partir_daemon.processes import die_with_parent
-child = subprocess.Popen(["sleep", "60", "{marker}"], preexec_fn=die_with_parent())
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                          "{marker}"], preexec_fn=die_with_parent())
 print(child.pid, flush=True)
 time.sleep(120)
 '''
