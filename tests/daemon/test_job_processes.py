@@ -148,9 +148,9 @@ def test_recovery_kills_the_leftovers_of_the_jobs_own_tree(manager):  # noqa: F8
         _kill_all(marker)
 
 
-def test_recovery_does_not_trust_a_pid_that_started_after_the_job(manager):  # noqa: F811
-    # A process carrying the job's id is the job's; but a record's pid whose process
-    # started long after the job did is another process (its descendants are spared).
+def test_recovery_spares_the_tree_of_a_pid_that_is_not_the_jobs(manager):  # noqa: F811
+    # A record's pid now held by another process, started long after the job and without
+    # its id: neither it nor its (setsid'd) child is signalled.
     job_id = "20250101-000000-" + secrets.token_hex(3)
     marker = _marker()
     holder = subprocess.Popen([sys.executable, "-c", SETSID_CHILD.format(marker=marker) +
