@@ -711,7 +711,7 @@ def _local_shape(shape: tuple[int, ...], dims: list[list[str]], mesh: Any) -> li
     out = []
     for n, axes in zip(shape, dims, strict=True):
         for a in axes:
-            n //= mesh[a]
+            n //= mesh.check_axis(a)
         out.append(n)
     return out
 
