@@ -97,8 +97,11 @@ def core_partition(fn: Callable, mesh: Mesh | Any,
     return CorePartition(traced, mesh, initial, records, frontend_s)
 
 
-def _specs(shardings: Sequence, tree: Any) -> tuple:
-    specs = [partition_spec(tuple(tuple(a) for a in s)) for s in shardings]
+def _specs(shardings: Sequence, tree: Any, mesh: Mesh) -> tuple:
+    """The PartitionSpecs of the user's mesh: sub-axes an axis was split into are named
+    by that axis where a dimension has all of them in order (else by their Shardy names,
+    which are axes of the executable's `jax_mesh`)."""
+    specs = [partition_spec(tuple(mesh.coalesce(a) for a in s)) for s in shardings]
     out = jax.tree_util.tree_unflatten(tree, specs)
     return out if isinstance(out, tuple) else (out,)
 
@@ -172,8 +175,10 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             vars(tactics[-1]).update(collectives=final.collectives, cost=cost)
         meta = Metadata(
             tactics=tactics,
-            in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree),
-            out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree),
+            in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree,
+                            result.program.mesh),
+            out_specs=_specs(final.hlo.attributes["out_shardings"], result.traced.out_tree,
+                             result.program.mesh),
             core_ir=Deferred(lambda: final.text("core")),
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),

@@ -82,6 +82,7 @@ class CoreModule:
         self.uses: dict[Value, list[tuple[int, int]]] = defaultdict(list)
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
+        self.splits: list[str] = []  # why each axis split into sub-axes was made
         self._seq = 1  # the last part of the next identity op's `order`
         self.info: dict[int, NestInfo] = {}  # every op's nest, indexed
         self._output_index: dict[Value, list[int]] = defaultdict(list)
@@ -139,6 +140,7 @@ class CoreModule:
         new.uses = defaultdict(list, {v: list(u) for v, u in self.uses.items()})
         new.conflicts = dict(self.conflicts)
         new.acted = dict(self.acted)
+        new.splits = list(self.splits)
         new._seq = self._seq
         new.info = dict(self.info)
         new._output_index = defaultdict(list, {v: list(r) for v, r in
@@ -146,6 +148,29 @@ class CoreModule:
         return new
 
     # -- rewrites ------------------------------------------------------------------------
+    def refine_axis(self, axis: str, sizes: tuple[int, ...], why: str) -> list[int]:
+        """Split mesh axis `axis` into sub-axes of the given sizes (`Mesh.refine`) in the
+        whole program: every loop over it becomes the loops over its sub-axes, major to
+        minor, with the same actions, which tile and slice the same data. Returns the ops
+        whose conflicts on the axis were dropped, to be propagated again."""
+        self.mesh = self.mesh.refine(axis, sizes)
+        parts = self.mesh.parts(axis)
+        self.splits.append(f"axis {axis!r} split into sub-axes {', '.join(parts)} {why}")
+        for uid, nest in self.nests.items():
+            if any(lp.axis == axis for lp in nest):
+                new = tuple(sub for lp in nest for sub in
+                            ((Loop(a, lp.results, lp.operands) for a in parts)
+                             if lp.axis == axis else (lp,)))
+                self.nests[uid] = new
+                op = self.by_uid[uid]
+                self.info[uid] = NestInfo(new, len(op.operands), len(op.results))
+        self.acted = {(v, a): what for (v, ax), what in self.acted.items()
+                      for a in (parts if ax == axis else (ax,))}
+        dropped = [uid for uid, ax in self.conflicts if ax == axis]
+        for uid in dropped:
+            del self.conflicts[(uid, axis)]
+        return dropped
+
     def add_loop(self, uid: int, loop: Loop) -> None:
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
         self.info[uid] = self.info[uid].extended(loop)

@@ -109,7 +109,8 @@ def tile_dims(loops: Sequence[Loop], k: int) -> list[int | None]:
 @dataclass(frozen=True)
 class Sharding:
     """A value's distribution over the mesh: per dim the tiling axes (major to minor),
-    the axes with a pending `#sum`, and the axes on which it is kept replicated."""
+    the axes with a pending `#sum`, and the axes on which it is kept replicated. Programs
+    report them in the user's axes (`CoreProgram.sharding`)."""
 
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[str, ...] = ()
@@ -163,7 +164,16 @@ class CoreProgram:
         if p is None:
             return Sharding(tuple(() for _ in v.type.shape))
         op, k = p
-        return sharding_of(self.nest(op), k, v.type.rank)
+        return self._users(sharding_of(self.nest(op), k, v.type.rank))
+
+    def _users(self, s: Sharding) -> Sharding:
+        """The sharding in the user's axes: sub-axes an axis was split into are named by
+        the axis where a dimension has all of them, in order."""
+        mesh = self.mesh
+        if mesh.user_mesh is mesh:
+            return s
+        return Sharding(tuple(mesh.coalesce(axes) for axes in s.dims),
+                        mesh.coalesce(s.partial), mesh.coalesce(s.replicated))
 
     def input_shardings(self) -> dict[str, Sharding]:
         """How each input is used: the slicing shared by all its uses, per dim.
@@ -187,7 +197,7 @@ class CoreProgram:
                     while n < min(len(common[d]), len(axes)) and common[d][n] == axes[n]:
                         n += 1
                     common[d] = common[d][:n]
-            result[a.name] = Sharding(tuple(common))
+            result[a.name] = self._users(Sharding(tuple(common)))
         return result
 
     def _slicings(self, uses: Mapping[Value, list[tuple[CoreOp, int]]],

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 import operator
 from typing import NamedTuple
 
@@ -38,7 +39,7 @@ from partir.core.conflicts import (
 )
 from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
-from partir.core.tmr import Entry, factor_mappings, lookup
+from partir.core.tmr import Entry, TileMapping, factor_mappings, lookup
 from partir.gcpause import paused_gc
 from partir.rules import REPLICATION, OpView, ShardingRule
 
@@ -139,6 +140,58 @@ def _unsliceable(rule: ShardingRule, sizes: tuple[int, ...], operand_dims: list[
     return NEEDS_REPLICATION, (), "; ".join(reasons)
 
 
+def _match(m: TileMapping, operand_dims: list[int | None], pinned: set[int],
+           result_dims: list[int | None]) -> tuple[bool, bool, bool]:
+    """Whether the mapping slices some requested dimension as requested (support),
+    slices one otherwise (contradiction), or slices an operand kept replicated."""
+    support = contra = replicated = False
+    for i, d in enumerate(operand_dims):
+        if d is not None:
+            if m.operands[i] == d:
+                support = True
+            else:
+                contra = True
+        elif i in pinned and m.operands[i] is not None:
+            replicated = True
+    for k, d in enumerate(result_dims):
+        if d is not None:
+            if m.results[k] == Tile(d):
+                support = True
+            else:
+                contra = True
+    return support, contra, replicated
+
+
+class _Refine(NamedTuple):
+    """A decision to split the requested axis into sub-axes of these sizes first."""
+
+    sizes: tuple[int, ...]
+
+
+def _sub_axes(rule: ShardingRule, sizes: tuple[int, ...], n: int,
+              operand_dims: list[int | None], pinned: set[int],
+              result_dims: list[int | None]) -> tuple[int, ...] | None:
+    """Sizes of sub-axes, major to minor, that an axis of size n would split into so that
+    each is the only mapping the request supports and divides its factor: e.g. a dim of
+    8 tiled on an axis of 4, reshaped to 2x4, gives (2, 2), the first sub-axis tiling the
+    2 and the second the 4. None when no such split exists (or it is the axis itself)."""
+    local = list(sizes)
+    parts: list[int] = []
+    while n > 1:
+        found = [(f, m) for f, m in factor_mappings(rule, local)
+                 if _match(m, operand_dims, pinned, result_dims) == (True, False, False)]
+        if len(found) != 1:
+            return None
+        f = found[0][0]
+        k = math.gcd(local[f], n)
+        if k == 1:
+            return None
+        parts.append(k)
+        local[f] //= k
+        n //= k
+    return tuple(parts) if len(parts) > 1 else None
+
+
 class Propagator:
     def __init__(self, module: CoreModule) -> None:
         self.m = module
@@ -151,7 +204,8 @@ class Propagator:
         self._queued: set[int] = set()
         # request -> the loop to add (Loop) or the conflict to record (kind, choices,
         # detail) or nothing (())
-        self._decisions: dict[tuple, Loop | tuple] = {}
+        self._decisions: dict[tuple, Loop | _Refine | tuple] = {}
+        self._refined = False
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -193,6 +247,9 @@ class Propagator:
                     break
             else:
                 return
+            if self._refined:  # the axes changed: look at the op again under their names
+                self._refined = False
+                continue
             # A new loop only opens more work here if another axis was on offer or a
             # value is tiled (sliced) deeper than the axis just adopted.
             if len(candidates) == 1 and not deeper:
@@ -250,6 +307,9 @@ class Propagator:
         if type(decision) is Loop:
             self._apply(op, decision)
             return True
+        if type(decision) is _Refine:
+            self._refine(op, axis, decision.sizes)
+            return True
         if decision:
             self._conflict(op, axis, *decision)
         return False
@@ -257,29 +317,16 @@ class Propagator:
     def _decide(self, entry: Entry, op: CoreOp, in_shapes: tuple, out_shapes: tuple,
                 axis: str, operand_dims: list[int | None], pinned: set[int],
                 result_dims: list[int | None]
-                ) -> Loop | tuple[str, tuple[str, ...], str] | tuple[()]:
-        """The loop to add, or the conflict (kind, choices, detail), or ()."""
+                ) -> Loop | _Refine | tuple[str, tuple[str, ...], str] | tuple[()]:
+        """The loop to add, the axis split to make first, or the conflict (kind, choices,
+        detail), or ()."""
         n = self.sizes[axis]
         rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
                                  tuple([v.type for v in op.results])))
         sizes = rule.local_sizes(in_shapes, out_shapes)
         candidates, contested, indivisible, held = [], [], [], []
         for f, m in factor_mappings(rule, sizes):
-            support = contra = replicated = False
-            for i, d in enumerate(operand_dims):
-                if d is not None:
-                    if m.operands[i] == d:
-                        support = True
-                    else:
-                        contra = True
-                elif i in pinned and m.operands[i] is not None:
-                    replicated = True
-            for k, d in enumerate(result_dims):
-                if d is not None:
-                    if m.results[k] == Tile(d):
-                        support = True
-                    else:
-                        contra = True
+            support, contra, replicated = _match(m, operand_dims, pinned, result_dims)
             if not support:
                 continue
             if sizes[f] % n:
@@ -298,9 +345,13 @@ class Propagator:
         if candidates or contested or held:
             return MULTIPLE_MATCHES, tuple(str(m) for m in [*candidates, *contested, *held]), ""
         if indivisible:
+            parts = _sub_axes(rule, sizes, n, operand_dims, pinned, result_dims)
+            if parts:
+                return _Refine(parts)
             return (INDIVISIBLE, tuple(str(m) for m in indivisible),
                     f"axis size {n} does not divide the dimensions of {in_shapes} -> "
-                    f"{out_shapes}")
+                    f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
+                    f"the factor it would tile, major to minor) exists")
         return _unsliceable(rule, sizes, operand_dims, result_dims)
 
     def _forward(self, op: CoreOp, axis: str,
@@ -326,6 +377,15 @@ class Propagator:
             return False
         pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
         return self._choose(op, axis, [None] * len(op.operands), pinned, dims)
+
+    def _refine(self, op: CoreOp, axis: str, sizes: tuple[int, ...]) -> None:
+        """Split the axis into sub-axes throughout the program, then carry on with them."""
+        why = f"to shard through {op.name} at {op.loc}"
+        for uid in self.m.refine_axis(axis, sizes, why):
+            self.push(uid)
+        self.axes = list(self.m.mesh.axis_names)
+        self.sizes = dict(self.m.mesh)
+        self._refined = True
 
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:

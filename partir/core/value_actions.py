@@ -12,6 +12,7 @@ staying replicated) reaches those ops directly.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from partir.core.actions import ANY, Loop, Tile
@@ -65,11 +66,12 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
             f"(shape {list(value.type.shape)}); dimension {dim} is out of range",
             tactic=tactic, loc=loc)
     dim %= rank
-    n = m.mesh[axis]
-    _claim(m, value, axis, f"tiled on dimension {dim}", label, tactic, loc)
+    axes = _parts(m, axis)
+    n = math.prod(m.mesh[a] for a in axes)
+    _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
     seeds: list[int] = []
     for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
-        if any(a == axis for a, _ in ctx):
+        if any(a in axes for a, _ in ctx):
             continue  # this use is already sliced on the axis by earlier propagation
         size = local_dim_size(m, value, dim, ctx)
         if size % n:
@@ -78,7 +80,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
             raise IndivisibleDimensionError(
                 f"cannot tile {label} dimension {dim} of size {size}{where} on axis "
                 f"{axis!r} of size {n}: {n} does not divide {size}", tactic=tactic, loc=loc)
-        nest = (*_context_loops(ctx), Loop(axis, (Tile(dim),), (dim,)))
+        nest = (*_context_loops(ctx), *(Loop(a, (Tile(dim),), (dim,)) for a in axes))
         op = m.insert_identity("tile", source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     producer = m.producer.get(value)
@@ -90,25 +92,43 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
 def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
                  tactic: str | None = None, loc: Location | None = None) -> list[int]:
     """Apply atomic<value, axis>: keep the value replicated on the axis."""
-    _claim(m, value, axis, "kept replicated", label, tactic, loc)
+    axes = _parts(m, axis)
+    _claim(m, value, axes, "kept replicated", label, tactic, loc)
     seeds: list[int] = []
     for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
-        if any(a == axis for a, _ in ctx):
+        if any(a in axes for a, _ in ctx):
             continue
-        nest = (*_context_loops(ctx), Loop(axis, (ANY,), (None,)))
+        nest = (*_context_loops(ctx), *(Loop(a, (ANY,), (None,)) for a in axes))
         op = m.insert_identity("atomic", source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     return seeds
 
 
-def _claim(m: CoreModule, value: Value, axis: str, what: str, label: str,
+def _parts(m: CoreModule, axis: str) -> tuple[str, ...]:
+    """The mesh axes the user's axis is: itself, or the sub-axes propagation split it
+    into, major to minor (acting on each in turn is acting on the axis). A sub-axis the
+    user names (`x:(1)2`) splits its axis first."""
+    parts = m.mesh.parts(axis)
+    if parts is None:
+        split = m.mesh.split_for(axis)
+        if split is None:
+            m.mesh.check_axis(axis)  # raises the error that names the mesh's axes
+        m.refine_axis(*split, "as a tactic names one of them")
+        parts = m.mesh.parts(axis)
+    return parts
+
+
+def _claim(m: CoreModule, value: Value, axes: tuple[str, ...], what: str, label: str,
            tactic: str | None, loc: Location | None) -> None:
-    previous = m.acted.get((value, axis))
-    if previous is not None:
-        raise AlreadyTiledError(
-            f"{label} is already {previous} on axis {axis!r}; a value can be tiled or kept "
-            f"replicated only once per axis", tactic=tactic, loc=loc)
-    m.acted[(value, axis)] = f"{what} by tactic {tactic}" if tactic else what
+    for axis in axes:
+        previous = m.acted.get((value, axis))
+        if previous is not None:
+            raise AlreadyTiledError(
+                f"{label} is already {previous} on axis {m.mesh.coalesce([axis])[0]!r}; a "
+                f"value can be tiled or kept replicated only once per axis", tactic=tactic,
+                loc=loc)
+    for axis in axes:
+        m.acted[(value, axis)] = f"{what} by tactic {tactic}" if tactic else what
 
 
 def _loc_of(m: CoreModule, value: Value) -> Location:

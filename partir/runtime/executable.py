@@ -146,10 +146,11 @@ def build_callable(fn: Function,
     in_shardings = _shardings(fn, "in_shardings", fn.args, fn.arg_names, mesh)
     out_shardings = _shardings(fn, "out_shardings", fn.results, _result_names(fn), mesh)
     if isinstance(devices, jax.sharding.Mesh):
-        if Mesh(devices) != mesh:
-            raise ProgramError(f"{fn.name} is partitioned for the mesh {mesh}, not for the "
-                               f"given jax.sharding.Mesh {Mesh(devices)}")
-        return Executable(fn, mesh, devices, in_shardings, out_shardings, **jit_options)
+        if Mesh(devices) != mesh.user_mesh:
+            raise ProgramError(f"{fn.name} is partitioned for the mesh {mesh.user_mesh}, not "
+                               f"for the given jax.sharding.Mesh {Mesh(devices)}")
+        return Executable(fn, mesh, _refined(devices, mesh), in_shardings, out_shardings,
+                          **jit_options)
     devices = list(jax.devices() if devices is None else devices)
     if mesh.size > len(devices):
         kind = f"{devices[0].platform} " if devices else ""
@@ -166,6 +167,20 @@ def build_callable(fn: Function,
     jax_mesh = jax.sharding.Mesh(grid[:mesh.size].reshape(tuple(mesh.values())),
                                  mesh.axis_names)
     return Executable(fn, mesh, jax_mesh, in_shardings, out_shardings, **jit_options)
+
+
+def _refined(jax_mesh: jax.sharding.Mesh, mesh: Mesh) -> jax.sharding.Mesh:
+    """The user's jax.sharding.Mesh with each axis the program split into sub-axes
+    reshaped into them (major to minor: the same devices, in the same order)."""
+    if tuple(jax_mesh.axis_names) == mesh.axis_names:
+        return jax_mesh
+    names, types = [], []
+    for axis, kind in zip(jax_mesh.axis_names, jax_mesh.axis_types, strict=True):
+        parts = mesh.parts(axis) or (axis,)
+        names += parts
+        types += [kind] * len(parts)
+    return jax.sharding.Mesh(jax_mesh.devices.reshape([mesh[a] for a in names]),
+                             tuple(names), axis_types=tuple(types))
 
 
 def _result_names(fn: Function) -> list[str]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from partir.hlo.ops import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, flat_axes
 from partir.ir import Op
+from partir.mesh import split_axis_name
 from partir.sim.devices import DeviceSpec, LinkSpec, UnknownDeviceError
 
 # Keys of `Cost.bytes_moved`: the collectives that communicate.
@@ -56,13 +57,15 @@ class CollectiveCost:
 
 def axis_links(device: DeviceSpec, mesh_axes: Sequence[str],
                links: Mapping[str, str] | None) -> dict[str, LinkSpec]:
-    """The link each mesh axis uses; axes not in `links` use the device's default."""
+    """The link each mesh axis uses; axes not in `links` use the device's default. A
+    sub-axis (`x:(2)2`) uses the link of the axis it is part of."""
     links = links or {}
-    unknown = sorted(set(links) - set(mesh_axes))
+    bases = {a: split_axis_name(a)[0] for a in mesh_axes}
+    unknown = sorted(set(links) - set(bases.values()))
     if unknown:
         raise UnknownDeviceError(f"links name axes {unknown} that are not in the mesh "
-                         f"{list(mesh_axes)}")
-    return {a: device.link(links.get(a, device.default_link)) for a in mesh_axes}
+                         f"{sorted(set(bases.values()))}")
+    return {a: device.link(links.get(base, device.default_link)) for a, base in bases.items()}
 
 
 def ring_time(full_bytes: float, axes: Sequence[str], mesh: Mapping[str, int],

@@ -28,6 +28,7 @@ from typing import Any
 
 from partir.ir import Function
 from partir.ir.dtypes import dtype_name
+from partir.mesh import split_axis_name
 from partir.sim.collectives import KINDS, Combiner, axis_links, collective_cost
 from partir.sim.cost import UNKNOWN_RULE, Kind, lookup_cost
 from partir.sim.devices import DeviceSpec, get_device
@@ -147,5 +148,6 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         temp_bytes=plan.temp_bytes, memory_capacity_bytes=spec.memory_bytes,
         compute_time_s=compute, communication_time_s=comm, step_time_s=step,
         kernels=kernels, combined_collectives=combined, overlap=overlap,
-        links={a: (links or {}).get(a, spec.default_link) for a in mesh},
+        links={a: (links or {}).get(a, spec.default_link)
+               for a in dict.fromkeys(split_axis_name(a)[0] for a in mesh)},
         unknown_ops=sorted(unknown))

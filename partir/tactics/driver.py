@@ -49,8 +49,7 @@ def named_values(module: CoreModule, traced: TracedProgram) -> dict[str, list[Va
 def expand(tactic: ManualPartition, module: CoreModule,
            names: dict[str, list[Value]]) -> tuple[list[ActionSpec], list[str]]:
     """The actions a ManualPartition issues, and notes on inputs it left alone."""
-    module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
-    n = module.mesh[tactic.axis]
+    n = module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
     specs: list[ActionSpec] = []
     notes: list[str] = []
     for name, value, form in tactic.select(names):
@@ -87,6 +86,7 @@ def apply_tactic(module: CoreModule, tactic: ManualPartition,
 def _apply_tactic(module: CoreModule, tactic: ManualPartition,
                   names: dict[str, list[Value]]) -> TacticRecord:
     start = time.perf_counter()
+    splits = len(module.splits)
     specs, notes = expand(tactic, module, names)
     before = set(module.conflicts)
     seeds: list[int] = []
@@ -107,6 +107,7 @@ def _apply_tactic(module: CoreModule, tactic: ManualPartition,
     actions.append("propagate")
     end = time.perf_counter()
     conflicts = [c for key, c in module.conflicts.items() if key not in before]
+    notes += module.splits[splits:]
     return TacticRecord(tactic.label, tactic.axis, actions, conflicts, module.snapshot(),
                         end - start, end - prop_start, notes)
 

@@ -68,7 +68,7 @@ def test_hlo_interpreter_matches_function(pc: PartitionCase):
         res = partir.core_partition(case.fn, pc.mesh, pc.schedule, *case.args)
     except EXPECTED_ERRORS:
         reject()
-    spmd = lower_core_to_spmd(materialize(res.program), pc.mesh)
+    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)
     hlo = lower_spmd_to_hlo(spmd)
     note(f"reproducer:\n{pc.reproducer()}\nPartIR:HLO program:\n{print_hlo(hlo)}")
     verify_hlo(hlo)

@@ -31,7 +31,7 @@ def test_spmd_interpreter_matches_function(pc: PartitionCase):
         res = partir.core_partition(case.fn, pc.mesh, pc.schedule, *case.args)
     except EXPECTED_ERRORS:
         reject()
-    spmd = lower_core_to_spmd(materialize(res.program), pc.mesh)
+    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)
     note(f"SPMD program:\n{print_function(spmd)}")
     verify(spmd)
     depth = max((len(op.params["axes"]) for op in spmd.ops if op.name == EXECUTE), default=0)
