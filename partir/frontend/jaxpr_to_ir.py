@@ -18,18 +18,14 @@ from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
+from partir.rules.control import CALLS
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
-INLINED_CALLS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
+INLINED_CALLS = CALLS
+# The initial values of the carries of each loop primitive, among its operands.
+_CARRIES = {
+    "scan": lambda p, ops: ops[p["num_consts"]:p["num_consts"] + p["num_carry"]],
+    "while": lambda p, ops: ops[p["cond_nconsts"] + p["body_nconsts"]:],
 }
 
 
@@ -65,6 +61,7 @@ class _Builder:
         self.ops: list[Op] = []
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
+        self.producers: dict[Value, Op] = {}
 
     def constant(self, value: Any, loc: Location, aval: Any) -> Value:
         # Python scalars in literals are 64-bit; the traced type says what JAX computes in.
@@ -76,9 +73,18 @@ class _Builder:
                 return self.scalar_consts[key]
         v = Value(TensorType(arr.shape, arr.dtype))
         self.ops.append(Op("constant", [], [v], {"value": arr}, loc=loc))
+        self.producers[v] = self.ops[-1]
         if key is not None:
             self.scalar_consts[key] = v
         return v
+
+    def is_zero(self, v: Value) -> bool:
+        """Whether v is a constant zero, or one broadcast: how JAX starts the gradient
+        accumulators of a loop's transpose."""
+        op = self.producers.get(v)
+        if op is not None and op.name == "broadcast_in_dim":
+            op = self.producers.get(op.operands[0])
+        return op is not None and op.name == "constant" and not np.any(op.params["value"])
 
     def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value],
                call_loc: Location = UNKNOWN_LOCATION, user_frames: bool = True) -> list[Value]:
@@ -112,10 +118,14 @@ class _Builder:
             else:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
                 params = dict(eqn.params)
+                if name in _CARRIES:
+                    params["_zero_init"] = tuple(
+                        self.is_zero(v) for v in _CARRIES[name](params, operands))
                 if name == "tag":
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
                 self.ops.append(Op(name, operands, outs, params, loc=loc, prim=eqn.primitive))
+                self.producers.update(dict.fromkeys(outs, self.ops[-1]))
             for var, v in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(var, jcore.DropVar):
                     env[var] = v

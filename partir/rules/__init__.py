@@ -3,6 +3,7 @@ parameters, kind and FLOPs), read by the TMR, the Core materializer and the simu
 Each module holds one family; importing the package declares them all."""
 
 from partir.rules import (  # noqa: F401  (each module declares its family)
+    control,
     conv,
     elementwise,
     fft,

@@ -77,6 +77,9 @@ class Primitive:
     # Transcendentals and the like: the fusion heuristic does not duplicate them into
     # several consumers (XLA's "expensive" elementwise ops).
     expensive: bool = False
+    # A tile's values depend on where the tile lies (iota, gather from a sliced table...):
+    # the TMR gives the primitive an `apply`, and a loop body cannot just run it smaller.
+    positional: bool = False
     doc: str = field(default="", compare=False)
 
 

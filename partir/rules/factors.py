@@ -39,6 +39,9 @@ class Factor:
     size: int
     kind: str = PASS
     monoid: str | None = None  # how partial results combine, for a reduction factor
+    # Results that do not depend on the factor at all (a loop's step counter): each
+    # slice computes them whole, alike (the loop's `any` action).
+    unrelated: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -143,9 +146,9 @@ class RuleBuilder:
 
     def factor(self, size: int, operands: Mapping[int, int] | None = None,
                results: Mapping[int, int] | None = None, kind: str = PASS,
-               monoid: str | None = None) -> int:
+               monoid: str | None = None, unrelated: Sequence[int] = ()) -> int:
         f = len(self.factors)
-        self.factors.append(Factor(size, kind, monoid))
+        self.factors.append(Factor(size, kind, monoid, tuple(unrelated)))
         for i, d in (operands or {}).items():
             self.operands[i][d].append(f)
         for k, d in (results or {}).items():

@@ -78,7 +78,7 @@ def gather_rule(view: OpView) -> ShardingRule:
 
 
 declare("gather", Primitive(
-    Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes,
+    Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes, positional=True,
     doc="indices batch / operand-and-indices batching / whole window -> tile; indexed "
         "unit-window operand dim -> #sum"))
 
@@ -148,13 +148,17 @@ def scatter_flops(view: OpView, rule: ShardingRule | None) -> float:
 
 _TILES = "batching / whole window / indexed unit-window operand dim -> tile"
 declare(("scatter-add", "scatter-sub"), Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum; {_TILES}"))
+    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    doc=f"updates batch -> #sum; {_TILES}"))
 declare("scatter-min", Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum<min>; {_TILES}"))
+    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    doc=f"updates batch -> #sum<min>; {_TILES}"))
 declare("scatter-max", Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch -> #sum<max>; {_TILES}"))
+    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    doc=f"updates batch -> #sum<max>; {_TILES}"))
 declare(("scatter", "scatter-mul"), Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, doc=f"updates batch whole; {_TILES}"))
+    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    doc=f"updates batch whole; {_TILES}"))
 
 
 # --- dynamic_slice / dynamic_update_slice ------------------------------------------------

@@ -61,7 +61,7 @@ def random_bits_localize(view: OpView) -> dict:
 # several of them.
 declare("random_bits", Primitive(
     Kind.ELEMENTWISE, per_point(THREEFRY_OPS), random_bits_rule,
-    localize=random_bits_localize, expensive=True,
+    localize=random_bits_localize, expensive=True, positional=True,
     doc="t_d -> t_d for every dim d of the key array; ⊥ -> t_d for drawn dims of "
         "partitionable threefry bits"))
 declare("random_split", Primitive(

@@ -268,9 +268,9 @@ def generated_rule(view: OpView) -> ShardingRule:
 
 
 declare("iota", Primitive(Kind.BROADCAST, no_flops, generated_rule,
-                          localize=_result_shape("shape"),
+                          localize=_result_shape("shape"), positional=True,
                           doc="() -> t_d for every d; tiles of the counting dim add their "
                               "offset"))
-declare("constant", Primitive(Kind.BROADCAST, no_flops, generated_rule,
+declare("constant", Primitive(Kind.BROADCAST, no_flops, generated_rule, positional=True,
                               doc="() -> t_d for every d; the tile is sliced at its "
                                   "offset"), jax=False)

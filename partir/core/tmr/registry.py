@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from partir.core.actions import Action, Sum, Tile
+from partir.core.actions import ANY, Action, Sum, Tile
 from partir.registry import Registry
 from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
 
@@ -41,9 +41,11 @@ def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
         if factor.kind == REPLICATION or f not in majors:
             continue
         results: list[Action] = []
-        for d in rule.result_dims[f]:
+        for k, d in enumerate(rule.result_dims[f]):
             if d is not None:
                 results.append(Tile(d))
+            elif k in factor.unrelated:
+                results.append(ANY)
             elif factor.monoid is not None:
                 results.append(Sum(factor.monoid))
             else:
@@ -89,6 +91,8 @@ def register_apply(name: str, apply: ApplyFn) -> None:
         raise ValueError(f"no TMR entry for {name!r} to give an apply to")
     if entry.apply is not None:
         raise ValueError(f"the TMR entry for {name!r} has an apply already")
+    if not entry.primitive.positional:
+        raise ValueError(f"{name!r} has an apply but its declaration is not positional")
     REGISTRY[name] = Entry(entry.primitive, apply)
 
 

@@ -1,0 +1,549 @@
+"""Control flow: `scan`, `while` and `cond`, whose sharding rules come from their bodies.
+
+The op runs body jaxprs; which of its dimensions may be sliced depends on what the bodies
+do with them. The rule joins dimensions that must be sharded alike into groups (Shardy's
+data-flow edges, collapsed into the op): an operand's dimension and the body argument it
+becomes (a scanned operand's dimension d + 1 and the slice's d), a body result and the
+op result it becomes, a carry's input, body argument, body result and output, every
+branch of a `cond` alike, and, inside a body, the dimensions each body op's own factor
+rule joins. A group is a factor of the op when slicing it everywhere runs the body on a
+slice: no body op needs it replicated, reduces it with any monoid but `add`, has it as
+the minor part of a compound dimension or computes from its position (iota, gather:
+`Primitive.positional`), and a `while` predicate does not depend on it. Each op result
+then has the group (the result is tiled), is only a sum of partial results over it (a
+body reduction that reaches a stacked output through linear ops alone: the weight
+gradients of a scan over layers, which make a `#sum` of the op), or does not depend on
+it (a step counter: every slice computes it alike).
+
+Inside a body nothing is partitioned further: the local op is the same control flow on
+the slices, its bodies traced again at the local shapes (`localize`), so a body needs no
+collectives. Dimensions of no group are need-replication factors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax.extend import core as jcore
+
+from partir.ir.types import TensorType
+from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, declare
+from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
+
+# Call primitives whose body is a jaxpr parameter, and that parameter: the frontend
+# inlines them, and control-flow bodies are looked through them the same way.
+CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+
+# Ops through which a partial sum stays a partial sum, by how their operands may be
+# partial: "all" (every non-literal operand partial: add), "one" (exactly one partial,
+# the others independent of the group: mul, dot_general), or the operand positions that
+# must be partial while the rest are independent (div's numerator, select_n's cases).
+_SUMS = {"add": "all", "add_any": "all", "sub": "all", "concatenate": "all",
+         "mul": "one", "dot_general": "one", "div": (0,)}
+_UNARY_LINEAR = {"neg", "convert_element_type", "reshape", "transpose", "broadcast_in_dim",
+                 "squeeze", "expand_dims", "reduce_sum", "copy", "copy_p", "slice",
+                 "reduce_precision"}
+
+Node = int  # a dimension of a body value or of the op's operands/results
+
+
+def _jaxpr(body: Any) -> tuple[Any, Sequence[Any]]:
+    """(jaxpr, consts) of a ClosedJaxpr or an open jaxpr."""
+    return (body.jaxpr, body.consts) if hasattr(body, "jaxpr") else (body, ())
+
+
+def _type(aval: Any) -> TensorType:
+    return TensorType(tuple(aval.shape), aval.dtype)
+
+
+@dataclass
+class _Analysis:
+    """Union-find over dimensions, with what each body equation does to its groups."""
+
+    parent: list[Node] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    blocked: set[Node] = field(default_factory=set)
+    # (name, reductions) per body equation, in order: a reduction is a node of the
+    # reduced group and the results that are partial sums over it
+    eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
+    # per equation, (its operands' value ids, its results' value ids) for dependencies
+    flows: list[tuple[list[int | None], list[int]]] = field(default_factory=list)
+    dims_of: dict[int, list[Node]] = field(default_factory=dict)  # value id -> dims
+    predicates: list[int] = field(default_factory=list)  # while predicates' value ids
+    values: dict[tuple[int, Any], int] = field(default_factory=dict)  # (jaxpr, var) -> id
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def new(self, shape: Sequence[int], blocked: bool = False) -> list[Node]:
+        out = []
+        for n in shape:
+            node = len(self.parent)
+            self.parent.append(node)
+            self.sizes.append(n)
+            if blocked or n == 1:
+                self.blocked.add(node)
+            out.append(node)
+        return out
+
+    def value(self, shape: Sequence[int], blocked: bool = False) -> int:
+        vid = next(self._ids)
+        self.dims_of[vid] = self.new(shape, blocked)
+        return vid
+
+    def find(self, x: Node) -> Node:
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: Node, b: Node) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+            if self.sizes[ra] != self.sizes[rb]:
+                self.blocked.update((ra, rb))
+
+    def join(self, a: int, b: int) -> None:
+        """Values a and b are the same data (a carry and its body argument, ...)."""
+        for x, y in zip(self.dims_of[a], self.dims_of[b], strict=True):
+            self.union(x, y)
+
+    # -- bodies -------------------------------------------------------------------------
+    def body(self, body: Any, args: Sequence[int]) -> list[int]:
+        """Walk a body applied to the values `args`; returns its results' values."""
+        jaxpr = _jaxpr(body)[0]
+        env: dict[Any, int] = {}
+        for var in jaxpr.constvars:
+            env[var] = self.value(var.aval.shape, blocked=True)
+        for var, a in zip(jaxpr.invars, args, strict=True):
+            env[var] = a
+        for eqn in jaxpr.eqns:
+            ins = [env[a] if not isinstance(a, jcore.Literal) else None for a in eqn.invars]
+            outs = self.eqn(eqn, ins)
+            for var, o in zip(eqn.outvars, outs, strict=True):
+                env[var] = o
+        for var, v in env.items():
+            self.values[(id(jaxpr), var)] = v
+        return [env[a] if not isinstance(a, jcore.Literal) else
+                self.value(a.aval.shape, blocked=True) for a in jaxpr.outvars]
+
+    def eqn(self, eqn: Any, ins: list[int | None]) -> list[int]:
+        name = eqn.primitive.name
+        if name in CALLS and CALLS[name] in eqn.params:
+            args = [a if a is not None else self.value(v.aval.shape, blocked=True)
+                    for a, v in zip(ins, eqn.invars, strict=True)]
+            return self.body(eqn.params[CALLS[name]], args)
+        outs = [self.value(v.aval.shape) for v in eqn.outvars]
+        in_dims = [self.dims_of[a] if a is not None else None for a in ins]
+        out_dims = [self.dims_of[o] for o in outs]
+        reduced: list[tuple[Node, list[int]]] = []
+        prim = CATALOGUE.get(name)
+        if prim is None or prim.rule is None or prim.positional:
+            for dims in [*in_dims, *out_dims]:
+                self.blocked.update(dims or ())
+        else:
+            view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
+                          tuple(_type(v.aval) for v in eqn.outvars))
+            reduced = self._factors(prim.rule(view), in_dims, out_dims)
+        self.eqns.append((name, reduced))
+        self.flows.append((ins, outs))
+        return outs
+
+    def _factors(self, rule: ShardingRule, in_dims: list[list[Node] | None],
+                 out_dims: list[list[Node]]) -> list[tuple[Node, list[int]]]:
+        """Join the dims each factor of a body op's rule is in; returns, per `add`
+        reduction factor, a node of its group and the results partial over it."""
+        reduced = []
+        for f, factor in enumerate(rule.factors):
+            if factor.size == 1:
+                continue
+            touched: list[Node] = []
+            compound = False
+            for dims_of, placed in ((rule.operands, in_dims), (rule.results, out_dims)):
+                for t, dims in enumerate(dims_of):
+                    for d, factors in enumerate(dims):
+                        if f not in factors:
+                            continue
+                        if placed[t] is not None:
+                            touched.append(placed[t][d])
+                        compound = compound or sum(rule.factors[g].size > 1
+                                                   for g in factors) > 1
+            if factor.kind == REPLICATION or compound or (
+                    factor.kind == REDUCTION and factor.monoid != "add"):
+                self.blocked.update(touched)
+                continue
+            for node in touched[1:]:
+                self.union(touched[0], node)
+            if factor.kind == REDUCTION and touched:
+                reduced.append((touched[0], [k for k, d in enumerate(rule.result_dims[f])
+                                             if d is None and k not in factor.unrelated]))
+        return reduced
+
+    # -- groups -------------------------------------------------------------------------
+    def dependencies(self) -> tuple[dict[int, set[Node]], set[Node]]:
+        """Per value, the groups it depends on; and the groups that cannot be sliced."""
+        find = self.find
+        bad = {find(n) for n in self.blocked}
+        depends: dict[int, set[Node]] = {v: {find(n) for n in dims}
+                                         for v, dims in self.dims_of.items()}
+        for ins, outs in self.flows:
+            deps = set().union(*(depends[a] for a in ins if a is not None))
+            for o in outs:
+                depends[o] = depends[o] | deps
+        for v in self.predicates:  # every slice must take the same branch, or stop alike
+            bad |= depends[v]
+        return depends, bad
+
+    def partials(self, g: Node, seeded: set[int], depends: dict[int, set[Node]]
+                 ) -> set[int] | None:
+        """The values that are partial sums over group g, given that the `seeded` ones
+        are; None if one is used other than linearly."""
+        find = self.find
+        partial = set(seeded)
+        for (name, reduced), (ins, outs) in zip(self.eqns, self.flows, strict=True):
+            at = [i for i, a in enumerate(ins) if a is not None and a in partial]
+            if at:
+                if not _linear(name, ins, at, g, depends):
+                    return None
+                partial.update(outs)
+            for n, ks in reduced:
+                if find(n) == g:
+                    partial.update(outs[k] for k in ks)
+        return partial
+
+
+def _linear(name: str, ins: list[int | None], at: list[int], g: Node,
+            depends: dict[int, set[Node]]) -> bool:
+    """Whether the op's results are partial sums over g when its operands `at` are (and
+    so the sum of the slices' results is the op applied to the sum)."""
+    if name in _UNARY_LINEAR and len(ins) == 1:
+        return True
+    # literals count as operands that are not partial sums: c + 1 is not linear
+    others = [i for i in range(len(ins)) if i not in at]
+    independent = all(ins[i] is None or g not in depends[ins[i]] for i in others)
+    how = _SUMS.get(name)
+    if how == "all":
+        return not others
+    if how == "one":
+        return len(at) == 1 and independent
+    if isinstance(how, tuple):
+        return set(at) <= set(how) and independent
+    # select_n(p, a, b) of partial cases is partial if p is the same everywhere
+    return name == "select_n" and others == [0] and independent
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """How a control-flow op's operands and results meet its bodies: per result, the
+    body results it is made of, and which results are carries (fed back to the body, so
+    never partial sums: the next iteration would add to them)."""
+
+    operands: list[int]
+    results: list[int]
+    sources: list[list[int]]
+    carries: dict[int, int] = field(default_factory=dict)  # result -> its body argument
+    # carries whose initial value is zero (the frontend's `_zero_init`): each slice may
+    # start from zero and end with a partial sum, as a gradient accumulator does
+    zero: frozenset[int] = frozenset()
+
+
+def _scan(a: _Analysis, view: OpView) -> _Edges:
+    p = view.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    ops = [a.value(t.shape) for t in view.in_types]
+    res = [a.value(t.shape) for t in view.out_types]
+    args = []
+    for i, v in enumerate(ops):
+        if i < nc + nk:
+            args.append(v)
+        else:  # a scanned operand: the body sees a slice of its leading dimension
+            a.blocked.add(a.dims_of[v][0])
+            args.append(a.value(view.in_types[i].shape[1:]))
+            for x, y in zip(a.dims_of[v][1:], a.dims_of[args[-1]], strict=True):
+                a.union(x, y)
+    outs = a.body(p["jaxpr"], args)
+    for k, (o, r) in enumerate(zip(outs, res, strict=True)):
+        if k < nk:
+            a.join(ops[nc + k], o)
+            a.join(o, r)
+        else:  # a stacked result: the body makes one slice of it
+            a.blocked.add(a.dims_of[r][0])
+            for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
+                a.union(x, y)
+    return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
+                  _zeros(p))
+
+
+def _while(a: _Analysis, view: OpView) -> _Edges:
+    p = view.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    ops = [a.value(t.shape) for t in view.in_types]
+    res = [a.value(t.shape) for t in view.out_types]
+    carries = ops[cn + bn:]
+    a.predicates += a.body(p["cond_jaxpr"], ops[:cn] + carries)
+    outs = a.body(p["body_jaxpr"], ops[cn:cn + bn] + carries)
+    for c, o, r in zip(carries, outs, res, strict=True):
+        a.join(c, o)
+        a.join(o, r)
+    return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p))
+
+
+def _cond(a: _Analysis, view: OpView) -> _Edges:
+    ops = [a.value(t.shape) for t in view.in_types]
+    res = [a.value(t.shape) for t in view.out_types]
+    sources: list[list[int]] = [[] for _ in res]
+    for branch in view.params["branches"]:
+        for k, (o, r) in enumerate(zip(a.body(branch, ops[1:]), res, strict=True)):
+            a.join(o, r)
+            sources[k].append(o)
+    return _Edges(ops, res, sources)
+
+
+def _zeros(params: Any) -> frozenset[int]:
+    return frozenset(k for k, z in enumerate(params.get("_zero_init", ())) if z)
+
+
+_EDGES: dict[str, Callable[[_Analysis, OpView], _Edges]] = {
+    "scan": _scan, "while": _while, "cond": _cond}
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The analysis of one op on its global types: a rule, and per factor the nodes of
+    the op's dims it is made of (to read local sizes from)."""
+
+    rule: ShardingRule
+    nodes: dict[int, list[Node]]  # factor -> the group's nodes, by operand then result
+    analysis: _Analysis
+
+
+def _key(view: OpView) -> tuple:
+    return (view.name, tuple(sorted((k, v) for k, v in view.params.items())),
+            view.in_shapes, view.out_shapes)
+
+
+def _analyze(view: OpView) -> _Groups:
+    a = _Analysis()
+    edges = _EDGES[view.name](a, view)
+    depends, bad = a.dependencies()
+    find = a.find
+    b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
+    placed: set[Node] = set()
+    nodes: dict[int, list[Node]] = {}
+    roots = sorted({find(n) for v in (*edges.operands, *edges.results)
+                    for n in a.dims_of[v]} - bad)
+    for g in roots:
+        operands = {i: d for i, v in enumerate(edges.operands)
+                    for d, n in enumerate(a.dims_of[v]) if find(n) == g}
+        results = {k: d for k, v in enumerate(edges.results)
+                   for d, n in enumerate(a.dims_of[v]) if find(n) == g}
+        counts = [sum(find(n) == g for n in a.dims_of[v])
+                  for v in (*edges.operands, *edges.results)]
+        if max(counts) > 1 or not operands:
+            continue  # in two dims of one tensor, or made by the body alone
+        seeds = {edges.carries[k] for k in edges.zero}
+        for seeded in ((seeds, set()) if seeds else (set(),)):
+            partial = a.partials(g, seeded, depends)
+            actions = None if partial is None else _actions(
+                g, results, edges, partial, seeded, depends)
+            if actions is not None:
+                break
+        if actions is not None:
+            sums, unrelated = actions
+            kind, monoid = (REDUCTION, "add") if sums else (PASS, None)
+            f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated)
+            nodes[f] = [a.dims_of[v][d] for v, d in (
+                *((edges.operands[i], d) for i, d in operands.items()),
+                *((edges.results[k], d) for k, d in results.items()))]
+            placed.update(n for v in (*edges.operands, *edges.results)
+                          for n in a.dims_of[v] if find(n) == g)
+    for i, v in enumerate(edges.operands):
+        for d, n in enumerate(a.dims_of[v]):
+            if n not in placed:
+                b.replicated(a.sizes[n], operands={i: d})
+    for k, v in enumerate(edges.results):
+        for d, n in enumerate(a.dims_of[v]):
+            if n not in placed:
+                b.replicated(a.sizes[n], results={k: d})
+    return _Groups(b.build(), nodes, a)
+
+
+def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
+             seeded: set[int], depends: dict[int, set[Node]]
+             ) -> tuple[list[int], list[int]] | None:
+    """The op results that are partial sums over group g and those that do not depend on
+    it (the rest are tiled), or None if one is neither. A carry is a partial sum only if
+    it starts from zero (seeded), and then it must end as one."""
+    sums, unrelated = [], []
+    for k, srcs in enumerate(edges.sources):
+        arg = edges.carries.get(k)
+        started = arg is not None and arg in seeded
+        if k in results:
+            if started:
+                return None
+            continue
+        if all(v in partial for v in srcs) and (arg is None or started):
+            sums.append(k)
+        elif all(g not in depends[v] for v in srcs) and not started:
+            unrelated.append(k)
+        else:
+            return None
+    return sums, unrelated
+
+
+_ANALYSES: dict[tuple, _Groups] = {}
+
+
+def _groups(view: OpView) -> _Groups:
+    """The analysis of the op, once per kind of op (the layers of a model repeat it)."""
+    key = _key(view)
+    try:
+        found = _ANALYSES.get(key)
+    except TypeError:  # unhashable parameters
+        return _analyze(view)
+    if found is None:
+        if len(_ANALYSES) > 256:
+            _ANALYSES.clear()
+        found = _ANALYSES[key] = _analyze(view)
+    return found
+
+
+def control_rule(view: OpView) -> ShardingRule:
+    return _groups(view).rule
+
+
+# --- the local op: the same control flow on slices, bodies traced again -----------------
+
+
+def _global_view(view: OpView) -> OpView:
+    """The op on global types, which its bodies' types give (a local view has the global
+    parameters)."""
+    p = view.params
+    if view.name == "scan":
+        body = p["jaxpr"]
+        n, nc, nk = p["length"], p["num_consts"], p["num_carry"]
+        ins = [_type(a) if i < nc + nk else TensorType((n, *a.shape), a.dtype)
+               for i, a in enumerate(body.in_avals)]
+        outs = [_type(a) if k < nk else TensorType((n, *a.shape), a.dtype)
+                for k, a in enumerate(body.out_avals)]
+    elif view.name == "while":
+        cn = p["cond_nconsts"]
+        ins = [*map(_type, p["cond_jaxpr"].in_avals[:cn]),
+               *map(_type, p["body_jaxpr"].in_avals)]
+        outs = [_type(a) for a in p["body_jaxpr"].out_avals]
+    else:
+        branch = p["branches"][0]
+        ins = [view.in_types[0], *map(_type, branch.in_avals)]
+        outs = [_type(a) for a in branch.out_avals]
+    return OpView(view.name, p, tuple(ins), tuple(outs))
+
+
+def localize(view: OpView) -> dict[str, Any]:
+    """The op's parameters on local types: each body traced again with every dimension of
+    a sliced group at its local size, read from the op's local operands and results."""
+    groups = _groups(_global_view(view))
+    a, rule = groups.analysis, groups.rule
+    local: dict[Node, int] = {}
+    for f, nodes in groups.nodes.items():
+        i = next((i for i, d in enumerate(rule.operand_dims[f]) if d is not None), None)
+        size = view.in_types[i].shape[rule.operand_dims[f][i]]
+        local[a.find(nodes[0])] = size
+    if not any(local[g] != a.sizes[g] for g in local):
+        return dict(view.params)
+
+    def size(n: Node) -> int:
+        return local.get(a.find(n), a.sizes[n])
+
+    p = dict(view.params)
+    for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
+        if name in p:
+            p[name] = _retrace(p[name], a, size)
+    if "branches" in p:
+        p["branches"] = tuple(_retrace(b, a, size) for b in p["branches"])
+    return p
+
+
+def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int]) -> Any:
+    """The body as a ClosedJaxpr on local shapes, every op's parameters localized."""
+    jaxpr, consts = _jaxpr(body)
+
+    def local_type(j: Any, var: Any) -> TensorType:
+        return TensorType(tuple(size(n) for n in a.dims_of[a.values[(id(j), var)]]),
+                          var.aval.dtype)
+
+    def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        env = dict(zip(j.constvars, js_consts, strict=True))
+        env.update(zip(j.invars, args, strict=True))
+
+        def read(x: Any) -> Any:
+            return x.val if isinstance(x, jcore.Literal) else env[x]
+
+        for eqn in j.eqns:
+            ins = [read(x) for x in eqn.invars]
+            name = eqn.primitive.name
+            if name in CALLS and CALLS[name] in eqn.params:
+                inner, inner_consts = _jaxpr(eqn.params[CALLS[name]])
+                outs = run(inner, inner_consts, ins)
+            else:
+                params = dict(eqn.params)
+                prim = CATALOGUE.get(name)
+                if prim is not None and prim.localize is not None:
+                    params = prim.localize(OpView(
+                        name, eqn.params,
+                        tuple(TensorType(tuple(x.shape), x.dtype) for x in ins),
+                        tuple(local_type(j, v) for v in eqn.outvars)))
+                outs = eqn.primitive.bind(*ins, **params)
+                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(x) for x in j.outvars]
+
+    avals = [jax.ShapeDtypeStruct(local_type(jaxpr, v).shape, v.aval.dtype)
+             for v in jaxpr.invars]
+    return jax.make_jaxpr(lambda *args: run(jaxpr, consts, args))(*avals)
+
+
+def control_flops(view: OpView, rule: ShardingRule | None) -> float:
+    """The bodies' FLOPs: a scan's body times its length; a while loop's body once (its
+    trip count is not known); a cond's costliest branch."""
+    p = view.params
+    if view.name == "scan":
+        return p["length"] * _body_flops(p["jaxpr"])
+    if view.name == "while":
+        return _body_flops(p["cond_jaxpr"]) + _body_flops(p["body_jaxpr"])
+    return max(_body_flops(b) for b in p["branches"])
+
+
+def _body_flops(body: Any) -> float:
+    jaxpr, _ = _jaxpr(body)
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in CALLS and CALLS[name] in eqn.params:
+            total += _body_flops(eqn.params[CALLS[name]])
+            continue
+        prim = CATALOGUE.get(name)
+        if prim is None:
+            continue
+        view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
+                      tuple(_type(v.aval) for v in eqn.outvars))
+        total += prim.flops(view, prim.rule(view) if prim.rule is not None else None)
+    return total
+
+
+declare(("scan", "while", "cond"), Primitive(
+    Kind.KERNEL, control_flops, control_rule, localize=localize,
+    doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
+        "outputs -> #sum; the rest replicated"))
