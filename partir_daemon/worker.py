@@ -15,6 +15,10 @@ It speaks line-delimited JSON with the daemon on its stdin/stdout:
                        {"id": n, "partial": {...}}     a partition's partial result
                        {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
 
+Benchmarks: with `PARTIR_DAEMON_COARSE_CANCEL=1`, a cancelled request stops only at its
+next progress message (between tactics, between states' lowerings), as before tokens
+were checked inside propagation and lowering: `benchmarks/daemon_latency.py` compares.
+
 Fault injection (tests): with `PARTIR_DAEMON_KILL_AT=<file>` in its environment, the
 process SIGKILLs itself right after reporting a progress message that starts with the
 file's content, and removes the file (so once): a compiler killed at a chosen stage.
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             if "cancel" in message:
                 cancelled.add(message["cancel"])
                 token = tokens.get(message["cancel"])
-                if token is not None:
+                if token is not None and not coarse:
                     token.cancel("superseded by a newer revision, or on request")
                 if loading[0] == message["cancel"]:
                     os.kill(os.getpid(), INTERRUPT_SIGNAL)
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=read, name="worker-stdin", daemon=True).start()
     send({"ready": os.getpid()})
     kill_at = os.environ.get("PARTIR_DAEMON_KILL_AT")
+    coarse = os.environ.get("PARTIR_DAEMON_COARSE_CANCEL") == "1"
     while True:
         if requests.empty():
             engine.release()
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                 loading[0] = None
             send({"id": request_id, "progress": {"message": text, "step": step,
                                                   "total": total}})
+            if coarse and request_id in cancelled:
+                tokens[request_id].cancel()
             if kill_at:
                 _kill_at(kill_at, text)
 
