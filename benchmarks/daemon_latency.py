@@ -106,7 +106,8 @@ def superseded(args: argparse.Namespace, coarse: bool) -> list[float]:
                 raise SystemExit(f"the newer edit failed: {result.diagnostics}")
             try:
                 older.result(60)
-                raise SystemExit("the older edit was not cancelled")
+                if not coarse:  # before, a state's lowering always ran to its end
+                    raise SystemExit("the older edit was not cancelled")
             except RequestCancelled:
                 pass
             out.append(answered[0] - start)
