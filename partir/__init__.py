@@ -3,6 +3,7 @@
 from importlib.metadata import version
 
 from partir.api import CorePartition, core_partition, partition
+from partir.cancel import CancellationToken, Cancelled
 from partir.errors import (
     AlreadyTiledError,
     AxisNotInMeshError,
@@ -29,6 +30,8 @@ __all__ = [
     "UNKNOWN",
     "AlreadyTiledError",
     "AxisNotInMeshError",
+    "CancellationToken",
+    "Cancelled",
     "CorePartition",
     "DimensionOutOfRangeError",
     "IndivisibleDimensionError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from partir.cancel import checkpoint
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
 from partir.gcpause import paused_gc
@@ -31,8 +32,15 @@ class Lowered:
 
 
 def lower(program: CoreProgram) -> Lowered:
+    """Cancellable (`partir.cancel`): checked between the stages and inside them."""
     with paused_gc():
+        checkpoint()
         core = materialize(program)
+        checkpoint()
         spmd = lower_core_to_spmd(core, program.mesh)
+        checkpoint()
         hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
-        return Lowered(core, spmd, locate_by_users(optimize(hlo)))
+        checkpoint()
+        optimized = optimize(hlo)
+        checkpoint()
+        return Lowered(core, spmd, locate_by_users(optimized))

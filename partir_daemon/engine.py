@@ -1,581 +1,144 @@
-"""The compiler behind the daemon: executes schedule files, and keeps traces and
-per-tactic states cached so that an edit of tactic k resumes from the state after
-tactic k-1 (DESIGN §6). It runs in the worker process (`partir_daemon.worker`), one
-request at a time; the daemon can kill that process when a request hangs.
-
-Caches:
-- traces, keyed by `Fingerprinter.trace_key` (function fingerprint with the workspace
-  modules it imports, argument shapes/dtypes, static args, JAX version), each with the
-  content hashes of its workspace dependencies;
-- states, keyed by the hash chain over (trace, mesh, tactic 1..i): the Core module after
-  tactic i (never rewritten again: the next tactic applies to a fork of it), its
-  `TacticRecord`, and lazily its `TacticMetadata` (which lowers the program to count
-  collectives, so an unchanged tactic is never lowered twice);
-- a few lowered programs, for `ir` and `explain`.
-Both main caches share one LRU bound on entries and on held ops.
-
-Files are hashed before they run and checked again after: the schedule file read from
-disk is hashed as read (the text executed is that one), the user's modules as imported
-(`partir.user_modules` reads and hashes them before the import). Once the analysis is
-done, a file whose content now differs — an edit landed while it ran — drops the trace
-made from it and the analysis runs again (at most MAX_STALE_RERUNS times), so that a
-result is never cached under a content it was not made from.
+"""The daemon's side of the compiler core: a `partir.session.Session` whose calls take
+and return the protocol's types (`partir_daemon.protocol`). It runs in the worker
+process (`partir_daemon.worker`), one request at a time, each with a cancellation token
+that the worker cancels when a newer revision of its document arrives or the client
+cancels it; the daemon can still kill that process when a request hangs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
-import logging
 import os
-import signal
-import threading
 import time
-import traceback
-from collections import Counter, OrderedDict
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from partir.api import LOWERED_FIELDS, applied_metadata, tactic_metadata
-from partir.core.module import CoreModule
-from partir.core.printing import print_core
-from partir.core.program import CoreProgram, sharding_of
-from partir.errors import PartitionError, UnknownInputError
-from partir.frontend import TracedProgram, trace
-from partir.frontend.source import is_user_file
-from partir.gcpause import paused_gc
-from partir.hlo.ops import COLLECTIVES
-from partir.ir import Location
+from partir.api import LOWERED_FIELDS
+from partir.cancel import CancellationToken, Cancelled
 from partir.metadata import TacticMetadata
-from partir.pipeline import Lowered, lower
-from partir.schedule_file import (
-    ScheduleExecutionError,
-    ScheduleFile,
-    ScheduleFileError,
-    ScheduleMissingError,
-    ScheduleSyntaxError,
-    ScheduleTypeError,
-    SourceRange,
-    load_schedule_file,
+from partir.session import Analysis, Session
+from partir.session.core import (  # noqa: F401  (the worker's, re-exported)
+    INTERRUPT_SIGNAL,
+    MAX_STALE_RERUNS,
+    Progress,
+    ignore_interrupts,
 )
-from partir.tactics import TacticRecord
-from partir.tactics.driver import apply_tactic, named_values
-from partir.user_modules import USER_MODULES, content_hash
+from partir.user_modules import content_hash  # noqa: F401  (tests patch it here)
 from partir_daemon import protocol as P
-from partir_daemon.cache import LruCache
-from partir_daemon.definitions import definitions
-from partir_daemon.fingerprint import Fingerprinter, chain, mesh_key
 
-log = logging.getLogger("partir_daemon.engine")
-_DAEMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+__all__ = ["INTERRUPT_SIGNAL", "Cancelled", "Engine", "ignore_interrupts"]
 
-Progress = Callable[[str, int | None, int | None], None]
-IsCancelled = Callable[[], bool]
-
-# Lowered programs kept for `ir`/`explain` (each is a full Core+SPMD+HLO program).
-MAX_LOWERED = 6
-# How many times an analysis runs again because a file it read changed meanwhile.
-MAX_STALE_RERUNS = 3
+_DAEMON_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class Cancelled(Exception):
-    """The request was cancelled (a newer revision of its document arrived)."""
-
-
-class ScheduleLoadTimeout(Exception):
-    """Raised inside the schedule file's code when executing it takes too long."""
-
-
-class LoadInterrupted(Exception):
-    """Raised inside the schedule file's code when its request is cancelled (a newer
-    revision arrived): a file that loops must not hold back the fix of its loop."""
-
-
-# Sent to the compiler process to interrupt the schedule file it is executing; ignored
-# outside `_time_limit` (see `ignore_interrupts`).
-INTERRUPT_SIGNAL = signal.SIGUSR1
-
-
-def ignore_interrupts() -> None:
-    """An interrupt that arrives just after the load it was meant for ends is dropped (the
-    request is then cancelled between tactics)."""
-    signal.signal(INTERRUPT_SIGNAL, signal.SIG_IGN)
-
-
-@dataclass
-class TraceEntry:
-    key: str
-    traced: TracedProgram
-    files: dict[str, str | None]  # workspace dependencies -> content hash when traced
-    function: str
-    elapsed_s: float
-    # (kind, name) -> where inputs and tags are defined in the user's code, made once
-    definitions: dict[tuple[str, str], list[P.SourceLocation]] | None = None
-
-
-@dataclass
-class StateEntry:
-    key: str
-    trace_key: str
-    module: CoreModule  # the state after this tactic; never rewritten again
-    record: TacticRecord | None  # None for the traced program (state 0)
-    metadata: TacticMetadata | None = None  # complete: lowered and simulated, made once
-    applied: TacticMetadata | None = None  # short of lowering, made once
-    attribution: Counter | None = None  # collective signature -> count, for explain
-    core_ir: str | None = None  # printed on request
-    # (kind, name) -> the sharding of each value so named after this state, made once
-    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
-    _initial: CoreProgram | None = None
-
-    @property
-    def program(self) -> CoreProgram:
-        if self.record is not None:
-            return self.record.program
-        if self._initial is None:
-            self._initial = self.module.snapshot()
-        return self._initial
-
-
-@dataclass
-class Applied:
-    """What `Engine.apply` computed for a request."""
-
-    schedule_file: ScheduleFile | None
-    diagnostics: list[P.Diagnostic]
-    trace: TraceEntry | None = None
-    trace_cached: bool = False
-    invalidated_by: list[str] = field(default_factory=list)
-    initial: StateEntry | None = None
-    states: list[StateEntry] = field(default_factory=list)  # one per applied tactic
-    reused: list[bool] = field(default_factory=list)
-    timings: P.Timings = field(default_factory=P.Timings)
-    dependencies: list[str] = field(default_factory=list)  # the user's modules it imported
-
-
-@dataclass
-class Loaded:
-    """A schedule file as last executed, reused while its text and the user's modules it
-    imported are unchanged: hovers, IR and explain requests ask again for the text the
-    last analysis ran."""
-
-    text: str
-    schedule_file: ScheduleFile
+def _no_progress(message: str, step: int | None, total: int | None) -> None:
+    pass
 
 
 class Engine:
-    def __init__(self, workspace: str, *, load_timeout_s: float = 30.0,
-                 max_entries: int = 256, max_ops: int = 4_000_000) -> None:
-        self.workspace = os.path.realpath(workspace)
-        self.load_timeout_s = load_timeout_s
-        # What the caches drop, freed by `release` between requests.
-        self._dropped: list[Any] = []
-        self.traces: LruCache[str, TraceEntry] = LruCache(max_entries, max_ops,
-                                                          self._dropped.append)
-        self.states: LruCache[str, StateEntry] = LruCache(max_entries, max_ops,
-                                                          self._dropped.append)
-        self.lowered: OrderedDict[str, Lowered] = OrderedDict()
-        self.invalidations = 0
-        self.cancelled = 0
-        self.lowerings = 0
-        self.stale_reruns = 0  # analyses run again: a file changed while they ran
-        self._last_trace: dict[str, str] = {}  # schedule path -> trace key last used
-        self._invalidated_by: dict[str, list[str]] = {}  # path -> changed files, unreported
-        self._loaded: dict[str, Loaded] = {}  # schedule path -> as last executed
+    """A `Session` answering the protocol's requests. `token` (optional) cancels one."""
 
-    # -- the shared bound ----------------------------------------------------------------
-    def _put_trace(self, entry: TraceEntry) -> None:
-        self.traces.put(entry.key, entry, len(entry.traced.function.ops))
-        self._rebalance()
+    def __init__(self, workspace: str, **options: Any) -> None:
+        self.session = Session(workspace, tool_dirs=[_DAEMON_DIR], **options)
 
-    def _put_state(self, entry: StateEntry) -> None:
-        self.states.put(entry.key, entry, len(entry.module.ops))
-        self._rebalance()
+    @property
+    def traces(self) -> Any:
+        return self.session.traces
 
-    def _rebalance(self) -> None:
-        # One bound for both caches: evict states first (cheap to recompute from a trace),
-        # then traces, always keeping the newest of each.
-        limit_n = self.states.max_entries
-        limit_ops = self.states.max_cost
-        while (len(self.states) + len(self.traces) > limit_n or
-               self.states.cost + self.traces.cost > limit_ops):
-            cache = self.states if len(self.states) > 1 else self.traces
-            if len(cache) <= 1:
-                break
-            key = next(iter(k for k, _ in cache.items()))
-            self._dropped.append(cache.pop(key))
-            cache.counters.evictions += 1
+    @property
+    def stale_reruns(self) -> int:
+        return self.session.stale_reruns
 
-    # -- requests ------------------------------------------------------------------------
-    def partition(self, params: P.PartitionParams, progress: Progress,
-                  is_cancelled: IsCancelled,
+    def release(self) -> None:
+        self.session.release()
+
+    def partition(self, params: P.PartitionParams, progress: Progress = _no_progress,
+                  token: CancellationToken | None = None,
                   partial: Callable[[P.PartitionResult], None] | None = None
                   ) -> P.PartitionResult:
         """Apply the schedule; with `params.metadata`, lower and simulate each applied
         state not lowered before, after handing the result short of that to `partial`
         (when the request asks for it and there is lowering to do)."""
         start = time.perf_counter()
-        applied = self.apply(params.path, params.text, progress, is_cancelled)
-        unlowered = [st for st in applied.states if st.metadata is None]
-        if params.metadata and unlowered:
+        analysis = self.session.analyse(params.path, params.text, progress, token)
+        if params.metadata and any(not st.lowered for st in analysis.states):
             if params.partial and partial is not None:
-                applied.timings.total_s = time.perf_counter() - start
-                partial(self._partition_result(params, applied))
-            t0 = time.perf_counter()
-            for i, st in enumerate(applied.states, 1):
-                if st.metadata is None:
-                    if is_cancelled():
-                        raise Cancelled
-                    progress(f"collectives after tactic {i}/{len(applied.states)}", i,
-                             len(applied.states))
-                    self._lower(st)
-            applied.timings.metadata_s = time.perf_counter() - t0
-        applied.timings.total_s = time.perf_counter() - start
-        return self._partition_result(params, applied)
+                analysis.timings.total_s = time.perf_counter() - start
+                partial(self._partition_result(params, analysis))
+            self.session.lower(analysis, progress, token)
+        analysis.timings.total_s = time.perf_counter() - start
+        return self._partition_result(params, analysis)
 
-    def ir(self, params: P.IrParams, progress: Progress, is_cancelled: IsCancelled
-           ) -> P.IrResult:
-        applied = self.apply(params.path, params.text, progress, is_cancelled)
-        n = len(applied.states)
+    def ir(self, params: P.IrParams, progress: Progress = _no_progress,
+           token: CancellationToken | None = None) -> P.IrResult:
+        analysis = self.session.analyse(params.path, params.text, progress, token)
+        n = len(analysis.states)
         after = n if params.after is None else params.after
-        if applied.initial is None or not 0 <= after <= n:
-            if applied.initial is not None:
-                applied.diagnostics.append(P.Diagnostic(
+        if analysis.initial is None or not 0 <= after <= n:
+            if analysis.initial is not None:
+                analysis.diagnostics.append(P.Diagnostic(
                     "internal", f"after={after}: the schedule has {n} applied tactics (0 is "
                     f"the traced program)", params.path, 0))
             return P.IrResult(params.path, params.version, params.level, after, None, "",
-                              applied.diagnostics)
-        state = applied.initial if after == 0 else applied.states[after - 1]
-        if params.level == "core":
-            text = print_core(state.program)
-        else:
-            text = self._lowered(state).text(params.level)
+                              analysis.diagnostics)
+        text = self.session.ir(analysis, params.level, after, token)
+        state = analysis.initial if after == 0 else analysis.states[after - 1]
         name = state.record.name if state.record is not None else None
         return P.IrResult(params.path, params.version, params.level, after, name, text,
-                          applied.diagnostics)
+                          analysis.diagnostics)
 
-    def explain(self, params: P.ExplainParams, progress: Progress,
-                is_cancelled: IsCancelled) -> P.ExplainResult:
+    def explain(self, params: P.ExplainParams, progress: Progress = _no_progress,
+                token: CancellationToken | None = None) -> P.ExplainResult:
         if params.name is None and params.file is None:
             raise ValueError("explain needs a `name`, or a `file` (and `line`)")
-        applied = self.apply(params.path, params.text, progress, is_cancelled)
-        result = P.ExplainResult(params.path, params.version, [], [], applied.diagnostics)
-        if applied.trace is None or not applied.states:
-            return result
-        traced = applied.trace.traced
-        states = applied.states
-        if params.name is not None:
-            result.values = [v for v in _values(traced, states, self._definitions(
-                applied.trace, applied.schedule_file)) if _matches(v.name, params.name)]
-        elif params.line is not None:
-            result.values = _explain_line(params.file, params.line, states)
-        attributions = []
-        for i, state in enumerate(states, 1):
-            if is_cancelled():
-                raise Cancelled
-            if state.attribution is None:
-                progress(f"lowering the program after tactic {i}", i, len(states))
-                state.attribution = _attribute(self._lowered(state))
-            attributions.append(state.attribution)
-        result.collectives = [c for c in _introductions(attributions, states)
-                              if _concerns(c, params)]
-        return result
+        analysis = self.session.analyse(params.path, params.text, progress, token)
+        found = self.session.explain(analysis, name=params.name, file=params.file,
+                                line=params.line, progress=progress, token=token)
+        return P.ExplainResult(params.path, params.version, found.values, found.collectives,
+                               analysis.diagnostics)
 
-    def _definitions(self, trace: TraceEntry, sf: ScheduleFile
-                     ) -> dict[tuple[str, str], list[P.SourceLocation]]:
-        if trace.definitions is None:
-            # The function's own modules first: they build its inputs more often than
-            # the schedule's helpers (which name leaves too, to partition them).
-            trace.definitions = definitions(trace.traced, sf.program.fn,
-                                            [*sorted(trace.files), *sf.dependencies])
-        return trace.definitions
+    def invalidate(self, params: P.InvalidateParams) -> P.InvalidatedParams:
+        found = self.session.invalidate(params.paths)
+        return P.InvalidatedParams(found.paths, found.traces)
 
-    def invalidate(self, paths: list[str]) -> P.InvalidatedParams:
-        """Drop the traces (and their states) that depend on a changed file, confirmed by
-        its content hash (an editor that rewrites a file unchanged invalidates nothing).
-        Returns the files whose content differs from what a trace or an import saw (the
-        user's modules are imported again at the next load that needs them)."""
-        changed = {os.path.realpath(p) for p in paths}
-        current = {p: content_hash(p) for p in changed}
-        known: dict[str, set[str | None]] = {}
-        for file, digest in USER_MODULES.digests().items():
-            known.setdefault(os.path.realpath(file), set()).add(digest)
-        doomed: dict[str, list[str]] = {}
-        for key, entry in self.traces.items():
-            for f, digest in entry.files.items():
-                known.setdefault(os.path.realpath(f), set()).add(digest)
-            stale = sorted(f for f in entry.files if os.path.realpath(f) in changed
-                           and current[os.path.realpath(f)] != entry.files[f])
-            if stale:
-                doomed[key] = stale
-        for key, stale in doomed.items():
-            self._drop_trace(key)
-            for path, last in self._last_trace.items():
-                if last == key:
-                    self._invalidated_by[path] = stale
-        differ = sorted(p for p in changed if p in known and known[p] != {current[p]})
-        return P.InvalidatedParams(differ, len(doomed))
+    def stats(self, params: P.WorkerStatsParams | None = None) -> dict[str, Any]:
+        return dataclasses.asdict(self.session.stats())
 
-    def stats(self) -> dict[str, Any]:
-        return {"traces": len(self.traces), "states": len(self.states),
-                "trace_hits": self.traces.counters.hits,
-                "trace_misses": self.traces.counters.misses,
-                "state_hits": self.states.counters.hits,
-                "state_misses": self.states.counters.misses,
-                "invalidations": self.invalidations,
-                "evictions": self.traces.counters.evictions + self.states.counters.evictions,
-                "held_ops": self.traces.cost + self.states.cost,
-                "max_ops": self.states.max_cost, "max_entries": self.states.max_entries,
-                "cancelled_requests": self.cancelled, "lowered": self.lowerings}
-
-    def _lower(self, state: StateEntry) -> None:
-        # the lowered program stays cached for `ir` and `explain`, which need it next
-        with paused_gc():
-            lowered = self._lowered(state)
-            state.metadata = tactic_metadata(state.record, core_ir=False, lowered=lowered,
-                                             applied=state.applied)
-            state.attribution = _attribute(lowered)
-        self.lowerings += 1
-
-    def release(self) -> None:
-        """Free the programs the caches dropped. Between requests: freeing one lowered
-        program's objects takes some 50 ms that the request evicting it need not wait."""
-        self._dropped.clear()
-
-    def _drop_trace(self, key: str) -> None:
-        self.traces.pop(key)
-        self.states.drop_where(lambda _, s: s.trace_key == key)
-        self.invalidations += 1
-
-    def _lowered(self, state: StateEntry) -> Lowered:
-        found = self.lowered.get(state.key)
-        if found is None:
-            found = self.lowered[state.key] = lower(state.program)
-            while len(self.lowered) > MAX_LOWERED:
-                self._dropped.append(self.lowered.popitem(last=False))
-        self.lowered.move_to_end(state.key)
-        return found
-
-    # -- the incremental pipeline --------------------------------------------------------
-    def apply(self, path: str, text: str | None, progress: Progress,
-              is_cancelled: IsCancelled) -> Applied:
-        """Load, trace and apply the schedule file at `path` (or `text`, its unsaved
-        contents), again while a file it read changed during the analysis."""
-        path = os.path.abspath(os.path.join(self.workspace, path))
-        for attempt in range(MAX_STALE_RERUNS + 1):
-            digest = None
-            source = text
-            if text is None:  # read (and hashed) here: the text executed is this one
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                    digest = hashlib.sha256(data).hexdigest()
-                    source = importlib.util.decode_source(data)
-                except (OSError, SyntaxError, UnicodeDecodeError):
-                    source = None  # reported by load_schedule_file
-            applied = self._apply(path, source, progress, is_cancelled)
-            changed = self._changed_since(applied, path, digest)
-            if not changed:
-                return applied
-            self.stale_reruns += 1
-            if applied.trace is not None:
-                self._drop_trace(applied.trace.key)
-            self._loaded.pop(path, None)
-            log.info("%s: %s changed while it was analysed (run %d); analysing again",
-                     path, ", ".join(changed), attempt + 1)
-        return applied
-
-    def _changed_since(self, applied: Applied, path: str, digest: str | None) -> list[str]:
-        """The files the analysis read whose content differs now from when it read them:
-        the schedule file (read here when not given as text), the workspace modules the
-        trace was keyed by, and the user's modules the schedule file imported."""
-        read = dict(applied.trace.files) if applied.trace is not None else {}
-        imported = _imported_digests(os.path.dirname(path))
-        for f in applied.dependencies:
-            if f in imported:
-                read.setdefault(f, imported[f])
-        if digest is not None:
-            read[path] = digest
-        return sorted(f for f, h in read.items() if content_hash(f) != h)
-
-    def _apply(self, path: str, text: str | None, progress: Progress,
-               is_cancelled: IsCancelled) -> Applied:
-        timings = P.Timings()
-        start = time.perf_counter()
-        progress("loading the schedule file", None, None)
-        try:
-            sf = self._load(path, text)
-        except ScheduleFileError as e:
-            return Applied(None, [_file_diagnostic(e)], timings=timings,
-                           dependencies=e.dependencies)
-        timings.load_s = time.perf_counter() - start
-        # The daemon measures the load timeout until this message, then the compile one.
-        progress("loaded", None, None)
-        applied = Applied(sf, [], timings=timings, dependencies=sf.dependencies)
-
-        fp = Fingerprinter([self.workspace, os.path.dirname(path)],
-                           _imported_digests(os.path.dirname(path)))
-        trace_key = fp.trace_key(sf.program)
-        files = dict(fp.files)
-        self._check_previous_trace(path, trace_key)
-        applied.invalidated_by = self._invalidated_by.pop(path, [])
-        self._last_trace[path] = trace_key
-        entry = self.traces.get(trace_key)
-        applied.trace_cached = entry is not None
-        if entry is None:
-            progress("tracing", None, None)
-            t0 = time.perf_counter()
-            try:
-                traced = trace(sf.program.fn, *sf.program.args,
-                               static_argnums=sf.program.static_argnums)
-            except Exception as e:  # TracingError, or the user's function raising
-                applied.diagnostics.append(_tracing_diagnostic(e, sf))
-                return applied
-            entry = TraceEntry(trace_key, traced, files, traced.function.name,
-                               time.perf_counter() - t0)
-            self._put_trace(entry)
-            timings.trace_s = entry.elapsed_s
-        applied.trace = entry
-
-        key = chain(trace_key, mesh_key(sf.mesh))
-        state = self.states.get(key)
-        if state is None:
-            state = StateEntry(key, trace_key, CoreModule(entry.traced, sf.mesh), None)
-            self._put_state(state)
-        applied.initial = state
-        names = named_values(state.module, entry.traced)
-        n = len(sf.schedule)
-        t0 = time.perf_counter()
-        for i, tactic in enumerate(sf.schedule, 1):
-            if is_cancelled():
-                raise Cancelled
-            key = chain(key, fp.tactic_key(tactic))
-            found = self.states.get(key)
-            applied.reused.append(found is not None)
-            if found is None:
-                progress(f"tactic {i}/{n}: {tactic.label}", i, n)
-                module = state.module.fork()
-                try:
-                    record = apply_tactic(module, tactic, names)
-                except Exception as e:
-                    applied.reused.pop()
-                    applied.diagnostics.append(_tactic_diagnostic(e, sf, i, names))
-                    break
-                found = StateEntry(key, trace_key, module, record)
-                self._put_state(found)
-            applied.states.append(found)
-            state = found
-        timings.tactics_s = time.perf_counter() - t0
-        return applied
-
-    def _check_previous_trace(self, path: str, trace_key: str) -> None:
-        """A new trace key for a schedule file whose previous trace depended on files that
-        changed on disk: drop that trace now, even if the watcher has not reported yet."""
-        previous = self._last_trace.get(path)
-        if previous is None or previous == trace_key:
-            return
-        entry = self.traces.peek(previous)
-        if entry is None:
-            return
-        stale = sorted(f for f, h in entry.files.items() if content_hash(f) != h)
-        if stale:
-            self._drop_trace(previous)
-            self._invalidated_by[path] = stale
-
-    def _load(self, path: str, text: str | None) -> ScheduleFile:
-        if text is None:
-            try:
-                with open(path, "rb") as f:
-                    text = importlib.util.decode_source(f.read())
-            except (OSError, SyntaxError, UnicodeDecodeError):
-                pass  # reported by load_schedule_file
-        last = self._loaded.get(path)
-        if last is not None and last.text == text and \
-                not USER_MODULES.stale(os.path.dirname(path)):
-            return last.schedule_file
-        self._loaded.pop(path, None)
-        try:
-            with _time_limit(self.load_timeout_s):
-                try:
-                    sf = load_schedule_file(path, text, abstract_args=True)
-                    if text is not None:
-                        self._loaded[path] = Loaded(text, sf)
-                    return sf
-                except ScheduleExecutionError as e:
-                    if e.exc_type == LoadInterrupted.__name__:
-                        raise Cancelled from None
-                    if e.exc_type == ScheduleLoadTimeout.__name__:
-                        # Where the loop is, below the schedule file: the deepest user frame
-                        # of the interrupted code (the alarm handler's own frame is ours).
-                        original = e.__context__
-                        inner = _user_frame(original) if original is not None else None
-                        inner = inner if inner is not None and inner.file != path else None
-                        e.inner = inner and Location(inner.file, inner.line, inner.function)
-                        e.message = (f"executing the schedule file did not finish within "
-                                     f"{self.load_timeout_s:g} s (an infinite loop?); it was "
-                                     f"running this line" + (
-                                         f" (and {inner.file}:{inner.line} in "
-                                         f"{inner.function or 'module'})" if inner else ""))
-                    raise
-        except LoadInterrupted:
-            # The interrupt landed outside the schedule's own code (in the loader, or as
-            # the limit was lifted), so nothing wrapped it: cancelled all the same.
-            raise Cancelled from None
-
-    # -- results -------------------------------------------------------------------------
     def _partition_result(self, params: P.PartitionParams,
-                          applied: Applied) -> P.PartitionResult:
-        sf = applied.schedule_file
-        result = P.PartitionResult(params.path, params.version, not applied.diagnostics,
-                                   applied.diagnostics,
-                                   timings=dataclasses.replace(applied.timings),
-                                   dependencies=list(applied.dependencies))
+                          analysis: Analysis) -> P.PartitionResult:
+        sf = analysis.schedule_file
+        result = P.PartitionResult(params.path, params.version, analysis.ok,
+                                   analysis.diagnostics,
+                                   timings=dataclasses.replace(analysis.timings),
+                                   dependencies=list(analysis.dependencies))
         if sf is None:
             return result
         result.mesh = dict(sf.mesh)
         result.program_range = _range(sf.program_span)
         result.mesh_range = _range(sf.mesh_span)
         result.schedule_range = _range(sf.schedule_span)
-        if applied.trace is not None:
-            t = applied.trace
+        if analysis.trace is not None:
+            t = analysis.trace
             result.function = t.function
-            result.trace = P.TraceInfo(t.key[:16], applied.trace_cached, t.function,
+            result.trace = P.TraceInfo(t.key[:16], analysis.trace_cached, t.function,
                                        len(t.traced.function.ops),
-                                       0.0 if applied.trace_cached else t.elapsed_s,
-                                       sorted(t.files), applied.invalidated_by)
-        for i, (st, reused) in enumerate(zip(applied.states, applied.reused, strict=True), 1):
-            source = sf.tactics[i - 1]
-            if st.metadata is None and st.applied is None:
-                st.applied = applied_metadata(st.record)
-            metadata = _plain(st.metadata or st.applied, lowered=st.metadata is not None)
+                                       0.0 if analysis.trace_cached else t.elapsed_s,
+                                       sorted(t.files), analysis.invalidated_by)
+        for tactic, st in zip(analysis.tactics(), analysis.states, strict=True):
+            metadata = _plain(tactic.metadata, lowered=tactic.lowered)
             if params.include_ir:
-                if st.core_ir is None:
-                    st.core_ir = print_core(st.program)
-                metadata["core_ir"] = st.core_ir
-            record = st.record
+                metadata["core_ir"] = self.session.core_ir(st)
             result.tactics.append(P.TacticResult(
-                i, record.name, record.axis, _range(source.span),
-                {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
-                metadata))
-            (result.reused if reused else result.reapplied).append(i)
-        if applied.trace is not None:
-            result.values = _values(applied.trace.traced, applied.states,
-                                    self._definitions(applied.trace, sf))
-        if applied.states and all(st.attribution is not None for st in applied.states):
-            result.collectives = _introductions([st.attribution for st in applied.states],
-                                                applied.states)
+                tactic.index, tactic.name, tactic.axis, tactic.range, tactic.inputs,
+                tactic.reused, tactic.state, metadata))
+            (result.reused if tactic.reused else result.reapplied).append(tactic.index)
+        result.values = self.session.values(analysis)
+        result.collectives = self.session.collectives(analysis) or []
         return result
 
 
-def _imported_digests(directory: str) -> dict[str, str | None]:
-    """The user's modules a schedule file of `directory` has imported, with their content
-    hashes taken before the import read them."""
-    d = getattr(USER_MODULES, "_dirs", {}).get(directory)
-    if d is None:
-        return USER_MODULES.digests()
-    return {s.file: s.digest for s in d.sources.values()}
+def _range(span: Any) -> P.Range | None:
+    return P.Range(span.line, span.col, span.end_line, span.end_col) if span else None
 
 
 def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:
@@ -589,258 +152,3 @@ def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:
     return out
 
 
-def _range(span: SourceRange | None) -> P.Range | None:
-    return P.Range(span.line, span.col, span.end_line, span.end_col) if span else None
-
-
-@contextmanager
-def _time_limit(seconds: float):
-    """Raise ScheduleLoadTimeout in the running code after `seconds` (SIGALRM), and
-    LoadInterrupted on INTERRUPT_SIGNAL. Signals reach only the main thread: elsewhere no
-    limit, and the daemon's hard deadline still applies."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expired(signum: int, frame: Any) -> None:
-        raise ScheduleLoadTimeout(f"the schedule file ran for more than {seconds:g} s")
-
-    def interrupted(signum: int, frame: Any) -> None:
-        raise LoadInterrupted("superseded by a newer revision")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    previous_interrupt = signal.signal(INTERRUPT_SIGNAL, interrupted)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        signal.signal(INTERRUPT_SIGNAL, previous_interrupt)
-
-
-# --- diagnostics ----------------------------------------------------------------------------
-
-
-def _file_diagnostic(e: ScheduleFileError) -> P.Diagnostic:
-    kind: P.DiagnosticKind = "read"
-    exc_type = inner = None
-    if isinstance(e, ScheduleSyntaxError):
-        kind = "syntax"
-    elif isinstance(e, ScheduleExecutionError):
-        kind = "timeout" if e.exc_type == ScheduleLoadTimeout.__name__ else "execution"
-        exc_type = e.exc_type
-        if e.inner is not None:
-            inner = P.SourceLocation(e.inner.file, e.inner.line, e.inner.function)
-    elif isinstance(e, ScheduleMissingError):
-        kind = "missing"
-    elif isinstance(e, ScheduleTypeError):
-        kind = "type"
-    message = e.message
-    return P.Diagnostic(kind, message, e.file, e.line, _range(e.span), None, exc_type, inner)
-
-
-def _user_frame(e: BaseException) -> P.SourceLocation | None:
-    """The deepest frame of the user's code where `e` (or the exception it was raised
-    from, e.g. the TypeError inside a TracingError) was raised."""
-    seen = set()
-    chain = []
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for exc in reversed(chain):  # the original exception first
-        frames = []
-        tb = exc.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if is_user_file(code.co_filename) and not os.path.abspath(
-                    code.co_filename).startswith(_DAEMON_DIR):
-                frames.append(P.SourceLocation(code.co_filename, tb.tb_lineno, code.co_name))
-            tb = tb.tb_next
-        if frames:
-            return frames[-1]
-    return None
-
-
-def _tracing_diagnostic(e: Exception, sf: ScheduleFile) -> P.Diagnostic:
-    span = sf.program_span
-    text = e.message if isinstance(e, PartitionError) else str(e)
-    return P.Diagnostic("tracing", f"tracing the program raised {type(e).__name__}: {text}",
-                        sf.path, span.line if span else 0, _range(span), None,
-                        type(e).__name__, _user_frame(e))
-
-
-def _tactic_diagnostic(e: Exception, sf: ScheduleFile, index: int,
-                       names: dict[str, Any]) -> P.Diagnostic:
-    source = sf.tactics[index - 1]
-    span = source.span or sf.schedule_span
-    tactic = sf.schedule[index - 1]
-    if isinstance(e, UnknownInputError):
-        # Point at the key that names nothing, when the tactic's dict is written out.
-        for key in tactic.inputs:
-            if not any(n == key or n.startswith(key + "/") for n in names) and \
-                    key in source.inputs:
-                span = source.inputs[key]
-                break
-    inner = None
-    if isinstance(e, PartitionError):
-        kind: P.DiagnosticKind = "tactic"
-        message = f"tactic {index} ({tactic.label}): {e.message}"
-        if e.loc is not None and e.loc.line and os.path.abspath(e.loc.file) != sf.path:
-            inner = P.SourceLocation(e.loc.file, e.loc.line, e.loc.function)
-    else:  # a bug in a rule callable of the user's, or in partir itself
-        kind = "tactic" if _user_frame(e) is not None else "internal"
-        message = f"tactic {index} ({tactic.label}) raised {type(e).__name__}: {e}"
-        inner = _user_frame(e)
-        if kind == "internal":
-            log.error("internal error applying tactic %d of %s:\n%s", index, sf.path,
-                      "".join(traceback.format_exception(e)))
-    return P.Diagnostic(kind, message, sf.path, span.line if span else 0, _range(span),
-                        index, type(e).__name__, inner)
-
-
-# --- explain --------------------------------------------------------------------------------
-
-
-def _matches(name: str, key: str) -> bool:
-    return name == key or name.startswith(key + "/")
-
-
-def _local_shape(shape: tuple[int, ...], dims: list[list[str]], mesh: Any) -> list[int]:
-    out = []
-    for n, axes in zip(shape, dims, strict=True):
-        for a in axes:
-            n //= mesh.check_axis(a)
-        out.append(n)
-    return out
-
-
-def _history(shardings: list[list[list[str]]], states: list[StateEntry],
-             shape: tuple[int, ...]) -> list[P.ShardingStep]:
-    steps = []
-    previous = [[] for _ in shape]
-    for i, (dims, st) in enumerate(zip(shardings, states, strict=True), 1):
-        steps.append(P.ShardingStep(i, st.record.name, dims,
-                                    _local_shape(shape, dims, st.program.mesh),
-                                    dims != previous))
-        previous = dims
-    return steps
-
-
-def _value_shardings(state: StateEntry, traced: TracedProgram
-                     ) -> dict[tuple[str, str], list[list[list[str]]]]:
-    if state.value_shardings is None:
-        program = state.program
-        out: dict[tuple[str, str], list[list[list[str]]]] = {}
-        for kind, shardings in (("input", program.input_shardings()),
-                                ("output", program.output_shardings())):
-            for name, s in shardings.items():
-                out[(kind, name)] = [[list(a) for a in s.dims]]
-        for tag, tagged in traced.tags.items():
-            out[("tag", tag)] = [[list(a) for a in program.sharding(v).dims] for v in tagged]
-        state.value_shardings = out
-    return state.value_shardings
-
-
-def _values(traced: TracedProgram, states: list[StateEntry],
-            found: dict[tuple[str, str], list[P.SourceLocation]]) -> list[P.ExplainedValue]:
-    """Every input, output and tagged value with its sharding after each state."""
-    per_state = [_value_shardings(st, traced) for st in states]
-    named = [*(("input", n, t) for n, t in zip(traced.input_names, traced.in_types,
-                                               strict=True)),
-             *(("output", n, v.type) for n, v in zip(traced.output_names,
-                                                     traced.function.results, strict=True))]
-    values = []
-    for kind, name, t in named:
-        if states and (kind, name) not in per_state[0]:
-            continue
-        dims = [s[(kind, name)][0] for s in per_state]
-        values.append(P.ExplainedValue(name, kind, list(t.shape), str(t.dtype),
-                                       _history(dims, states, t.shape),
-                                       found.get((kind, name), [])))
-    for tag, tagged in traced.tags.items():
-        for k, v in enumerate(tagged):
-            dims = [s[("tag", tag)][k] for s in per_state]
-            values.append(P.ExplainedValue(tag, "tag", list(v.type.shape), str(v.type.dtype),
-                                           _history(dims, states, v.type.shape),
-                                           found.get(("tag", tag), [])))
-    return values
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b) or \
-        (os.path.basename(a) == os.path.basename(b) and (
-            not os.path.isabs(a) or not os.path.isabs(b)))
-
-
-def _explain_line(file: str, line: int, states: list[StateEntry]) -> list[P.ExplainedValue]:
-    first = states[0].program
-    chosen = [op for op in first.ops if not op.is_identity and op.loc.line == line
-              and _same_file(op.loc.file, file)]
-    values = []
-    for op in chosen:
-        for k, r in enumerate(op.results):
-            dims = []
-            for st in states:
-                found = next((o for o in st.program.ops if o.uid == op.uid), op)
-                s = sharding_of(st.program.nest(found), k, r.type.rank)
-                dims.append([list(a) for a in s.dims])
-            label = f"{op.name}" + (f" result {k}" if len(op.results) > 1 else "")
-            values.append(P.ExplainedValue(r.name or label, "op:" + op.name,
-                                           list(r.type.shape), str(r.type.dtype),
-                                           _history(dims, states, r.type.shape)))
-    return values
-
-
-def _axes(params: dict[str, Any]) -> tuple[str, ...]:
-    axes = params.get("axes", ())
-    flat: list[str] = []
-    for a in axes:
-        flat += [a] if isinstance(a, str) else list(a)
-    return tuple(flat)
-
-
-def _attribute(lowered: Lowered) -> Counter:
-    """Collectives of the HLO program by (kind, axes, the value they move, model file,
-    line); the value is followed back through chains of collectives to an argument or a
-    named value."""
-    fn = lowered.hlo
-    producer = {r: op for op in fn.ops for r in op.results}
-    counts: Counter = Counter()
-    for op in fn.ops:
-        if op.name not in COLLECTIVES:
-            continue
-        v = op.operands[0] if op.operands else None
-        while v is not None and v in producer and producer[v].name in COLLECTIVES:
-            v = producer[v].operands[0]
-        name = v.name if v is not None else None
-        counts[(op.name.removeprefix("hlo."), _axes(op.params), name, op.loc.file,
-                op.loc.line, op.loc.function)] += 1
-    return counts
-
-
-def _concerns(c: P.AttributedCollective, params: P.ExplainParams) -> bool:
-    if params.name is not None:
-        return c.value is not None and _matches(c.value, params.name)
-    return (params.line is None or c.loc.line == params.line) and \
-        _same_file(c.loc.file, params.file or "")
-
-
-def _introductions(attributions: list[Counter],
-                   states: list[StateEntry]) -> list[P.AttributedCollective]:
-    """The collectives of the final program, each attributed to the tactic after which
-    its count first reached the final count's share."""
-    final = attributions[-1]
-    out = []
-    for sig, count in sorted(final.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        kind, axes, name, file, line, function = sig
-        previous = 0
-        for i, counts in enumerate(attributions, 1):
-            now = min(counts.get(sig, 0), count)
-            if now > previous:
-                out.append(P.AttributedCollective(
-                    kind, list(axes), now - previous, name,
-                    P.SourceLocation(file, line, function), i, states[i - 1].record.name))
-                previous = now
-    return out

@@ -1,9 +1,14 @@
 """The daemon's protocol: JSON-RPC 2.0 messages, one JSON object per line (UTF-8, no
 embedded newlines: `json.dumps` escapes them), over a Unix domain socket.
 
-Every method has a params dataclass and a result dataclass below; `METHODS` maps method
-names to them. `to_json`/`from_json` convert between these dataclasses and the plain JSON
-on the wire, so the server, the client and the language server share one definition.
+Every method has a params dataclass and a result dataclass below; `METHODS` declares
+each method once (its types, which process serves it, its checks), for the server, the
+compiler process and the client. The records of the compiler core (`partir.session.
+results`: diagnostics, ranges, timings, explained values and collectives) are sent as
+they are; the ones here declare their wire form for decoders that do not import the
+compiler (the language server), and `tests/daemon/test_engine.py` keeps them alike.
+`to_json`/`from_json` convert between these dataclasses and the plain JSON on the wire,
+so the server, the client and the language server share one definition.
 
 Positions follow `partir.schedule_file.SourceRange`: 1-based lines, 0-based columns in
 characters, end exclusive. Tactic indexes are 1-based, like `partir partition --after`.
@@ -451,16 +456,52 @@ class CancelRequestParams:
     id: int | str
 
 
+@dataclass
+class InvalidateParams:
+    """Daemon -> compiler process: files changed on disk."""
+
+    paths: list[str]
+
+
+@dataclass
+class WorkerStatsParams:
+    pass
+
+
+def _check_explain(params: ExplainParams) -> None:
+    if params.name is None and params.file is None:
+        raise ProtocolError(INVALID_PARAMS, "explain needs `name`, or `file` (and `line`)")
+
+
 @dataclass(frozen=True)
 class Method:
+    """One declaration per method, read by the server (routing, validation, deadlines),
+    the compiler process (decoding, dispatch) and the client (decoding results).
+
+    process: "daemon" (answered by the daemon itself) or "compiler" (a compiler process
+        serves it: `Engine.<name>`);
+    document: its params name a schedule file (`path`, `text`, `version`): the file is
+        checked (a regular file of bounded size), the request is routed to the process
+        holding the file, a newer version cancels it, and the schedule file it executes
+        has the load timeout, then the compile timeout;
+    public: clients may call it (else only the daemon sends it, to a compiler process);
+    validate: checks of the params beyond their types and number bounds."""
+
     params: type
     result: type
+    process: Literal["daemon", "compiler"] = "daemon"
+    document: bool = False
+    public: bool = True
+    validate: Any = None  # Callable[[params], None], raising ProtocolError
 
 
 METHODS: dict[str, Method] = {
-    "partition": Method(PartitionParams, PartitionResult),
-    "ir": Method(IrParams, IrResult),
-    "explain": Method(ExplainParams, ExplainResult),
+    "partition": Method(PartitionParams, PartitionResult, "compiler", document=True),
+    "ir": Method(IrParams, IrResult, "compiler", document=True),
+    "explain": Method(ExplainParams, ExplainResult, "compiler", document=True,
+                      validate=_check_explain),
+    "invalidate": Method(InvalidateParams, InvalidatedParams, "compiler", public=False),
+    "stats": Method(WorkerStatsParams, dict, "compiler", public=False),
     "run": Method(RunParams, RunResult),
     "jobs": Method(JobsParams, JobsResult),
     "job": Method(JobParams, JobResult),
@@ -765,12 +806,14 @@ def is_notification(message: dict[str, Any]) -> bool:
 def parse_params(method: str, params: Any) -> Any:
     """The params of a request to `method` as its dataclass."""
     spec = METHODS.get(method)
-    if spec is None:
+    if spec is None or not spec.public:
         raise ProtocolError(METHOD_NOT_FOUND, f"unknown method {method!r}")
     if params is not None and not isinstance(params, dict):
         raise ProtocolError(INVALID_PARAMS, "params must be an object")
     parsed = from_json(spec.params, params or {})
     check_numbers(parsed)
+    if spec.validate is not None:
+        spec.validate(parsed)
     return parsed
 
 

@@ -374,7 +374,7 @@ class WorkerSupervisor:
         await self._kill_worker()
         self.restarts += 1
         path = item.params.get("path", "")
-        if item.loaded or item.method not in ("partition", "ir", "explain"):
+        if item.loaded or not P.METHODS[item.method].document:
             self._fail(item, P.WORKER_CRASHED, f"{item.method}: the compiler process did "
                        f"not answer within {limit:.0f} s while {phase}; it was killed")
             return
@@ -671,8 +671,11 @@ class Daemon:
         request_id, method = message["id"], message["method"]
         try:
             params = P.parse_params(method, message.get("params"))
-            handler = getattr(self, "_m_" + method)
-            result = await handler(conn, request_id, params)
+            if P.METHODS[method].process == "compiler":  # a document's: see `Method`
+                result = await self.compilers.call(
+                    self._document(method, conn, request_id, params))
+            else:
+                result = await getattr(self, "_m_" + method)(conn, request_id, params)
             conn.send(P.response(request_id, result))
         except P.ProtocolError as e:
             conn.send(P.error_response(request_id, e.code, e.message))
@@ -712,19 +715,6 @@ class Daemon:
                   params: P.DocumentParams) -> WorkItem:
         path = self._source_file(params)
         return WorkItem(method, P.to_json(params), path, params.version, conn, request_id)
-
-    async def _m_partition(self, conn: Connection, request_id: Any,
-                           params: P.PartitionParams) -> Any:
-        return await self.compilers.call(self._document("partition", conn, request_id, params))
-
-    async def _m_ir(self, conn: Connection, request_id: Any, params: P.IrParams) -> Any:
-        return await self.compilers.call(self._document("ir", conn, request_id, params))
-
-    async def _m_explain(self, conn: Connection, request_id: Any,
-                         params: P.ExplainParams) -> Any:
-        if params.name is None and params.file is None:
-            raise RpcError(P.INVALID_PARAMS, "explain needs `name`, or `file` (and `line`)")
-        return await self.compilers.call(self._document("explain", conn, request_id, params))
 
     async def _m_run(self, conn: Connection, request_id: Any,
                      params: P.RunParams) -> P.RunResult:

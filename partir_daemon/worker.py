@@ -6,11 +6,18 @@
 It speaks line-delimited JSON with the daemon on its stdin/stdout:
     daemon -> worker   {"id": n, "method": "partition"|"ir"|"explain"|"invalidate"|
                         "stats", "params": {...}}      a request
-                       {"cancel": n}                   cancel request n between tactics
+                       {"cancel": n}                   cancel request n: its token, checked
+                                                       inside propagation and lowering
+                                                       (within milliseconds), and its
+                                                       schedule file if it is executing
     worker -> daemon   {"ready": pid}                  once, when it can take requests
                        {"id": n, "progress": {"message", "step", "total"}}
                        {"id": n, "partial": {...}}     a partition's partial result
                        {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
+
+Benchmarks: with `PARTIR_DAEMON_COARSE_CANCEL=1`, a cancelled request stops only at its
+next progress message (between tactics, between states' lowerings), as before tokens
+were checked inside propagation and lowering: `benchmarks/daemon_latency.py` compares.
 
 Fault injection (tests): with `PARTIR_DAEMON_KILL_AT=<file>` in its environment, the
 process SIGKILLs itself right after reporting a progress message that starts with the
@@ -51,12 +58,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
 
+    from partir.cancel import CancellationToken
     from partir_daemon.engine import INTERRUPT_SIGNAL, Cancelled, Engine, ignore_interrupts
 
     engine = Engine(args.workspace, load_timeout_s=args.load_timeout,
                     max_entries=args.max_entries, max_ops=args.max_ops)
     requests: queue.Queue = queue.Queue()
     cancelled: set[Any] = set()
+    tokens: dict[Any, CancellationToken] = {}  # request id -> its token, while it runs
     lock = threading.Lock()
     # The request whose schedule file is executing: cancelling it interrupts the file
     # (which may loop) rather than waiting for the next check between tactics.
@@ -75,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if "cancel" in message:
                 cancelled.add(message["cancel"])
+                token = tokens.get(message["cancel"])
+                if token is not None and not coarse:
+                    token.cancel("superseded by a newer revision, or on request")
                 if loading[0] == message["cancel"]:
                     os.kill(os.getpid(), INTERRUPT_SIGNAL)
             else:
@@ -83,8 +95,8 @@ def main(argv: list[str] | None = None) -> None:
 
     threading.Thread(target=read, name="worker-stdin", daemon=True).start()
     send({"ready": os.getpid()})
-    params_types = {"ir": P.IrParams, "explain": P.ExplainParams}
     kill_at = os.environ.get("PARTIR_DAEMON_KILL_AT")
+    coarse = os.environ.get("PARTIR_DAEMON_COARSE_CANCEL") == "1"
     while True:
         if requests.empty():
             engine.release()
@@ -100,33 +112,31 @@ def main(argv: list[str] | None = None) -> None:
                 loading[0] = None
             send({"id": request_id, "progress": {"message": text, "step": step,
                                                   "total": total}})
+            if coarse and request_id in cancelled:
+                tokens[request_id].cancel()
             if kill_at:
                 _kill_at(kill_at, text)
 
-        def is_cancelled(request_id: Any = request_id) -> bool:
-            return request_id in cancelled
-
+        token = tokens[request_id] = CancellationToken()
         try:
             if request_id in cancelled:
+                engine.session.cancelled += 1
                 raise Cancelled
+            spec = P.METHODS.get(method)
+            if spec is None or spec.process != "compiler":
+                raise ValueError(f"unknown worker method {method!r}")
+            params = P.from_json(spec.params, message.get("params"))
             if method == "partition":
-                params = P.from_json(P.PartitionParams, message.get("params"))
                 result = engine.partition(
-                    params, progress, is_cancelled,
+                    params, progress, token,
                     lambda partial, request_id=request_id: send(
                         {"id": request_id, "partial": partial}))
-            elif method in params_types:
-                params = P.from_json(params_types[method], message.get("params"))
-                result = getattr(engine, method)(params, progress, is_cancelled)
-            elif method == "invalidate":
-                result = engine.invalidate(list(message["params"]["paths"]))
-            elif method == "stats":
-                result = engine.stats()
+            elif spec.document:
+                result = getattr(engine, method)(params, progress, token)
             else:
-                raise ValueError(f"unknown worker method {method!r}")
+                result = getattr(engine, method)(params)
             send({"id": request_id, "result": result})
         except Cancelled:
-            engine.cancelled += 1
             send({"id": request_id, "error": {"code": P.REQUEST_CANCELLED,
                                               "message": "cancelled: superseded by a newer "
                                                          "revision, or on request"}})
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                                               "message": f"{type(e).__name__}: {e}"}})
         finally:
             loading[0] = None
+            tokens.pop(request_id, None)
             cancelled.discard(request_id)
 
 

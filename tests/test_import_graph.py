@@ -27,6 +27,7 @@ RANK = {"base": 0, "frontend": 1, "core": 2, "tactics": 3, "spmd": 4, "hlo": 5,
 # The layer of every subpackage and top-level module: a new one must be placed here.
 LAYERS = {
     "ir": "base", "errors": "base", "mesh": "base", "registry": "base", "gcpause": "base",
+    "cancel": "base",
     "rules": "base",
     "frontend": "frontend",
     "core": "core",
@@ -37,7 +38,7 @@ LAYERS = {
     "sim": "sim",
     "__init__": "tools", "api": "tools", "cli": "tools", "jitted": "tools",
     "jit_options": "tools", "metadata": "tools", "pipeline": "tools", "program": "tools",
-    "schedule_file": "tools", "user_modules": "tools",
+    "schedule_file": "tools", "user_modules": "tools", "session": "tools",
 }
 
 OUTSIDE_LIBRARY = ("partir_daemon", "partir_lsp", "lsp")

@@ -26,6 +26,7 @@ import jax
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jcore
 
+import partir.cancel as cancel
 from partir.core.actions import AnyAction, Tile
 from partir.core.dialect import INDEX_TYPE, make_index, make_loop, make_slice, sliced_type
 from partir.core.program import (
@@ -158,7 +159,10 @@ class _Materializer:
                     if owner.get(v, gi) != gi:
                         used_outside.add(v)
         ops: list[Op] = []
+        token = cancel.current()
         for g in groups:
+            if token is not None and token.cancelled:
+                token.check()
             if not g.ops:
                 continue
             if not g.axes:

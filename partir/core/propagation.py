@@ -27,6 +27,7 @@ import math
 import operator
 from typing import NamedTuple
 
+import partir.cancel as cancel
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.conflicts import (
     AXIS_IN_SCOPE,
@@ -214,7 +215,12 @@ class Propagator:
             heapq.heappush(self._queue, self._position[uid])
 
     def run(self) -> None:
+        token = cancel.current()  # checked every 256 visits: cancelled within ~ms
+        visits = 0
         while self._queue:
+            visits += 1
+            if not visits & 255 and token is not None:
+                token.check()
             uid = self.m.ops[heapq.heappop(self._queue)].uid
             self._queued.discard(uid)
             self._visit(uid)

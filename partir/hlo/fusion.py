@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
 
+import partir.cancel as cancel
 from partir.hlo.ops import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -206,6 +207,7 @@ def _sweep(fn: Function, patterns: Sequence[Pattern]) -> Function:
     changed = False
     # `current` and `append` inlined: this loop runs once per op per sweep.
     sub, out, producer, rewrite = rw.sub, rw.out, rw.producer, rw.rewrite
+    cancel.checkpoint()
     for op in fn.ops:
         if sub and not sub.keys().isdisjoint(op.operands):
             op = rw.current(op)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import partir.cancel as cancel
 from partir.core.actions import Sum
 from partir.core.dialect import INDEX, SLICE
 from partir.hlo.ops import (
@@ -103,7 +104,10 @@ class _Lowering:
                 raise HloLoweringError(f"argument %{a.name} of type {t} is not a global tensor")
             args.append(Value(t.local_type(self.mesh), a.name))
         self.env.update(zip(self.fn.args, args, strict=True))
+        token = cancel.current()
         for op in self.fn.ops:
+            if token is not None and token.cancelled:
+                token.check()
             if op.name == EXECUTE:
                 self.execute(op)
             elif op.name == TILE_REDUCE:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import partir.cancel as cancel
 from partir.ir import Function
 from partir.ir.dtypes import dtype_name
 from partir.mesh import split_axis_name
@@ -97,7 +98,10 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     def elements(t: object) -> int:
         return sizes(t)[0]
 
+    token = cancel.current()
     for i, op in enumerate(fn.ops):
+        if token is not None and token.cancelled:
+            token.check()
         merged = combiner.visit(op)
         rule = lookup_cost(op.name)
         if rule is None:

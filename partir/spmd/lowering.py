@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import partir.cancel as cancel
 from partir.core.actions import Action, Tile
 from partir.core.dialect import LOOP
 from partir.ir import Function, Op, RangeType, Type, Value
@@ -75,7 +76,10 @@ class _Lowering:
         """M; levels |- <-; e> ~> e' for e = `ops; yield yields`: emits the let-bindings of
         e' and returns the values e' yields."""
         C: list[Op] = []
+        token = cancel.current()
         for pos, op in enumerate(ops):
+            if token is not None and token.cancelled:
+                token.check()
             if op.name == LOOP:
                 self.loop(levels, C, op, pos)
                 C = []  # SLoop translates the rest e2 in the empty context

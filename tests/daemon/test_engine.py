@@ -35,10 +35,6 @@ def noop(*_: object) -> None:
     return None
 
 
-def never() -> bool:
-    return False
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     shutil.copy(EXAMPLES / "model.py", tmp_path / "model.py")
@@ -48,8 +44,7 @@ def ws(tmp_path: Path) -> Path:
 
 def partition(engine: Engine, path: Path, text: str | None = None,
               metadata: bool = True) -> P.PartitionResult:
-    return engine.partition(P.PartitionParams(str(path), text, metadata=metadata), noop,
-                            never)
+    return engine.partition(P.PartitionParams(str(path), text, metadata=metadata), noop)
 
 
 def runs(path: Path) -> int:
@@ -88,7 +83,7 @@ def test_an_unchanged_text_is_not_executed_again(ws):
     path = ws / "es.partir.py"
     partition(engine, path)
     partition(engine, path, ES)  # the same text, from the editor
-    engine.explain(P.ExplainParams(str(path), ES, name="x"), noop, never)
+    engine.explain(P.ExplainParams(str(path), ES, name="x"), noop)
     assert runs(path) == 1
     partition(engine, path, ES + "\n# edited\n")
     assert runs(path) == 2
@@ -103,9 +98,9 @@ def test_invalidate_reports_only_files_whose_content_changed(ws):
     model = ws / "model.py"
     unrelated = ws / "notes.py"
     unrelated.write_text("x = 1\n")
-    assert engine.invalidate([str(model), str(unrelated)]).paths == []
+    assert engine.invalidate(P.InvalidateParams([str(model), str(unrelated)])).paths == []
     model.write_text(model.read_text() + "\n# edited\n")
-    assert engine.invalidate([str(model), str(unrelated)]).paths == [str(model)]
+    assert engine.invalidate(P.InvalidateParams([str(model), str(unrelated)])).paths == [str(model)]
 
 
 def test_a_failed_load_still_reports_the_module_that_failed(ws):
@@ -117,5 +112,5 @@ def test_a_failed_load_still_reports_the_module_that_failed(ws):
     assert result.dependencies == [str(model)]
     # the watcher's report of the fix is a change the editor must act on
     model.write_text(model.read_text().replace("\ndef broken(:\n", ""))
-    assert engine.invalidate([str(model)]).paths == [str(model)]
+    assert engine.invalidate(P.InvalidateParams([str(model)])).paths == [str(model)]
     assert partition(engine, ws / "es.partir.py").ok

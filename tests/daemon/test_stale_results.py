@@ -63,12 +63,8 @@ def noop(*_: object) -> None:
     return None
 
 
-def never() -> bool:
-    return False
-
-
 def partition(engine: Engine, path: Path) -> P.PartitionResult:
-    return engine.partition(P.PartitionParams(str(path), metadata=False), noop, never)
+    return engine.partition(P.PartitionParams(str(path), metadata=False), noop)
 
 
 def x_shape(result: P.PartitionResult) -> list[int]:

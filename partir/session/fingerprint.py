@@ -40,7 +40,6 @@ from partir.tactics import ManualPartition
 from partir.tactics.forms import _Form
 from partir.user_modules import content_hash, is_library
 
-_DAEMON_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Arrays captured by functions are hashed by content up to this size, by identity above.
 _MAX_HASHED_BYTES = 16 << 20
 
@@ -58,8 +57,11 @@ class Fingerprinter:
     files (path -> content hash) that the fingerprinted objects depend on."""
 
     def __init__(self, roots: Iterable[str],
-                 imported: dict[str, str | None] | None = None) -> None:
+                 imported: dict[str, str | None] | None = None,
+                 tool_dirs: Iterable[str] = ()) -> None:
         self.roots = tuple(sorted({os.path.abspath(r) + os.sep for r in roots}))
+        # The code of the tools running the session (e.g. the daemon) is never the user's.
+        self.tool_dirs = tuple(os.path.abspath(d) + os.sep for d in tool_dirs)
         # file -> content hash taken before the module was imported, when known
         self.imported = imported or {}
         self.files: dict[str, str | None] = {}
@@ -71,7 +73,7 @@ class Fingerprinter:
             return False
         file = os.path.abspath(file)
         return (file.startswith(self.roots) and not is_library(file)
-                and not file.startswith(_DAEMON_DIR))
+                and not (self.tool_dirs and file.startswith(self.tool_dirs)))
 
     def _workspace_module(self, name: str | None) -> types.ModuleType | None:
         module = sys.modules.get(name) if name else None

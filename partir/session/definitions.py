@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 
 from partir.frontend import TracedProgram
-from partir_daemon import protocol as P
+from partir.session import results as P
 
 # Leaf-creation sites listed per input, after its parameter.
 MAX_SITES = 4
