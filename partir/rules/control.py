@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend import core as jcore
 
 from partir.ir.types import TensorType
@@ -85,6 +86,7 @@ class _Analysis:
     dims_of: dict[int, list[Node]] = field(default_factory=dict)  # value id -> dims
     predicates: list[int] = field(default_factory=list)  # while predicates' value ids
     values: dict[tuple[int, Any], int] = field(default_factory=dict)  # (jaxpr, var) -> id
+    zeros: set[int] = field(default_factory=set)  # values that are constant zeros
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def new(self, shape: Sequence[int], blocked: bool = False) -> list[Node]:
@@ -137,8 +139,14 @@ class _Analysis:
                 env[var] = o
         for var, v in env.items():
             self.values[(id(jaxpr), var)] = v
-        return [env[a] if not isinstance(a, jcore.Literal) else
-                self.value(a.aval.shape, blocked=True) for a in jaxpr.outvars]
+        return [env[a] if not isinstance(a, jcore.Literal) else self._literal(a)
+                for a in jaxpr.outvars]
+
+    def _literal(self, lit: Any) -> int:
+        v = self.value(lit.aval.shape, blocked=True)
+        if not np.any(lit.val):
+            self.zeros.add(v)
+        return v
 
     def eqn(self, eqn: Any, ins: list[int | None]) -> list[int]:
         name = eqn.primitive.name
@@ -147,6 +155,9 @@ class _Analysis:
                     for a, v in zip(ins, eqn.invars, strict=True)]
             return self.body(eqn.params[CALLS[name]], args)
         outs = [self.value(v.aval.shape) for v in eqn.outvars]
+        if name == "broadcast_in_dim" and isinstance(eqn.invars[0], jcore.Literal) and \
+                not np.any(eqn.invars[0].val):
+            self.zeros.add(outs[0])  # how JAX makes a zero cotangent
         in_dims = [self.dims_of[a] if a is not None else None for a in ins]
         out_dims = [self.dims_of[o] for o in outs]
         reduced: list[tuple[Node, list[int]]] = []
@@ -358,7 +369,7 @@ def _analyze(view: OpView) -> _Groups:
         for seeded in ((seeds, set()) if seeds else (set(),)):
             partial = a.partials(g, seeded, depends)
             actions = None if partial is None else _actions(
-                g, results, edges, partial, seeded, depends)
+                g, results, edges, partial, seeded, depends, a.zeros)
             if actions is not None:
                 break
         if actions is not None:
@@ -382,7 +393,7 @@ def _analyze(view: OpView) -> _Groups:
 
 
 def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
-             seeded: set[int], depends: dict[int, set[Node]]
+             seeded: set[int], depends: dict[int, set[Node]], zeros: set[int]
              ) -> tuple[list[int], list[int]] | None:
     """The op results that are partial sums over group g and those that do not depend on
     it (the rest are tiled), or None if one is neither. A carry is a partial sum only if
@@ -395,7 +406,8 @@ def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
             if started:
                 return None
             continue
-        if all(v in partial for v in srcs) and (arg is None or started):
+        # a zero is a partial sum of zeros (a branch with no gradient for a value)
+        if all(v in partial or v in zeros for v in srcs) and (arg is None or started):
             sums.append(k)
         elif all(g not in depends[v] for v in srcs) and not started:
             unrelated.append(k)

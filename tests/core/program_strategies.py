@@ -622,6 +622,62 @@ def gen_pool(g: _Builder):
             shape, "float32", a.bound, [a])
 
 
+def _same_shape(g: _Builder, a: Val) -> Val:
+    return g.pick([v for v in g.floats if v.shape == a.shape])
+
+
+def gen_scan(g: _Builder):
+    """A scan over a stack of 2-3 transforms of a value (a scan over layers): the carry
+    and, sometimes, per-step outputs reduced over the carry's first dim."""
+    a = g.pick([v for v in g.floats if v.rank >= 1])
+    if a is None:
+        return None
+    b = _same_shape(g, a)
+    (x, y), _ = _squash([a, b], lambda p, q: 1.0)
+    steps = g.draw(st.sampled_from((f"[{y}, -{y}]", f"[{y}, {y} * 0.5, -{y}]")))
+    n = steps.count(",") + 1
+    body = ("lambda c, s: (jnp.tanh(c * s + c), jnp.sum(jnp.tanh(c) * jnp.tanh(s), "
+            "axis=0))")
+    if g.draw(st.booleans()):
+        return (f"lax.scan({body}, {x}, jnp.stack({steps}))[0]", a.shape, "float32", 1.0,
+                [a, b])
+    bound = float(a.shape[0])
+    return (f"lax.scan({body}, {x}, jnp.stack({steps}))[1]", (n, *a.shape[1:]), "float32",
+            bound, [a, b])
+
+
+def gen_loop(g: _Builder):
+    """A fori_loop, a while_loop counting its steps, or a while_loop whose predicate
+    reads the data (so it must not be sharded through)."""
+    a = g.pick()
+    (x,), _ = _squash([a], lambda p: 1.0)
+    kind = g.draw(st.sampled_from(("fori", "count", "data")))
+    if kind == "fori":
+        expr = f"lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c) * 0.9 + i * 0.1, {x})"
+    elif kind == "count":
+        expr = (f"lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.sin(s[1]) + "
+                f"s[1] * 0.5), (0, {x}))[1]")
+    else:
+        expr = (f"lax.while_loop(lambda c: jnp.sum(jnp.abs(c)) < 20.0, lambda c: c * 1.5 + "
+                f"0.25, jnp.tanh({x}))")
+    return expr, a.shape, "float32", 40.0, [a]
+
+
+def gen_cond(g: _Builder):
+    """lax.cond on a predicate of the data, or lax.switch, with branches that compute
+    differently on the same operands."""
+    a = g.pick()
+    b = _same_shape(g, a)
+    (x, y), _ = _squash([a, b], lambda p, q: 1.0)
+    if g.draw(st.booleans()):
+        expr = (f"lax.cond(jnp.sum({y}) > 0, lambda p, q: jnp.tanh(p) * q, "
+                f"lambda p, q: p - q, {x}, {y})")
+    else:
+        expr = (f"lax.switch(jnp.int32(jnp.sum({y}) > 0) + 1, [lambda p: p * 2.0, "
+                f"lambda p: jnp.sin(p), lambda p: p - 1.0], {x})")
+    return expr, a.shape, "float32", 2.0, [a, b]
+
+
 GENERATORS: dict[str, Callable[[_Builder], Any]] = {
     "unary": gen_unary,
     "scalar": gen_scalar,
@@ -646,6 +702,9 @@ GENERATORS: dict[str, Callable[[_Builder], Any]] = {
     "constant": gen_constant,
     "conv": gen_conv,
     "pool": gen_pool,
+    "scan": gen_scan,
+    "loop": gen_loop,
+    "cond": gen_cond,
 }
 
 

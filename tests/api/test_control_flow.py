@@ -1,0 +1,140 @@
+"""Control flow partitioned through its bodies: `scan` (and `fori_loop`, `jax.checkpoint`
+inside a scan), `while_loop` and `cond`/`switch` under batch parallelism, forward and
+backward, executed on 8 CPU devices and interpreted, both equal to the unpartitioned
+function, with no gathering of the batch. A `while` predicate that reads sharded data
+stops propagation with a conflict instead (every device must run the same iterations).
+ZeRO-3 with the optimizer update inside a `cond` keeps parameters and optimizer state
+sharded through the update.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import partir
+from tests.oracles import assert_tree_close
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(RNG.normal(size=(8, 4)).astype(np.float32))
+W = jnp.asarray(RNG.normal(size=(4, 4)).astype(np.float32)) / 2
+WS = jnp.asarray(RNG.normal(size=(3, 4, 4)).astype(np.float32)) / 2
+BP = [partir.ManualPartition({"x": 0}, axis="batch")]
+MESH = {"batch": 4}
+
+
+def scan_layers(x, ws):
+    def layer(c, w):
+        return jnp.tanh(c @ w), jnp.sum(c)
+    c, sums = lax.scan(layer, x, ws)
+    return jnp.sum(c) + jnp.sum(sums)
+
+
+def remat_layers(x, ws):
+    @jax.checkpoint
+    def layer(c, w):
+        return jax.nn.gelu(c @ w), None
+    return jnp.sum(lax.scan(layer, x, ws)[0] ** 2)
+
+
+def fori(x, w):
+    return jnp.sum(lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c @ w) + i, x))
+
+
+def counted_while(x, w):
+    def body(s):
+        i, c = s
+        return i + 1, jax.nn.relu(c @ w)
+    return jnp.sum(lax.while_loop(lambda s: s[0] < 3, body, (0, x))[1])
+
+
+def branches(x, w):
+    return jnp.sum(lax.cond(jnp.sum(w) > 0, lambda a: jnp.tanh(a @ w), lambda a: a * 2.0, x))
+
+
+def switch(x, w):
+    k = jnp.int32(jnp.sum(w) > 0)
+    return jnp.sum(lax.switch(k, [lambda a: a @ w, jnp.sin, lambda a: a - 1.0], x) ** 2)
+
+
+CASES = {
+    "scan": (scan_layers, WS), "remat scan": (remat_layers, WS), "fori_loop": (fori, W),
+    "while": (counted_while, W), "cond": (branches, W), "switch": (switch, W)}
+
+
+def _control_ops(program):
+    return [op for op in program.ops if op.name in ("scan", "while", "cond")]
+
+
+# JAX cannot reverse-differentiate a while_loop
+RUNS = [(name, grad) for name in CASES for grad in (False, True)
+        if not (grad and name == "while")]
+
+
+@pytest.mark.parametrize(("name", "grad"), RUNS,
+                         ids=[f"{n}-{'gradient' if g else 'forward'}" for n, g in RUNS])
+def test_batch_parallelism_goes_through_the_bodies(name, grad):
+    f, w = CASES[name]
+    fn = jax.grad(f, argnums=(0, 1)) if grad else f
+    expected = fn(X, w)
+    result = partir.core_partition(fn, MESH, BP, X, w)
+    assert result.tactics[0].conflicts == []
+    loops = _control_ops(result.program)
+    assert loops and all(result.program.nest(op) for op in loops), name
+    assert_tree_close(result.interpret(X, w), expected)
+    jitted, meta = partir.jit(fn, MESH, BP)
+    assert_tree_close(jitted(X, w), expected)
+    # the batch is never gathered: the loops run on each device's rows
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+
+
+def test_weight_gradients_of_a_scan_over_layers_are_partial_sums():
+    result = partir.core_partition(jax.grad(scan_layers, argnums=1), MESH, BP, X, WS)
+    backward = _control_ops(result.program)[-1]
+    # the transposed scan's stacked weight gradients sum over the batch: a #sum
+    actions = {str(a) for lp in result.program.nest(backward) for a in lp.results}
+    assert "#sum" in actions
+
+
+def test_a_while_predicate_that_reads_sharded_data_is_not_sharded_through():
+    def f(x):
+        return lax.while_loop(lambda c: jnp.sum(c) < 100.0, lambda c: c * 2.0, x + 10.0)
+
+    result = partir.core_partition(f, MESH, BP, X)
+    (conflict,) = result.tactics[0].conflicts
+    assert conflict.op == "while" and conflict.kind == "needs_replication"
+    (loop,) = _control_ops(result.program)
+    assert result.program.nest(loop) == ()
+    assert_tree_close(result.interpret(X), f(X))
+
+
+def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():
+    def step(params, opt, x, count):
+        grads = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"]) ** 2))(params)
+
+        def update(operands):
+            p, o, g = operands
+            m = jax.tree.map(lambda a, b: 0.9 * a + 0.1 * b, o, g)
+            return jax.tree.map(lambda a, b: a - 0.01 * b, p, m), m
+
+        return lax.cond(count % 2 == 0, update, lambda ops: ops[:2], (params, opt, grads))
+
+    params = {"w": W}
+    opt = {"w": W * 0.1}
+    count = jnp.int32(2)
+    z3 = [partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+          partir.ManualPartition({"params": 0, "opt": 0}, axis="batch", name="Z3")]
+    expected = step(params, opt, X, count)
+    result = partir.core_partition(step, MESH, z3, params, opt, X, count)
+    (cond,) = _control_ops(result.program)
+    assert result.program.nest(cond), "the update runs on each device's shard"
+    shardings = result.program.output_shardings()
+    assert all(s.dims[0] == ("batch",) for s in shardings.values()), shardings
+    assert_tree_close(result.interpret(params, opt, X, count), expected)
+    jitted, meta = partir.jit(step, MESH, z3)
+    assert_tree_close(jitted(params, opt, X, count), expected)
+    # w is gathered once, for the forward pass (ZeRO-3); the update gathers nothing
+    assert meta.collectives["all_gather"] == 1, meta.hlo_ir
