@@ -208,8 +208,12 @@ class _Analysis:
         """Per value, the groups it depends on; and the groups that cannot be sliced."""
         find = self.find
         bad = {find(n) for n in self.blocked}
-        depends: dict[int, set[Node]] = {v: {find(n) for n in dims}
-                                         for v, dims in self.dims_of.items()}
+        depends: dict[int, set[Node]] = {}
+        for v, dims in self.dims_of.items():
+            roots = [find(n) for n in dims]
+            depends[v] = set(roots)
+            if len(depends[v]) < len(roots):  # one group in two dims of a value
+                bad.update(r for r in roots if roots.count(r) > 1)
         for ins, outs in self.flows:
             deps = set().union(*(depends[a] for a in ins if a is not None))
             for o in outs:
@@ -233,6 +237,9 @@ class _Analysis:
             for n, ks in reduced:
                 if find(n) == g:
                     partial.update(outs[k] for k in ks)
+        # a partial sum over g cannot also be tiled by g
+        if any(find(n) == g for v in partial for n in self.dims_of[v]):
+            return None
         return partial
 
 

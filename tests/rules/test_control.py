@@ -1,0 +1,83 @@
+"""The factor rules of scan, while and cond, derived from their bodies."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from partir.ir.types import TensorType
+from partir.rules import CATALOGUE, OpView
+from partir.rules.factors import PASS, REDUCTION, REPLICATION
+
+
+def _view(fn, *args) -> OpView:
+    """The view of the (only) control-flow equation of fn's jaxpr."""
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name in ("scan", "while", "cond")]
+    return OpView(eqn.primitive.name, eqn.params,
+                  tuple(TensorType(tuple(v.aval.shape), v.aval.dtype) for v in eqn.invars),
+                  tuple(TensorType(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars))
+
+
+def _factors(view: OpView) -> list[tuple[str, int, tuple, tuple, tuple]]:
+    rule = CATALOGUE[view.name].rule(view)
+    return [(f.kind, f.size, rule.operand_dims[i], rule.result_dims[i], f.unrelated)
+            for i, f in enumerate(rule.factors)]
+
+
+X = jnp.ones((8, 4))
+WS = jnp.ones((3, 4, 4))
+
+
+def test_a_scan_over_layers_passes_the_batch_through_and_sums_per_step_reductions():
+    def f(x, ws):
+        return lax.scan(lambda c, w: (jnp.tanh(c @ w), jnp.sum(c)), x, ws)
+
+    found = _factors(_view(f, X, WS))
+    # the batch: carry in and out tiled, the per-step sums are partial sums over it
+    assert (REDUCTION, 8, (0, None), (0, None), ()) in found
+    # the features are contracted by the matmul in the body: replicated
+    assert (REPLICATION, 4, (1, None), (None, None), ()) in found
+    # the scanned dimension of the weights and of the stacked results
+    assert (REPLICATION, 3, (None, 0), (None, None), ()) in found
+    assert (REPLICATION, 3, (None, None), (None, 0), ()) in found
+
+
+def test_a_step_counter_does_not_depend_on_the_batch():
+    def f(x):
+        return lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.sin(s[1])), (0, x))
+
+    found = _factors(_view(f, X))
+    assert (PASS, 8, (None, 0), (None, 0), (0,)) in found
+
+
+def test_a_predicate_reading_the_data_replicates_it():
+    def f(x):
+        return lax.while_loop(lambda c: jnp.sum(c) < 10.0, lambda c: c * 2.0, x)
+
+    assert all(kind == REPLICATION for kind, *_ in _factors(_view(f, X)))
+
+
+def test_cond_branches_are_joined():
+    def f(x, y):
+        return lax.cond(jnp.sum(y) > 0, lambda a: a @ jnp.ones((4, 4)), lambda a: a * 2.0, x)
+
+    found = _factors(_view(f, X, X))
+    assert (PASS, 8, (None, 0), (0,), ()) in found
+    # dim 1 is contracted in one branch, passed through in the other
+    assert (REPLICATION, 4, (None, 1), (None,), ()) in found
+
+
+def test_bodies_are_traced_again_at_local_shapes():
+    def f(x, ws):
+        return lax.scan(lambda c, w: (jnp.tanh(c @ w), jnp.sum(c)), x, ws)
+
+    view = _view(f, X, WS)
+    local = OpView(view.name, view.params, (TensorType((2, 4), X.dtype), view.in_types[1]),
+                   (TensorType((2, 4), X.dtype), view.out_types[1]))
+    params = CATALOGUE["scan"].localize(local)
+    (x_aval, w_aval) = params["jaxpr"].in_avals
+    assert x_aval.shape == (2, 4) and w_aval.shape == (4, 4)
+    out = lax.scan_p.bind(jnp.ones((2, 4)), WS, **params)
+    assert out[0].shape == (2, 4) and out[1].shape == (3,)
