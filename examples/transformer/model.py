@@ -102,7 +102,7 @@ def forward(params: dict[str, Any], tokens: jax.Array) -> jax.Array:
     return jnp.einsum("bsd,vd->bsv", layer_norm(x), embed)
 
 
-def loss_fn(params: dict[str, Any], batch: dict[str, jax.Array]) -> jax.Array:
+def loss_fn(params: dict[str, Any], batch: dict[str, jax.Array], forward=forward) -> jax.Array:
     logits = forward(params, batch["tokens"])
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, batch["labels"][..., None], axis=-1)[..., 0]
@@ -177,3 +177,39 @@ def abstract_inputs(cfg: Config) -> tuple[Any, Any, dict[str, jax.ShapeDtypeStru
 
 def _is_shape(x: Any) -> bool:
     return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+
+# --- the scan-over-layers variant ---------------------------------------------------------
+
+
+def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
+    """The per-layer parameter dicts stacked into one dict of [L, ...] arrays."""
+    return {"embed": params["embed"],
+            "layers": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *params["layers"])}
+
+
+def forward_scanned(params: dict[str, Any], tokens: jax.Array) -> jax.Array:
+    """`forward` with the layers' parameters stacked (`stack_layers`) and the blocks run by
+    `lax.scan`, as production JAX models are written."""
+    embed = params["embed"]
+    x = jnp.take(embed, tokens, axis=0)
+    seq = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    x, _ = jax.lax.scan(lambda x, p: (block(x, p, causal), None), x, params["layers"])
+    return jnp.einsum("bsd,vd->bsv", layer_norm(x), embed)
+
+
+def train_step_scanned(params, opt_state, batch):
+    """`train_step` of the scan-over-layers model."""
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, forward_scanned)
+    updates, new_opt_state = OPTIMIZER.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_opt_state, loss
+
+
+def make_scanned_inputs(cfg: Config, seed: int = 0) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """`make_inputs` for `train_step_scanned`: the same values, the layers stacked."""
+    params, opt_state, batch = make_inputs(cfg, seed)
+    stacked = jax.tree_util.tree_map(
+        lambda x: stack_layers(x) if isinstance(x, dict) and "layers" in x else x, opt_state,
+        is_leaf=lambda x: isinstance(x, dict) and "layers" in x)
+    return stack_layers(params), stacked, batch
