@@ -131,8 +131,10 @@ def _unsliceable(rule: ShardingRule, sizes: tuple[int, ...], operand_dims: list[
             live = [f for f in dims_of[i][d] if sizes[f] != 1]
             if not live:
                 continue
-            if rule.factors[live[0]].kind == REPLICATION:
-                reasons.append(f"dimension {d} of {what} {i} needs replication")
+            factor = rule.factors[live[0]]
+            if factor.kind == REPLICATION:
+                reasons.append(f"dimension {d} of {what} {i} needs replication" +
+                               (f": {factor.why}" if factor.why else ""))
             elif live[0] not in majors:
                 reasons.append(f"dimension {d} of {what} {i} would be sliced on a minor "
                                f"part of a dimension the op splits or merges")

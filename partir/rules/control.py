@@ -77,7 +77,7 @@ class _Analysis:
 
     parent: list[Node] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
-    blocked: set[Node] = field(default_factory=set)
+    blocked: dict[Node, str] = field(default_factory=dict)  # node -> why it cannot be cut
     # (name, reductions) per body equation, in order: a reduction is a node of the
     # reduced group and the results that are partial sums over it
     eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
@@ -89,18 +89,22 @@ class _Analysis:
     zeros: set[int] = field(default_factory=set)  # values that are constant zeros
     _ids: itertools.count = field(default_factory=itertools.count)
 
-    def new(self, shape: Sequence[int], blocked: bool = False) -> list[Node]:
+    def new(self, shape: Sequence[int], blocked: str = "") -> list[Node]:
         out = []
         for n in shape:
             node = len(self.parent)
             self.parent.append(node)
             self.sizes.append(n)
             if blocked or n == 1:
-                self.blocked.add(node)
+                self.block([node], blocked or "size 1")
             out.append(node)
         return out
 
-    def value(self, shape: Sequence[int], blocked: bool = False) -> int:
+    def block(self, nodes: Sequence[Node], why: str) -> None:
+        for n in nodes:
+            self.blocked.setdefault(n, why)
+
+    def value(self, shape: Sequence[int], blocked: str = "") -> int:
         vid = next(self._ids)
         self.dims_of[vid] = self.new(shape, blocked)
         return vid
@@ -116,7 +120,7 @@ class _Analysis:
         if ra != rb:
             self.parent[rb] = ra
             if self.sizes[ra] != self.sizes[rb]:
-                self.blocked.update((ra, rb))
+                self.block((ra, rb), "the body joins it with a dimension of another size")
 
     def join(self, a: int, b: int) -> None:
         """Values a and b are the same data (a carry and its body argument, ...)."""
@@ -129,7 +133,7 @@ class _Analysis:
         jaxpr = _jaxpr(body)[0]
         env: dict[Any, int] = {}
         for var in jaxpr.constvars:
-            env[var] = self.value(var.aval.shape, blocked=True)
+            env[var] = self.value(var.aval.shape, blocked="a constant of the body has it")
         for var, a in zip(jaxpr.invars, args, strict=True):
             env[var] = a
         for eqn in jaxpr.eqns:
@@ -143,7 +147,7 @@ class _Analysis:
                 for a in jaxpr.outvars]
 
     def _literal(self, lit: Any) -> int:
-        v = self.value(lit.aval.shape, blocked=True)
+        v = self.value(lit.aval.shape, blocked="a literal")
         if not np.any(lit.val):
             self.zeros.add(v)
         return v
@@ -151,7 +155,7 @@ class _Analysis:
     def eqn(self, eqn: Any, ins: list[int | None]) -> list[int]:
         name = eqn.primitive.name
         if name in CALLS and CALLS[name] in eqn.params:
-            args = [a if a is not None else self.value(v.aval.shape, blocked=True)
+            args = [a if a is not None else self.value(v.aval.shape, blocked="a literal")
                     for a, v in zip(ins, eqn.invars, strict=True)]
             return self.body(eqn.params[CALLS[name]], args)
         outs = [self.value(v.aval.shape) for v in eqn.outvars]
@@ -163,17 +167,19 @@ class _Analysis:
         reduced: list[tuple[Node, list[int]]] = []
         prim = CATALOGUE.get(name)
         if prim is None or prim.rule is None or prim.positional:
+            why = (f"{name} in the body computes from positions" if prim and prim.positional
+                   else f"{name} in the body has no sharding rule")
             for dims in [*in_dims, *out_dims]:
-                self.blocked.update(dims or ())
+                self.block(dims or (), why)
         else:
             view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
                           tuple(_type(v.aval) for v in eqn.outvars))
-            reduced = self._factors(prim.rule(view), in_dims, out_dims)
+            reduced = self._factors(name, prim.rule(view), in_dims, out_dims)
         self.eqns.append((name, reduced))
         self.flows.append((ins, outs))
         return outs
 
-    def _factors(self, rule: ShardingRule, in_dims: list[list[Node] | None],
+    def _factors(self, name: str, rule: ShardingRule, in_dims: list[list[Node] | None],
                  out_dims: list[list[Node]]) -> list[tuple[Node, list[int]]]:
         """Join the dims each factor of a body op's rule is in; returns, per `add`
         reduction factor, a node of its group and the results partial over it."""
@@ -192,9 +198,14 @@ class _Analysis:
                             touched.append(placed[t][d])
                         compound = compound or sum(rule.factors[g].size > 1
                                                    for g in factors) > 1
-            if factor.kind == REPLICATION or compound or (
-                    factor.kind == REDUCTION and factor.monoid != "add"):
-                self.blocked.update(touched)
+            if factor.kind == REPLICATION:
+                self.block(touched, factor.why or f"{name} in the body needs it whole")
+                continue
+            if compound:
+                self.block(touched, f"{name} in the body splits or merges it")
+                continue
+            if factor.kind == REDUCTION and factor.monoid != "add":
+                self.block(touched, f"{name} in the body reduces it with {factor.monoid}")
                 continue
             for node in touched[1:]:
                 self.union(touched[0], node)
@@ -204,42 +215,47 @@ class _Analysis:
         return reduced
 
     # -- groups -------------------------------------------------------------------------
-    def dependencies(self) -> tuple[dict[int, set[Node]], set[Node]]:
-        """Per value, the groups it depends on; and the groups that cannot be sliced."""
+    def dependencies(self) -> tuple[dict[int, set[Node]], dict[Node, str]]:
+        """Per value, the groups it depends on; and the groups that cannot be sliced, with
+        why."""
         find = self.find
-        bad = {find(n) for n in self.blocked}
+        bad: dict[Node, str] = {}
+        for n, why in self.blocked.items():
+            bad.setdefault(find(n), why)
         depends: dict[int, set[Node]] = {}
         for v, dims in self.dims_of.items():
             roots = [find(n) for n in dims]
             depends[v] = set(roots)
-            if len(depends[v]) < len(roots):  # one group in two dims of a value
-                bad.update(r for r in roots if roots.count(r) > 1)
+            for r in roots:
+                if roots.count(r) > 1:
+                    bad.setdefault(r, "the body has it in two dimensions of one value")
         for ins, outs in self.flows:
             deps = set().union(*(depends[a] for a in ins if a is not None))
             for o in outs:
                 depends[o] = depends[o] | deps
         for v in self.predicates:  # every slice must take the same branch, or stop alike
-            bad |= depends[v]
+            for r in depends[v]:
+                bad.setdefault(r, "the loop's predicate depends on it")
         return depends, bad
 
     def partials(self, g: Node, seeded: set[int], depends: dict[int, set[Node]]
-                 ) -> set[int] | None:
+                 ) -> set[int] | str:
         """The values that are partial sums over group g, given that the `seeded` ones
-        are; None if one is used other than linearly."""
+        are; or why one is used other than linearly."""
         find = self.find
         partial = set(seeded)
         for (name, reduced), (ins, outs) in zip(self.eqns, self.flows, strict=True):
             at = [i for i, a in enumerate(ins) if a is not None and a in partial]
             if at:
                 if not _linear(name, ins, at, g, depends):
-                    return None
+                    return (f"the body sums over it, then uses the partial sums in {name}, "
+                            f"which needs whole sums (a collective inside the body)")
                 partial.update(outs)
             for n, ks in reduced:
                 if find(n) == g:
                     partial.update(outs[k] for k in ks)
-        # a partial sum over g cannot also be tiled by g
         if any(find(n) == g for v in partial for n in self.dims_of[v]):
-            return None
+            return "the body sums over it into a value that also has it"
         return partial
 
 
@@ -288,7 +304,7 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
         if i < nc + nk:
             args.append(v)
         else:  # a scanned operand: the body sees a slice of its leading dimension
-            a.blocked.add(a.dims_of[v][0])
+            a.block(a.dims_of[v][:1], "it is the scanned dimension")
             args.append(a.value(view.in_types[i].shape[1:]))
             for x, y in zip(a.dims_of[v][1:], a.dims_of[args[-1]], strict=True):
                 a.union(x, y)
@@ -298,7 +314,7 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             a.join(ops[nc + k], o)
             a.join(o, r)
         else:  # a stacked result: the body makes one slice of it
-            a.blocked.add(a.dims_of[r][0])
+            a.block(a.dims_of[r][:1], "it is the scanned dimension")
             for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
                 a.union(x, y)
     return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
@@ -361,8 +377,9 @@ def _analyze(view: OpView) -> _Groups:
     b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
     placed: set[Node] = set()
     nodes: dict[int, list[Node]] = {}
+    why = dict(bad)  # group -> why it is not a factor of the op
     roots = sorted({find(n) for v in (*edges.operands, *edges.results)
-                    for n in a.dims_of[v]} - bad)
+                    for n in a.dims_of[v]} - set(bad))
     for g in roots:
         operands = {i: d for i, v in enumerate(edges.operands)
                     for d, n in enumerate(a.dims_of[v]) if find(n) == g}
@@ -370,16 +387,22 @@ def _analyze(view: OpView) -> _Groups:
                    for d, n in enumerate(a.dims_of[v]) if find(n) == g}
         counts = [sum(find(n) == g for n in a.dims_of[v])
                   for v in (*edges.operands, *edges.results)]
-        if max(counts) > 1 or not operands:
-            continue  # in two dims of one tensor, or made by the body alone
+        if max(counts) > 1:
+            why[g] = "it is two dimensions of one operand or result"
+            continue
+        if not operands:
+            why[g] = "only the body makes it"
+            continue
         seeds = {edges.carries[k] for k in edges.zero}
         for seeded in ((seeds, set()) if seeds else (set(),)):
             partial = a.partials(g, seeded, depends)
-            actions = None if partial is None else _actions(
+            actions = partial if isinstance(partial, str) else _actions(
                 g, results, edges, partial, seeded, depends, a.zeros)
-            if actions is not None:
+            if not isinstance(actions, str):
                 break
-        if actions is not None:
+        if isinstance(actions, str):
+            why[g] = actions
+        else:
             sums, unrelated = actions
             kind, monoid = (REDUCTION, "add") if sums else (PASS, None)
             f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated)
@@ -391,35 +414,38 @@ def _analyze(view: OpView) -> _Groups:
     for i, v in enumerate(edges.operands):
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
-                b.replicated(a.sizes[n], operands={i: d})
+                b.replicated(a.sizes[n], operands={i: d}, why=why.get(find(n), ""))
     for k, v in enumerate(edges.results):
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
-                b.replicated(a.sizes[n], results={k: d})
+                b.replicated(a.sizes[n], results={k: d}, why=why.get(find(n), ""))
     return _Groups(b.build(), nodes, a)
 
 
 def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
              seeded: set[int], depends: dict[int, set[Node]], zeros: set[int]
-             ) -> tuple[list[int], list[int]] | None:
+             ) -> tuple[list[int], list[int]] | str:
     """The op results that are partial sums over group g and those that do not depend on
-    it (the rest are tiled), or None if one is neither. A carry is a partial sum only if
-    it starts from zero (seeded), and then it must end as one."""
+    it (the rest are tiled), or why one is neither. A carry is a partial sum only if it
+    starts from zero (seeded), and then it must end as one."""
     sums, unrelated = [], []
     for k, srcs in enumerate(edges.sources):
         arg = edges.carries.get(k)
         started = arg is not None and arg in seeded
         if k in results:
             if started:
-                return None
+                return f"carry {k} would start from zero on every slice yet be tiled by it"
             continue
         # a zero is a partial sum of zeros (a branch with no gradient for a value)
         if all(v in partial or v in zeros for v in srcs) and (arg is None or started):
             sums.append(k)
         elif all(g not in depends[v] for v in srcs) and not started:
             unrelated.append(k)
+        elif arg is not None:
+            return (f"carry {k} depends on it without having it: each slice would carry a "
+                    f"different value")
         else:
-            return None
+            return f"result {k} depends on it but neither has it nor sums over it"
     return sums, unrelated
 
 

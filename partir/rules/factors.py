@@ -42,6 +42,7 @@ class Factor:
     # Results that do not depend on the factor at all (a loop's step counter): each
     # slice computes them whole, alike (the loop's `any` action).
     unrelated: tuple[int, ...] = ()
+    why: str = field(default="", compare=False)  # why a need-replication factor is one
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -156,8 +157,11 @@ class RuleBuilder:
         return f
 
     def replicated(self, size: int, operands: Mapping[int, int] | None = None,
-                   results: Mapping[int, int] | None = None) -> int:
-        return self.factor(size, operands, results, REPLICATION)
+                   results: Mapping[int, int] | None = None, why: str = "") -> int:
+        f = self.factor(size, operands, results, REPLICATION)
+        if why:
+            self.factors[f] = Factor(size, REPLICATION, why=why)
+        return f
 
     def build(self) -> ShardingRule:
         return ShardingRule(tuple(self.factors),

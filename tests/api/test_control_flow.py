@@ -106,6 +106,7 @@ def test_a_while_predicate_that_reads_sharded_data_is_not_sharded_through():
     result = partir.core_partition(f, MESH, BP, X)
     (conflict,) = result.tactics[0].conflicts
     assert conflict.op == "while" and conflict.kind == "needs_replication"
+    assert conflict.detail.endswith("needs replication: the loop's predicate depends on it")
     (loop,) = _control_ops(result.program)
     assert result.program.nest(loop) == ()
     assert_tree_close(result.interpret(X), f(X))
