@@ -393,7 +393,8 @@ def _analyze(view: OpView) -> _Groups:
         if not operands:
             why[g] = "only the body makes it"
             continue
-        seeds = {edges.carries[k] for k in edges.zero}
+        # zero-initialised carries without the group may be partial sums over it
+        seeds = {edges.carries[k] for k in edges.zero if k not in results}
         for seeded in ((seeds, set()) if seeds else (set(),)):
             partial = a.partials(g, seeded, depends)
             actions = partial if isinstance(partial, str) else _actions(
