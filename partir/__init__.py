@@ -2,24 +2,21 @@
 
 from importlib.metadata import version
 
-from partir.api import CorePartition, core_partition, partition
-from partir.cancel import CancellationToken, Cancelled
-from partir.errors import (
-    AlreadyTiledError,
-    AxisNotInMeshError,
-    DimensionOutOfRangeError,
-    IndivisibleDimensionError,
-    InvalidTacticError,
-    PartitionError,
-    TracingError,
-    UnknownInputError,
-)
-from partir.frontend import tag
-from partir.jitted import PartitionedFunction, jit
-from partir.mesh import Mesh
-from partir.metadata import Metadata
-from partir.program import Program
-from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+from partir.lazy import exports
+
+__getattr__, __dir__ = exports(__name__, globals(), {
+    "partir.api": ("CorePartition", "core_partition", "partition"),
+    "partir.cancel": ("CancellationToken", "Cancelled"),
+    "partir.errors": ("AlreadyTiledError", "AxisNotInMeshError", "DimensionOutOfRangeError",
+                      "IndivisibleDimensionError", "InvalidTacticError", "PartitionError",
+                      "TracingError", "UnknownInputError"),
+    "partir.frontend": ("tag",),
+    "partir.jitted": ("PartitionedFunction", "jit"),
+    "partir.mesh": ("Mesh",),
+    "partir.metadata": ("Metadata",),
+    "partir.program": ("Program",),
+    "partir.tactics": ("FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ManualPartition"),
+})
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
 __version__ = version("partir")

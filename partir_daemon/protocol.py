@@ -5,10 +5,10 @@ Every method has a params dataclass and a result dataclass below; `METHODS` decl
 each method once (its types, which process serves it, its checks), for the server, the
 compiler process and the client. The records of the compiler core (`partir.session.
 results`: diagnostics, ranges, timings, explained values and collectives) are sent as
-they are; the ones here declare their wire form for decoders that do not import the
-compiler (the language server), and `tests/daemon/test_engine.py` keeps them alike.
-`to_json`/`from_json` convert between these dataclasses and the plain JSON on the wire,
-so the server, the client and the language server share one definition.
+they are: this module imports them (that module imports nothing heavy, so the language
+server decodes them without importing JAX). `to_json`/`from_json` convert between these
+dataclasses and the plain JSON on the wire, so the server, the client and the language
+server share one definition.
 
 Positions follow `partir.schedule_file.SourceRange`: 1-based lines, 0-based columns in
 characters, end exclusive. Tactic indexes are 1-based, like `partir partition --after`.
@@ -42,6 +42,24 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
+# Re-exported: clients read every record of the protocol from this module.
+from partir.session.results import (
+    AttributedCollective,
+    Diagnostic,
+    ExplainedValue,
+    Range,
+    Timings,
+)
+from partir.session.results import (
+    DiagnosticKind as DiagnosticKind,
+)
+from partir.session.results import (
+    ShardingStep as ShardingStep,
+)
+from partir.session.results import (
+    SourceLocation as SourceLocation,
+)
+
 PROTOCOL_VERSION = 1
 JSONRPC = "2.0"
 
@@ -69,8 +87,6 @@ JobState = Literal["queued", "running", "succeeded", "failed", "crashed", "timeo
                    "cancelled", "interrupted"]
 # States a job never leaves.
 FINAL_JOB_STATES = ("succeeded", "failed", "crashed", "timeout", "cancelled", "interrupted")
-DiagnosticKind = Literal["read", "syntax", "execution", "timeout", "missing", "type",
-                         "tracing", "tactic", "internal"]
 
 
 class ProtocolError(Exception):
@@ -83,39 +99,6 @@ class ProtocolError(Exception):
 
 
 # --- shared records ---------------------------------------------------------------------
-
-
-@dataclass
-class Range:
-    line: int
-    col: int
-    end_line: int
-    end_col: int
-
-
-@dataclass
-class SourceLocation:
-    """A place in any file (e.g. the user's model), 1-based line; 0 when unknown."""
-
-    file: str
-    line: int
-    function: str = ""
-
-
-@dataclass
-class Diagnostic:
-    """A problem with the schedule file or a tactic, at `range` of `file` (`line` 0 and no
-    range: the file as a whole). `tactic` is the 1-based index of the failing tactic;
-    `inner` is where the exception was raised when that is in another user file."""
-
-    kind: DiagnosticKind
-    message: str
-    file: str
-    line: int
-    range: Range | None = None
-    tactic: int | None = None
-    exc_type: str | None = None
-    inner: SourceLocation | None = None
 
 
 @dataclass
@@ -146,15 +129,6 @@ class TacticResult:
     reused: bool
     state: str  # hash-chain key of the state after this tactic
     metadata: dict[str, Any]
-
-
-@dataclass
-class Timings:
-    load_s: float = 0.0  # executing the schedule file
-    trace_s: float = 0.0
-    tactics_s: float = 0.0  # applying the tactics that were not cached
-    metadata_s: float = 0.0  # lowering for collective counts (uncached states)
-    total_s: float = 0.0  # in the compiler process
 
 
 # --- methods ----------------------------------------------------------------------------
@@ -239,39 +213,6 @@ class ExplainParams(DocumentParams):
     name: str | None = None
     file: str | None = None
     line: int | None = None
-
-
-@dataclass
-class ShardingStep:
-    tactic: int  # 1-based
-    tactic_name: str
-    sharding: list[list[str]]  # per-dim mesh axes after this tactic
-    local_shape: list[int]
-    changed: bool  # this tactic changed the sharding
-
-
-@dataclass
-class ExplainedValue:
-    name: str
-    kind: str  # "input", "output" or "tag"
-    shape: list[int]
-    dtype: str
-    history: list[ShardingStep]
-    # Where the value is defined: for an input, the function's parameter and the places
-    # in the user's modules that create the pytree leaf (a dict key or attribute named
-    # like its last path component); for a tag, the `partir.tag` call. Best first.
-    definitions: list[SourceLocation] = field(default_factory=list)
-
-
-@dataclass
-class AttributedCollective:
-    kind: str  # all_gather, all_reduce, reduce_scatter, all_to_all, all_slice
-    axes: list[str]
-    count: int
-    value: str | None  # the input/tag the collective moves (None: an internal value)
-    loc: SourceLocation  # the model line the collective serves
-    tactic: int  # the tactic that introduced it (1-based)
-    tactic_name: str
 
 
 @dataclass
