@@ -19,7 +19,13 @@ from partir.jitted import PartitionedFunction, jit
 from partir.mesh import Mesh
 from partir.metadata import Metadata
 from partir.program import Program
-from partir.tactics import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+from partir.tactics import (
+    FIRST_DIVISIBLE_DIM,
+    REPLICATED,
+    UNKNOWN,
+    AutomaticPartition,
+    ManualPartition,
+)
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
 __version__ = version("partir")
@@ -29,6 +35,7 @@ __all__ = [
     "REPLICATED",
     "UNKNOWN",
     "AlreadyTiledError",
+    "AutomaticPartition",
     "AxisNotInMeshError",
     "CancellationToken",
     "Cancelled",
