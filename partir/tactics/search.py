@@ -388,6 +388,8 @@ def replay(module: CoreModule, names: Mapping[str, list[Value]], found: Found,
         steps.append({"axis": block[0].candidate.axis,
                       "inputs": {n: d.candidate.dim for d in block for n in d.names}})
     found.record["manual"] = steps
+    # The steps as source, for tools that do not import partir (the language server).
+    found.record["source"] = manual_source(found.record, tactic.label)
     if not actions:
         actions.append("propagate")
     return actions, prop_s
