@@ -74,9 +74,9 @@ def as_schedule(schedule: Any) -> list[Tactic]:
         return [schedule]
     if isinstance(schedule, Iterable) and not isinstance(schedule, str | bytes | Mapping):
         return list(schedule)
-    raise InvalidTacticError(f"a schedule is a tactic (partir.ManualPartition, "
-                             f"partir.AutomaticPartition) or a list of them, "
-                             f"got {type(schedule).__name__} {schedule!r}")
+    raise InvalidTacticError(f"a schedule is a partir.ManualPartition or a list of them, "
+                             f"got {type(schedule).__name__} {schedule!r} (tactics: "
+                             f"partir.ManualPartition, partir.AutomaticPartition)")
 
 
 def apply_schedule(traced: TracedProgram, mesh: Mesh,
