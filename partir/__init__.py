@@ -15,7 +15,8 @@ __getattr__, __dir__ = exports(__name__, globals(), {
     "partir.mesh": ("Mesh",),
     "partir.metadata": ("Metadata",),
     "partir.program": ("Program",),
-    "partir.tactics": ("FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ManualPartition"),
+    "partir.tactics": ("FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "AutomaticPartition",
+                       "ManualPartition"),
 })
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
@@ -26,6 +27,7 @@ __all__ = [
     "REPLICATED",
     "UNKNOWN",
     "AlreadyTiledError",
+    "AutomaticPartition",
     "AxisNotInMeshError",
     "CancellationToken",
     "Cancelled",

@@ -31,6 +31,16 @@ from partir.pipeline import Lowered, lower
 from partir.runtime.specs import partition_spec
 from partir.sim import DEFAULT_DEVICE, DeviceSpec, get_device, simulate
 from partir.tactics import ManualPartition, TacticRecord, apply_schedule, as_schedule
+from partir.tactics.search import register_evaluator
+
+
+def _search_evaluator(device: str | None) -> tuple[str, Callable[[CoreProgram], Any]]:
+    """AutomaticPartition's evaluator: lower the program to PartIR:HLO and simulate it."""
+    spec = get_device(device or DEFAULT_DEVICE)
+    return spec.name, lambda program: simulate(lower(program).hlo, spec)
+
+
+register_evaluator(_search_evaluator)
 
 
 @dataclass
@@ -124,7 +134,7 @@ def applied_metadata(record: TacticRecord, *, defer: bool = False) -> TacticMeta
     meta = TacticMetadata(record.name, record.axis, record.actions, {},
                           Deferred(lambda: tactic_shardings(record.program)),
                           [c.to_json() for c in record.conflicts], record.notes, "",
-                          record.elapsed_s)
+                          record.elapsed_s, search=record.search)
     if not defer:
         with paused_gc():
             meta.shardings  # noqa: B018

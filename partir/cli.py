@@ -10,6 +10,9 @@
                                         the program lowered to PartIR:SPMD or PartIR:HLO
     partir partition FILE --device h100 the simulator's cost columns for this device spec
                                         (default: cpu; see partir.sim.registered_devices)
+    partir partition FILE --emit-schedule
+                                        the schedule as source, each AutomaticPartition
+                                        replaced by the ManualPartitions it found
     partir run FILE [--steps N]         run the partitioned program on the local devices,
                                         check it against the unpartitioned function and
                                         report the step time
@@ -45,6 +48,7 @@ from partir.pipeline import lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
 from partir.sim import DEFAULT_DEVICE, get_device, registered_devices
 from partir.tactics import TacticRecord
+from partir.tactics.search import manual_source
 
 # Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
 MAX_SHOWN = 12
@@ -91,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the program in this IR instead of the report")
     output.add_argument("--json", action="store_true",
                         help="print the per-tactic records as JSON instead of the report")
+    output.add_argument("--emit-schedule", action="store_true",
+                        help="print the schedule as Python source, each AutomaticPartition "
+                             "replaced by ManualPartitions of the decisions it found")
     partition.add_argument("--after", type=int, metavar="N",
                            help="with --ir: the program after tactic N (1-based; 0 is the "
                                 "traced program; default: the last tactic)")
@@ -125,9 +132,48 @@ def _partition(args: argparse.Namespace) -> int:
             print(lower(result.program_after(args.after)).text(args.ir))
     elif args.json:
         print(json.dumps(_json(schedule_file, result, device.name), indent=2))
+    elif args.emit_schedule:
+        print(emit_schedule(schedule_file, result))
     else:
         print(_report(schedule_file, result, device.name))
     return 0
+
+
+def emit_schedule(schedule_file: ScheduleFile, result: CorePartition) -> str:
+    """`schedule = [...]` with each automatic tactic's decisions as ManualPartition source
+    and the other tactics as written in the file (by name when the file does not show
+    them in a list literal)."""
+    lines = schedule_file.path and _source_lines(schedule_file.path)
+    out = [f"# {schedule_file.path}: the schedule with the decisions of its automatic "
+           "tactics", "schedule = ["]
+    for t, source in zip(result.tactics, schedule_file.tactics, strict=True):
+        if t.search is not None:
+            out.append(f"    # {t.name}: {t.search['evaluations']} evaluations in "
+                       f"{t.search['elapsed_s']:.2f} s, {len(t.search['decisions'])} "
+                       "decision(s)")
+            out += [f"    {s}," for s in manual_source(t.search, t.name, "    ")]
+        elif source.span is not None and lines:
+            out.append(f"    {_span_text(lines, source.span)},")
+        else:
+            out.append(f"    {t.name},  # as in the schedule file")
+    out.append("]")
+    return "\n".join(out)
+
+
+def _source_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().split("\n")
+    except OSError:
+        return []
+
+
+def _span_text(lines: list[str], span: Any) -> str:
+    if span.line == span.end_line:
+        return lines[span.line - 1][span.col:span.end_col]
+    text = [lines[span.line - 1][span.col:], *lines[span.line:span.end_line - 1],
+            lines[span.end_line - 1][:span.end_col]]
+    return "\n".join(text)
 
 
 def _value_actions(t: TacticRecord) -> int:
@@ -227,6 +273,7 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
             "cost": meta.cost.to_json(),
             "elapsed_s": t.elapsed_s,
             "propagation_s": t.propagation_s,
+            "search": t.search,
         })
     return {"file": schedule_file.path, "function": result.traced.function.name,
             "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "tactics": tactics}

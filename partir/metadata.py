@@ -86,6 +86,9 @@ class TacticMetadata(_Resolved):
     elapsed_s: float
     # The simulator's estimate for the program after this tactic.
     cost: Cost | None = Lazy(None)
+    # An automatic tactic's search: the decisions found (input or tag, dim, axis) and
+    # statistics (evaluations, best cost over time); None for a manual tactic.
+    search: dict[str, Any] | None = None
 
 
 @dataclass

@@ -30,7 +30,7 @@ from partir.errors import PartitionError
 from partir.ir.location import Location
 from partir.mesh import Mesh
 from partir.program import Program
-from partir.tactics import ManualPartition
+from partir.tactics.base import Tactic
 from partir.user_modules import USER_MODULES, imported_names, is_library
 
 # The name the file runs under while it executes: not "__main__", so that an
@@ -79,7 +79,7 @@ class ScheduleFile:
     path: str
     program: Program
     mesh: Mesh
-    schedule: list[ManualPartition]
+    schedule: list[Tactic]
     # The last module-level statements binding each name (None if none binds it visibly).
     program_span: SourceRange | None
     mesh_span: SourceRange | None
@@ -392,9 +392,11 @@ def _read_definitions(source: _Source, tree: ast.Module,
                                 source.filename, span_of("schedule"))
     tactics = _tactic_sources(source, bindings, len(schedule))
     for i, tactic in enumerate(schedule):
-        if not isinstance(tactic, ManualPartition):
+        if not isinstance(tactic, Tactic):
             raise ScheduleTypeError(f"`schedule[{i}]` must be a tactic such as "
-                                    f"partir.ManualPartition, got {type(tactic).__name__}",
+                                    f"partir.ManualPartition, got {type(tactic).__name__} "
+                                    f"(tactics: partir.ManualPartition, "
+                                    f"partir.AutomaticPartition)",
                                     source.filename, tactics[i].span or span_of("schedule"))
     return ScheduleFile(source.filename, program, mesh, list(schedule), span_of("program"),
                         span_of("mesh"), span_of("schedule"), tactics)

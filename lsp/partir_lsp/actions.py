@@ -2,7 +2,13 @@
 key that names no input, tag or prefix of one (`UnknownInputError`), and an axis the mesh
 does not have (`AxisNotInMeshError`). Each close match (difflib, among the last analysis's
 names and prefixes, or the mesh's axes) is offered as "Replace with 'x'", an edit of the
-string literal's contents in the editor's current text."""
+string literal's contents in the editor's current text.
+
+Besides, on an `AutomaticPartition(...)` element of the schedule list that the last
+analysis searched, the refactoring "Replace with the manual tactics found" rewrites it
+into the `ManualPartition`s of the decisions found (their source is its metadata's
+`search["source"]`), so the next edit is applied at once and the strategy can be
+reviewed and changed by hand."""
 
 from __future__ import annotations
 
@@ -15,13 +21,47 @@ from partir_daemon import protocol as P
 from partir_lsp import render
 from partir_lsp.literals import AXIS, KEY, Role, Slot, mesh_axes, parse, slot_at, slots
 from partir_lsp.names import Names
-from partir_lsp.positions import Lines
+from partir_lsp.positions import Lines, to_range
 
 # The diagnostics' `code` is the daemon's `Diagnostic.exc_type`.
 FIXABLE: dict[str, Role] = {"UnknownInputError": KEY, "AxisNotInMeshError": AXIS}
 MAX_FIXES = 3
 # As partir's own "did you mean" suggestion for unknown inputs.
 CUTOFF = 0.5
+REPLACE_AUTOMATIC = "Replace with the manual tactics found"
+
+
+def manual_replacements(uri: str, text: str, result: P.PartitionResult | None,
+                        at: lsp.Range) -> list[lsp.CodeAction]:
+    """"Replace with the manual tactics found" for each searched automatic tactic whose
+    list element overlaps `at` and still reads `AutomaticPartition(...)` in `text`."""
+    if result is None:
+        return []
+    lines = Lines.of(text)
+    out = []
+    for t in result.tactics:
+        search = (t.metadata or {}).get("search")
+        if not search or not search.get("source") or t.range is None:
+            continue
+        r = to_range(t.range, lines)
+        if not _overlaps(r, at) or "AutomaticPartition" not in _text(lines, t.range):
+            continue
+        indent = " " * t.range.col
+        source = f",\n{indent}".join(s.replace("\n", "\n" + indent)
+                                       for s in search["source"])
+        out.append(lsp.CodeAction(
+            REPLACE_AUTOMATIC, kind=lsp.CodeActionKind.RefactorRewrite,
+            edit=lsp.WorkspaceEdit(changes={uri: [lsp.TextEdit(r, source)]})))
+    return out
+
+
+def _text(lines: Lines, r: P.Range) -> str:
+    rows = lines.lines[r.line - 1:r.end_line]
+    if not rows:
+        return ""
+    if len(rows) == 1:
+        return rows[0][r.col:r.end_col]
+    return "\n".join([rows[0][r.col:], *rows[1:-1], rows[-1][:r.end_col]])
 
 
 def quick_fixes(uri: str, text: str, result: P.PartitionResult | None,

@@ -684,12 +684,22 @@ def build() -> PartirServer:
             if snap is not None else []
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
-        code_action_kinds=[lsp.CodeActionKind.QuickFix]))
+        code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite]))
     def code_action(ls: PartirServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
         uri = params.text_document.uri
         doc = ls.documents.get(uri)
-        return actions.quick_fixes(uri, doc.text, last_result(doc),
-                                   params.context.diagnostics) if doc is not None else []
+        if doc is None:
+            return []
+        only = params.context.only
+        found = []
+        if not only or any(lsp.CodeActionKind.QuickFix.value.startswith(k) for k in only):
+            found += actions.quick_fixes(uri, doc.text, last_result(doc),
+                                         params.context.diagnostics)
+        if not only or any(lsp.CodeActionKind.RefactorRewrite.value.startswith(k)
+                           for k in only):
+            found += actions.manual_replacements(uri, doc.text, last_result(doc),
+                                                 params.range)
+        return found
 
     @server.feature(IR_REQUEST)
     async def ir(ls: PartirServer, params: Any) -> dict[str, str]:

@@ -36,7 +36,7 @@ import numpy as np
 import partir
 from partir.mesh import Mesh
 from partir.program import Program
-from partir.tactics import ManualPartition
+from partir.tactics.base import Tactic
 from partir.tactics.forms import _Form
 from partir.user_modules import content_hash, is_library
 
@@ -202,11 +202,11 @@ class Fingerprinter:
         return _h("trace", self.callable(program.fn), str(tree), *signature,
                   str(program.static_argnums), *static, jax.__version__, partir.__version__)
 
-    def tactic_key(self, tactic: ManualPartition) -> str:
+    def tactic_key(self, tactic: Tactic) -> str:
         # The source location is left out: it only appears in error messages, and moving a
         # tactic must not re-apply it. Keys in order: the order of the actions follows them.
-        inputs = [_h(str(k), self.value(v)) for k, v in tactic.inputs.items()]
-        return _h("tactic", type(tactic).__qualname__, repr(tactic.name), tactic.axis,
+        inputs = [_h(str(k), self.value(v)) for k, v in tactic.key_items()]
+        return _h("tactic", type(tactic).__qualname__, repr(tactic.name), tactic.axis_label,
                   *inputs)
 
 

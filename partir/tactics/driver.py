@@ -11,15 +11,13 @@ from typing import Any
 from partir.core.conflicts import Conflict
 from partir.core.module import CoreModule
 from partir.core.program import CoreProgram
-from partir.core.propagation import propagate
-from partir.core.value_actions import atomic_value, sharded_dims, tile_value
 from partir.errors import InvalidTacticError
 from partir.frontend import TracedProgram
 from partir.gcpause import paused_gc
 from partir.ir import Value
 from partir.mesh import Mesh
-from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN
-from partir.tactics.manual import ActionSpec, ManualPartition, resolve_form
+from partir.tactics.base import Tactic
+from partir.tactics.manual import expand  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -32,6 +30,7 @@ class TacticRecord:
     elapsed_s: float
     propagation_s: float
     notes: list[str] = field(default_factory=list)
+    search: dict[str, Any] | None = None  # an automatic tactic's search record
 
     def core_ir(self) -> str:
         from partir.core.printing import print_core
@@ -46,84 +45,42 @@ def named_values(module: CoreModule, traced: TracedProgram) -> dict[str, list[Va
     return names
 
 
-def expand(tactic: ManualPartition, module: CoreModule,
-           names: dict[str, list[Value]]) -> tuple[list[ActionSpec], list[str]]:
-    """The actions a ManualPartition issues, and notes on inputs it left alone."""
-    n = module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
-    specs: list[ActionSpec] = []
-    notes: list[str] = []
-    for name, value, form in tactic.select(names):
-        form = resolve_form(form, name, value.type.shape, tactic.label, tactic.loc)
-        if form is UNKNOWN:
-            continue
-        if form is REPLICATED:
-            specs.append(ActionSpec("atomic", name, value, tactic.axis))
-        elif form is FIRST_DIVISIBLE_DIM:
-            taken = sharded_dims(module, value)
-            dims = [d for d, s in enumerate(value.type.shape) if d not in taken and s % n == 0]
-            if dims:
-                specs.append(ActionSpec("tile", name, value, tactic.axis, dims[0]))
-            else:
-                notes.append(f"{name} {list(value.type.shape)}: no unsharded dimension divisible "
-                             f"by {n}; left as is")
-        elif isinstance(form, int):
-            specs.append(ActionSpec("tile", name, value, tactic.axis, form))
-        else:
-            raise InvalidTacticError(f"unsupported value {form!r} for {name!r}",
-                                     tactic=tactic.label, loc=tactic.loc)
-    return specs, notes
-
-
-def apply_tactic(module: CoreModule, tactic: ManualPartition,
+def apply_tactic(module: CoreModule, tactic: Tactic,
                  names: dict[str, list[Value]]) -> TacticRecord:
-    if not isinstance(tactic, ManualPartition):
-        raise InvalidTacticError(f"a schedule holds tactics such as partir.ManualPartition, "
-                                 f"got {type(tactic).__name__}")
+    if not isinstance(tactic, Tactic):
+        raise InvalidTacticError(f"a schedule holds tactics such as partir.ManualPartition "
+                                 f"or partir.AutomaticPartition, got {type(tactic).__name__}")
     with paused_gc():
         return _apply_tactic(module, tactic, names)
 
 
-def _apply_tactic(module: CoreModule, tactic: ManualPartition,
+def _apply_tactic(module: CoreModule, tactic: Tactic,
                   names: dict[str, list[Value]]) -> TacticRecord:
     start = time.perf_counter()
     splits = len(module.splits)
-    specs, notes = expand(tactic, module, names)
     before = set(module.conflicts)
-    seeds: list[int] = []
-    actions: list[str] = []
-    for spec in specs:
-        label = f"input {spec.name!r}"
-        if spec.kind == "tile":
-            seeds += tile_value(module, spec.value, spec.dim, spec.axis, label=label,
-                                tactic=tactic.label, loc=tactic.loc)
-            spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
-                              spec.dim % spec.value.type.rank)
-        else:
-            seeds += atomic_value(module, spec.value, spec.axis, label=label,
-                                  tactic=tactic.label, loc=tactic.loc)
-        actions.append(str(spec))
-    prop_start = time.perf_counter()
-    propagate(module, seeds)
-    actions.append("propagate")
+    result = tactic.run(module, names)
     end = time.perf_counter()
     conflicts = [c for key, c in module.conflicts.items() if key not in before]
-    notes += module.splits[splits:]
-    return TacticRecord(tactic.label, tactic.axis, actions, conflicts, module.snapshot(),
-                        end - start, end - prop_start, notes)
+    notes = result.notes + module.splits[splits:]
+    return TacticRecord(tactic.label, tactic.axis_label, result.actions, conflicts,
+                        module.snapshot(), end - start, result.propagation_s, notes,
+                        result.search)
 
 
-def as_schedule(schedule: Any) -> list[ManualPartition]:
+def as_schedule(schedule: Any) -> list[Tactic]:
     """The tactics of a schedule given as an iterable of them or as a single tactic."""
-    if isinstance(schedule, ManualPartition):
+    if isinstance(schedule, Tactic):
         return [schedule]
     if isinstance(schedule, Iterable) and not isinstance(schedule, str | bytes | Mapping):
         return list(schedule)
     raise InvalidTacticError(f"a schedule is a partir.ManualPartition or a list of them, "
-                             f"got {type(schedule).__name__} {schedule!r}")
+                             f"got {type(schedule).__name__} {schedule!r} (tactics: "
+                             f"partir.ManualPartition, partir.AutomaticPartition)")
 
 
 def apply_schedule(traced: TracedProgram, mesh: Mesh,
-                   schedule: Sequence[ManualPartition]) -> tuple[CoreProgram, list[TacticRecord]]:
+                   schedule: Sequence[Tactic]) -> tuple[CoreProgram, list[TacticRecord]]:
     """The traced program as Core, and the record of each tactic applied in order."""
     module = CoreModule(traced, mesh)
     initial = module.snapshot()

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from partir.errors import InvalidTacticError, UnknownInputError
 from partir.frontend.source import is_user_file
 from partir.ir import Location, Value
+from partir.tactics.base import Tactic, TacticResult
 from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, _Form
+
+if TYPE_CHECKING:
+    from partir.core.module import CoreModule
 
 InputValue = int | _Form | Callable[[str, tuple[int, ...]], Any]
 
@@ -49,7 +54,7 @@ class ActionSpec:
 
 
 @dataclass
-class ManualPartition:
+class ManualPartition(Tactic):
     inputs: Mapping[str, InputValue]
     axis: str
     name: str | None = None
@@ -70,6 +75,18 @@ class ManualPartition:
     def label(self) -> str:
         return self.name or f"ManualPartition({self.axis!r})"
 
+    @property
+    def axis_label(self) -> str:
+        return self.axis
+
+    def key_items(self) -> list[tuple[str, Any]]:
+        return list(self.inputs.items())
+
+    def run(self, module: CoreModule, names: Mapping[str, list[Value]]) -> TacticResult:
+        specs, notes = expand(self, module, names)
+        actions, prop_s = issue(module, specs, self.label, self.loc)
+        return TacticResult(actions, notes, prop_s)
+
     def select(self, names: Mapping[str, list[Value]]) -> list[tuple[str, Any, InputValue]]:
         """The (name, value, form) triples the input dict selects, in order."""
         out = []
@@ -81,6 +98,62 @@ class ManualPartition:
             for n in matched:
                 out += [(n, v, form) for v in names[n]]
         return out
+
+
+def expand(tactic: ManualPartition, module: CoreModule,
+           names: Mapping[str, list[Value]]) -> tuple[list[ActionSpec], list[str]]:
+    """The actions a ManualPartition issues, and notes on inputs it left alone."""
+    from partir.core.value_actions import sharded_dims
+
+    n = module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
+    specs: list[ActionSpec] = []
+    notes: list[str] = []
+    for name, value, form in tactic.select(names):
+        form = resolve_form(form, name, value.type.shape, tactic.label, tactic.loc)
+        if form is UNKNOWN:
+            continue
+        if form is REPLICATED:
+            specs.append(ActionSpec("atomic", name, value, tactic.axis))
+        elif form is FIRST_DIVISIBLE_DIM:
+            taken = sharded_dims(module, value)
+            dims = [d for d, s in enumerate(value.type.shape) if d not in taken and s % n == 0]
+            if dims:
+                specs.append(ActionSpec("tile", name, value, tactic.axis, dims[0]))
+            else:
+                notes.append(f"{name} {list(value.type.shape)}: no unsharded dimension divisible "
+                             f"by {n}; left as is")
+        elif isinstance(form, int):
+            specs.append(ActionSpec("tile", name, value, tactic.axis, form))
+        else:
+            raise InvalidTacticError(f"unsupported value {form!r} for {name!r}",
+                                     tactic=tactic.label, loc=tactic.loc)
+    return specs, notes
+
+
+def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Location | None
+          ) -> tuple[list[str], float]:
+    """Apply the actions in order, then propagate from them: the actions as issued
+    (negative dims made positive, then `propagate`) and the propagation's time."""
+    from partir.core.propagation import propagate
+    from partir.core.value_actions import atomic_value, tile_value
+
+    seeds: list[int] = []
+    actions: list[str] = []
+    for spec in specs:
+        label = f"input {spec.name!r}"
+        if spec.kind == "tile":
+            seeds += tile_value(module, spec.value, spec.dim, spec.axis, label=label,
+                                tactic=tactic, loc=loc)
+            spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
+                              spec.dim % spec.value.type.rank)
+        else:
+            seeds += atomic_value(module, spec.value, spec.axis, label=label,
+                                  tactic=tactic, loc=loc)
+        actions.append(str(spec))
+    start = time.perf_counter()
+    propagate(module, seeds)
+    actions.append("propagate")
+    return actions, time.perf_counter() - start
 
 
 def _check_form(value: Any, what: str, tactic: str, loc: Location) -> None:
@@ -116,4 +189,4 @@ def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
 
 
 __all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec", "ManualPartition",
-           "resolve_form"]
+           "expand", "issue", "resolve_form"]
