@@ -1,4 +1,5 @@
-"""Cooperative cancellation of compiler work (propagation, lowering, simulation).
+"""Cooperative cancellation of compiler work (propagation, lowering, simulation), and
+progress reports from long work inside a tactic (an automatic tactic's search).
 
 A `CancellationToken` is a flag that another thread sets (`cancel`); the compiler checks
 it at cheap points inside its long loops and raises `Cancelled` there. Work is checked
@@ -10,7 +11,7 @@ functions, so dropping them on `Cancelled` keeps every cache valid.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -63,3 +64,25 @@ def checkpoint() -> None:
     token = _current.get()
     if token is not None and token.cancelled:
         raise Cancelled(token.reason)
+
+
+# progress(message, step, total): what a tool shows while a tactic works
+Progress = Callable[[str, int | None, int | None], None]
+_progress: ContextVar[Progress | None] = ContextVar("partir_progress", default=None)
+
+
+@contextmanager
+def reporting(progress: Progress | None) -> Iterator[None]:
+    """Send the progress of the compiler work run inside to `progress`."""
+    reset = _progress.set(progress)
+    try:
+        yield
+    finally:
+        _progress.reset(reset)
+
+
+def report(message: str, step: int | None = None, total: int | None = None) -> None:
+    """Tell the current progress receiver, if any, how the work is going."""
+    progress = _progress.get()
+    if progress is not None:
+        progress(message, step, total)

@@ -46,13 +46,13 @@ import threading
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from partir.api import applied_metadata, tactic_metadata
-from partir.cancel import CancellationToken, Cancelled, cancellable
+from partir.cancel import CancellationToken, Cancelled, Progress, cancellable, reporting
 from partir.core.module import CoreModule
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
@@ -86,7 +86,6 @@ log = logging.getLogger("partir.session")
 _SESSION_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 # (message, step, total): what the session is doing, for a tool to show.
-Progress = Callable[[str, int | None, int | None], None]
 
 # Lowered programs kept for `ir`/`explain` (each is a full Core+SPMD+HLO program).
 MAX_LOWERED = 6
@@ -588,8 +587,14 @@ class Session:
                 progress(f"tactic {i}/{n}: {tactic.label}", i, n)
                 # A fork: a cancelled (or failing) tactic leaves the cached state intact.
                 module = state.module.fork()
+
+                def within(message: str, step: int | None, total: int | None,
+                           i: int = i, label: str = tactic.label) -> None:
+                    progress(f"tactic {i}/{n}: {label}: {message}", i, n)
+
                 try:
-                    record = apply_tactic(module, tactic, names)
+                    with reporting(within):
+                        record = apply_tactic(module, tactic, names)
                 except Cancelled:
                     raise
                 except Exception as e:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from partir.cancel import Cancelled, checkpoint
+from partir.cancel import Cancelled, checkpoint, report
 from partir.core.module import CoreModule
 from partir.core.propagation import propagate
 from partir.core.value_actions import tile_value
@@ -232,6 +232,10 @@ class _Search:
             state.cost, state.key = None, (2,)
             return
         state.key = self.key(state.cost)
+        best = self.best.cost if self.best is not None else None
+        report(f"{self.evaluations} evaluations" +
+               (f", best step {best.step_time_s * 1e3:.1f} ms" if best else ""),
+               self.evaluations, self.tactic.max_evaluations)
 
     def note_best(self, state: State) -> None:
         if self.best is None or state.key < self.best.key or state is self.best:

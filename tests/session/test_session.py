@@ -219,3 +219,15 @@ def test_a_cancelled_token_stops_before_any_tactic(ws: Path) -> None:
         session.analyse(str(ws / "t.partir.py"), token=token)
     assert session.tactics_applied == 0
     assert analyse(session, ws).applied_indexes == [1, 2, 3]
+
+
+def test_an_automatic_tactic_reports_its_search_progress(ws: Path) -> None:
+    auto = 'partir.AutomaticPartition(axis="model", max_evaluations=4, name="AutoMP")'
+    session = Session(str(ws))
+    messages: list[tuple[str, int | None, int | None]] = []
+    analysis = analyse(session, ws, text(second=auto, third=Z3),
+                       progress=lambda m, step, total: messages.append((m, step, total)))
+    assert [t.name for t in analysis.tactics()] == ["BP", "AutoMP", "Z3"]
+    searching = [m for m, _, _ in messages if m.startswith("tactic 2/3: AutoMP: ")]
+    assert searching and searching[0].endswith("1 evaluations")
+    assert any("best step" in m for m in searching)
