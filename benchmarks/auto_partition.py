@@ -6,7 +6,7 @@ evaluations, and the found vs the manual simulated step time and peak memory per
                                         [--out auto_partition]
 
 Writes OUT.json with every search's best cost over time, and OUT.png plotting it when
-matplotlib is installed (it is not a dependency of partir).
+matplotlib is installed (`pip install -e ".[bench]"`; not a dependency of partir).
 """
 
 from __future__ import annotations
