@@ -95,7 +95,7 @@ def _apply_tactic(module: CoreModule, tactic: ManualPartition,
         label = f"input {spec.name!r}"
         if spec.kind == "tile":
             seeds += tile_value(module, spec.value, spec.dim, spec.axis, label=label,
-                                tactic=tactic.label, loc=tactic.loc)
+                                tactic=tactic.label, loc=tactic.loc, pad=tactic.pad)
             spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
                               spec.dim % spec.value.type.rank)
         else:
@@ -103,7 +103,7 @@ def _apply_tactic(module: CoreModule, tactic: ManualPartition,
                                   tactic=tactic.label, loc=tactic.loc)
         actions.append(str(spec))
     prop_start = time.perf_counter()
-    propagate(module, seeds)
+    propagate(module, seeds, pad=tactic.pad)
     actions.append("propagate")
     end = time.perf_counter()
     conflicts = [c for key, c in module.conflicts.items() if key not in before]

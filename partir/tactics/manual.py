@@ -54,6 +54,10 @@ class ManualPartition:
     axis: str
     name: str | None = None
     loc: Location = field(default_factory=caller_location, compare=False)
+    # A dimension the axis does not divide is padded to the next multiple (and sliced
+    # back); pad=False makes it an IndivisibleDimensionError (and an `indivisible`
+    # conflict in propagation) instead.
+    pad: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.inputs, Mapping):
@@ -63,6 +67,9 @@ class ManualPartition:
         if not isinstance(self.axis, str):
             raise InvalidTacticError(f"ManualPartition axis must be a mesh axis name, got "
                                      f"{self.axis!r}", tactic=self.label, loc=self.loc)
+        if not isinstance(self.pad, bool):
+            raise InvalidTacticError(f"ManualPartition pad must be True or False, got "
+                                     f"{self.pad!r}", tactic=self.label, loc=self.loc)
         for key, value in self.inputs.items():
             _check_form(value, f"input {key!r}", self.label, self.loc)
 

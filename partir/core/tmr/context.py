@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from partir.core.actions import Loop, Sum, Tile
-from partir.ir.types import TensorType
+from partir.ir.types import TensorType, tile_size
 
 
 class LocalContext:
@@ -31,7 +31,7 @@ class LocalContext:
     def _offset(self, size: int, levels: list[str]) -> Any:
         offset: Any = 0
         for axis in levels:
-            size //= self.axis_size(axis)
+            size = tile_size(size, self.axis_size(axis))
             term = self.index(axis) * size
             # No `0 +` in a traced computation: the first term is the offset itself.
             offset = term if isinstance(offset, int) and offset == 0 else offset + term
