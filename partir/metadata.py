@@ -86,6 +86,10 @@ class TacticMetadata(_Resolved):
     elapsed_s: float
     # The simulator's estimate for the program after this tactic.
     cost: Cost | None = Lazy(None)
+    # Dimensions the tiling pads (an axis that does not divide them), as
+    # `partir.core.padding.padding_report` gives them: value, dim, size, padded, axes,
+    # wasted_bytes, wasted_flops.
+    padding: list[dict[str, Any]] = Lazy(())
 
 
 @dataclass
@@ -99,6 +103,8 @@ class Metadata(_Resolved):
     stablehlo: str | None = Lazy(None)  # partir.jit's executable module as StableHLO text
     collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
+    # The final program's padded dimensions (see TacticMetadata.padding).
+    padding: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
