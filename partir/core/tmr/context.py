@@ -47,6 +47,14 @@ class LocalContext:
         levels = [lp.axis for lp in self.nest if lp.results[k] == Tile(dim)]
         return self._offset(self.out_types[k].shape[dim], levels)
 
+    def result_tiles(self, k: int, dim: int) -> int:
+        """How many tiles of result k the loops split `dim` into."""
+        n = 1
+        for lp in self.nest:
+            if lp.results[k] == Tile(dim):
+                n *= self.axis_size(lp.axis)
+        return n
+
     def is_first(self, k: int) -> Any:
         """True on the single iteration of the `#sum` loops of result k whose indices are
         all 0: terms that must be added once, not once per iteration, are kept there."""
