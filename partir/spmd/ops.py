@@ -81,8 +81,9 @@ def tile_reduce_type(t: DTensorType, axis: str, action: Action, mesh: Mesh,
     if size is not None and size != whole:
         parts = math.prod(mesh[a] for a in axes)
         if size <= 0 or tile_size(size, parts * mesh[axis]) != tile_size(n, parts):
-            raise ValueError(f"{format_action(axis, action)} of {t} cannot give a dimension "
-                             f"of size {size}")
+            raise ValueError(f"{format_action(axis, action)} of {t}: the tiled dimension "
+                             f"should be of size {whole}, or of a size its tiles pad to "
+                             f"{whole}, not {size}")
         whole = size
     dims[action.dim] = ((axis, *axes), whole)
     return DTensorType(stacked, tuple(dims), t.dtype)
