@@ -95,6 +95,9 @@ class TacticMetadata(_Resolved):
 @dataclass
 class Metadata(_Resolved):
     tactics: list[TacticMetadata] = field(default_factory=list)
+    # For an input (output) whose axes pad a dimension, the spec lays out the padded
+    # array (`padding` names it): JAX places only arrays its mesh axes divide, and the
+    # partitioned function pads (cuts) that value itself.
     in_specs: tuple = ()
     out_specs: tuple = ()
     core_ir: str = Lazy("")

@@ -226,3 +226,34 @@ def test_divisible_programs_report_no_padding():
                   [partir.ManualPartition({"x": 0, "y": 0}, axis="batch")],
                   *_mlp_args(batch=8))
     assert meta.padding == [] and meta.tactics[0].padding == []
+
+
+# --- runtime: padded arguments arrive sharded, padded results leave cut ---------------------
+
+def test_padded_arguments_and_results_are_device_local():
+    from jax.sharding import PartitionSpec
+
+    from partir.hlo.interpreter import HloInterpreter
+
+    def f(x, w):
+        return jnp.tanh(x @ w)  # a batch-sharded result of 6 rows, padded to 8
+
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.normal(size=(6, 8)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(8, 5)), jnp.float32)
+    mesh = partir.Mesh({"batch": 4, "model": 2})
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    fn, meta = partir.jit(f, mesh, schedule)
+    np.testing.assert_allclose(fn(x, w), f(x, w), **TOL)
+    # x arrives as its tiles of the padded 8 rows, the result leaves as tiles of 8 rows.
+    assert meta.in_specs[0] == PartitionSpec("batch", None)
+    assert meta.out_specs[0] == PartitionSpec("batch", None)
+    assert "in_sizes=((6, 8), None)" in meta.hlo_ir and "out_sizes=((6, 5),)" in meta.hlo_ir
+    assert "all_gather" not in meta.hlo_ir and "all_slice" not in meta.hlo_ir
+    # Under an outer jax.jit (traced arguments), and lowered for its memory analysis.
+    np.testing.assert_allclose(jax.jit(fn)(x, w), f(x, w), **TOL)
+    assert fn.lower(x, w).compile() is not None
+    # The HLO interpreter takes and gives the unpadded arrays too.
+    _, _, final = partir.api.partition_program(f, mesh, schedule, (x, w), ())
+    (out,) = HloInterpreter(final.hlo)(x, w)
+    np.testing.assert_allclose(out, f(x, w), **TOL)
