@@ -257,3 +257,40 @@ def test_padded_arguments_and_results_are_device_local():
     _, _, final = partir.api.partition_program(f, mesh, schedule, (x, w), ())
     (out,) = HloInterpreter(final.hlo)(x, w)
     np.testing.assert_allclose(out, f(x, w), **TOL)
+
+
+# --- reductions and dimension-moving ops over a padded dimension --------------------------
+
+OPS_ON_A_PADDED_DIM = {
+    "softmax": (lambda x: jax.nn.softmax(x, axis=0), 0),
+    "layernorm": (lambda x: (x - x.mean(-1, keepdims=True))
+                  / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5), 1),
+    "cumsum": (lambda x: jnp.cumsum(jnp.exp(x), axis=0), 0),  # gathered first
+    "argmax": (lambda x: jnp.argmax(x, axis=0), 0),
+    "min_of_ints": (lambda x: jnp.min((x * 10).astype(jnp.int32), axis=0), 0),
+    "prod": (lambda x: jnp.prod(jnp.exp(x), axis=0), 0),
+    "any": (lambda x: jnp.any(x > 1.5, axis=0), 0),
+    "all": (lambda x: jnp.all(x > -1.5, axis=1), 1),
+    "gram": (lambda x: (x.T @ x).sum(), 0),
+    "concatenate": (lambda x: jnp.concatenate([x, x * 2], axis=0), 0),
+    "slice": (lambda x: jnp.exp(x)[1:5].sum(0), 0),
+    "pad": (lambda x: jnp.pad(jnp.exp(x), ((1, 2), (0, 0))).sum(0), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS_ON_A_PADDED_DIM))
+def test_ops_over_a_padded_dim(name):
+    f, dim = OPS_ON_A_PADDED_DIM[name]
+    x = jnp.asarray(np.random.default_rng(9).normal(size=(6, 10)), jnp.float32)
+    meta = _check(f, partir.Mesh({"a": 4, "b": 2}),
+                  [partir.ManualPartition({"x": dim}, axis="a")], x)
+    assert ("x", dim) in {(p["value"], p["dim"]) for p in meta.padding}
+
+
+def test_both_dims_padded_on_two_axes():
+    x = jnp.asarray(np.random.default_rng(10).normal(size=(6, 5)), jnp.float32)
+    meta = _check(lambda x: jnp.sum(jnp.exp(x)), partir.Mesh({"a": 4, "b": 2}),
+                  [partir.ManualPartition({"x": 0}, axis="a"),
+                   partir.ManualPartition({"x": 1}, axis="b")], x)
+    assert {(p["dim"], p["padded"]) for p in meta.padding if p["value"] == "x"} == {
+        (0, 8), (1, 6)}
