@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from partir.core.actions import Tile
 from partir.core.program import CoreOp, CoreProgram, divided_type, sharding_of, tile_dims
 from partir.core.tmr import OpView, localized_params, lookup
 from partir.ir import Value
@@ -53,16 +54,21 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
     for name, sharding in program.input_shardings().items():
         arg = next(a for a in program.args if a.name == name)
         record(arg, name, sharding.dims, 0.0)
+    sizes = dict(mesh)
     for op in program.ops:
         nest = program.nest(op)
         if op.is_identity or not nest:
+            continue
+        # Most ops tile nothing an axis does not divide: they are passed over at once.
+        if not any(type(a) is Tile and op.results[k].type.shape[a.dim] % sizes[lp.axis]
+                   for lp in nest for k, a in enumerate(lp.results)):
             continue
         flops = None
         for k, r in enumerate(op.results):
             dims = sharding_of(nest, k, r.type.rank).dims
             if any(axes and r.type.shape[d] % mesh[axes[0]] for d, axes in enumerate(dims)):
                 if flops is None:
-                    flops = _wasted_flops(op, nest, dict(mesh))
+                    flops = _wasted_flops(op, nest, sizes)
                 record(r, r.name or op.name, dims, flops)
     return out
 
