@@ -20,6 +20,7 @@ import numpy as np
 from partir.core.conflicts import UNSUPPORTED, Conflict
 from partir.core.interpreter import interpret
 from partir.core.materialize import materialize
+from partir.core.padding import padding_report
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram
 from partir.errors import TracingError
@@ -134,10 +135,12 @@ def applied_metadata(record: TacticRecord, *, defer: bool = False) -> TacticMeta
     meta = TacticMetadata(record.name, record.axis, record.actions, {},
                           Deferred(lambda: tactic_shardings(record.program)),
                           [c.to_json() for c in record.conflicts], record.notes, "",
-                          record.elapsed_s, search=record.search)
+                          record.elapsed_s, search=record.search,
+                          padding=Deferred(lambda: padding_report(record.program)))
     if not defer:
         with paused_gc():
             meta.shardings  # noqa: B018
+            meta.padding  # noqa: B018
     return meta
 
 
@@ -192,7 +195,8 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             core_ir=Deferred(lambda: final.text("core")),
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),
-            collectives=final.collectives, cost=cost)
+            collectives=final.collectives, cost=cost,
+            padding=padding_report(result.program))
     return result, meta, final
 
 

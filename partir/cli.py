@@ -219,8 +219,11 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
     header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "conflicts",
               "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
+    paddings = []
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
         meta = tactic_metadata(t, device, core_ir=False)
+        # The padding each tactic introduces: that of the dimensions its axis tiles first.
+        paddings.append([p for p in meta.padding if p["axes"][0] == t.axis])
         counts, cost = meta.collectives, meta.cost
         rows.append((str(i), t.name, t.axis, str(_value_actions(t)),
                      *(str(counts[k]) for k in _COLLECTIVES), _conflict_counts(t),
@@ -235,9 +238,21 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
         lines.append("  ".join(cells).rstrip())
     lines.append(f"(estimated per device on {device}: step time = compute + communication, "
                  "peak memory = arguments + results + live temporaries)")
+    padded = [p for ps in paddings for p in ps]
+    if padded:
+        lines.append(f"padding: {len(padded)} padded dimension{'s' if len(padded) > 1 else ''}"
+                     f", {_bytes(sum(p['wasted_bytes'] for p in padded))} and "
+                     f"{_flops(sum(p['wasted_flops'] for p in padded))} FLOP wasted "
+                     "(all devices)")
     for i, (t, (inputs, outputs)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
         lines += ["", f"[{i}] {t.name}: " + "; ".join(t.actions)]
         lines += [f"    conflict: {c}" for c in t.conflicts]
+        lines += [f"    padding: {p['value']} dim {p['dim']}: {p['size']} -> {p['padded']} on "
+                  f"{{{', '.join(p['axes'])}}} ({_bytes(p['wasted_bytes'])}, "
+                  f"{_flops(p['wasted_flops'])} FLOP wasted)"
+                  for p in paddings[i - 1][:MAX_SHOWN]]
+        if len(paddings[i - 1]) > MAX_SHOWN:
+            lines.append(f"    padding: ... {len(paddings[i - 1]) - MAX_SHOWN} more")
         lines += [f"    note: {note}" for note in t.notes]
         sections = [(what, _sharded(s), len(s)) for what, s in (("inputs", inputs),
                                                                 ("outputs", outputs))]
@@ -274,6 +289,7 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
             "elapsed_s": t.elapsed_s,
             "propagation_s": t.propagation_s,
             "search": t.search,
+            "padding": meta.padding,
         })
     return {"file": schedule_file.path, "function": result.traced.function.name,
             "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "tactics": tactics}

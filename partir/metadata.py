@@ -89,11 +89,18 @@ class TacticMetadata(_Resolved):
     # An automatic tactic's search: the decisions found (input or tag, dim, axis) and
     # statistics (evaluations, best cost over time); None for a manual tactic.
     search: dict[str, Any] | None = None
+    # Dimensions the tiling pads (an axis that does not divide them), as
+    # `partir.core.padding.padding_report` gives them: value, dim, size, padded, axes,
+    # wasted_bytes, wasted_flops.
+    padding: list[dict[str, Any]] = Lazy(())
 
 
 @dataclass
 class Metadata(_Resolved):
     tactics: list[TacticMetadata] = field(default_factory=list)
+    # For an input (output) whose axes pad a dimension, the spec lays out the padded
+    # array (`padding` names it): JAX places only arrays its mesh axes divide, and the
+    # partitioned function pads (cuts) that value itself.
     in_specs: tuple = ()
     out_specs: tuple = ()
     core_ir: str = Lazy("")
@@ -102,6 +109,8 @@ class Metadata(_Resolved):
     stablehlo: str | None = Lazy(None)  # partir.jit's executable module as StableHLO text
     collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
+    # The final program's padded dimensions (see TacticMetadata.padding).
+    padding: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

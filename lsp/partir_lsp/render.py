@@ -131,7 +131,37 @@ def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Di
         written = tactic.range or result.schedule_range
         r = to_range(written, lines) if written is not None else line_range(0, lines)
         out += _conflicts(tactic, visible_range(r, lines), uri)
+        out += _padding(tactic, visible_range(r, lines), uri)
     return out
+
+
+def _padding_text(p: dict[str, Any]) -> str:
+    axes = ", ".join(f"'{a}'" for a in p.get("axes") or [])
+    return (f"`{p.get('value', '?')}` dim {p.get('dim', '?')}: {p.get('size', '?')} → "
+            f"{p.get('padded', '?')} on {axes} ({format_bytes(float(p.get('wasted_bytes', 0)))}"
+            f" of padding)")
+
+
+def _padding(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
+    """An information on the tactic naming the dimensions its axis pads (an axis that does
+    not divide a dimension pads it to the next multiple; only a dimension's first axis
+    does, so each padding is the tactic's whose axis that is)."""
+    axis = tactic.metadata.get("axis")
+    mine = [p for p in tactic.metadata.get("padding") or []
+            if (p.get("axes") or [None])[0] == axis]
+    if not mine:
+        return []
+    message = f"tactic {tactic.index} ({tactic.name}) pads {_padding_text(mine[0])}"
+    if len(mine) > 1:
+        message += f", and {len(mine) - 1} more value{'s' if len(mine) > 2 else ''}"
+    site = lsp.Location(uri, r)
+    related = [lsp.DiagnosticRelatedInformation(site, _padding_text(p))
+               for p in mine[:MAX_RELATED]]
+    if len(mine) > MAX_RELATED:
+        related.append(lsp.DiagnosticRelatedInformation(
+            site, f"… and {len(mine) - MAX_RELATED} more"))
+    return [_diagnostic(r, message, lsp.DiagnosticSeverity.Information, "padding",
+                        related if len(mine) > 1 else [], uri)]
 
 
 def _same_path(a: str, b: str) -> bool:

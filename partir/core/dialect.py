@@ -22,6 +22,7 @@ import numpy as np
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.ir import Op, RangeType, Region, TensorType, Value
 from partir.ir.printer import Printer, format_param, register_op_printer
+from partir.ir.types import tile_size
 from partir.ir.verifier import register_type_rule
 
 LOOP = "core.loop"
@@ -47,7 +48,7 @@ def make_index(r: Value, name: str | None = None) -> Op:
 
 def sliced_type(t: TensorType, dim: int, n: int) -> TensorType:
     shape = list(t.shape)
-    shape[dim] //= n
+    shape[dim] = tile_size(shape[dim], n)
     return t.with_shape(tuple(shape))
 
 
@@ -95,8 +96,6 @@ def _slice_type(op: Op) -> str | None:
     dim = op.params["dim"]
     if not 0 <= dim < x.type.rank:
         return f"slice dimension {dim} out of range for {x.type}"
-    if x.type.shape[dim] % r.type.size:
-        return f"range<{r.type.size}> does not divide dimension {dim} of {x.type}"
     want = sliced_type(x.type, dim, r.type.size)
     if op.results[0].type != want:
         return f"result {op.results[0].type} should be {want}"
@@ -124,8 +123,13 @@ def _loop_type(op: Op) -> str | None:
         return "a loop needs one action and one yielded value per result"
     for a, res, y in zip(actions, op.results, region.yields, strict=True):
         if isinstance(a, Tile):
+            # The iterations' tiles concatenated, truncated to the result's size when the
+            # axis does not divide it (the tiles of a padded dimension).
+            if (not 0 <= a.dim < y.type.rank or res.type.rank != y.type.rank
+                    or tile_size(res.type.shape[a.dim], n) != y.type.shape[a.dim]):
+                return f"result {res.type} does not match {a} of yielded {y.type}"
             shape = list(y.type.shape)
-            shape[a.dim] *= n
+            shape[a.dim] = res.type.shape[a.dim]
             want = y.type.with_shape(tuple(shape))
         elif isinstance(a, Sum | AnyAction):
             want = y.type

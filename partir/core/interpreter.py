@@ -13,21 +13,37 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import INDEX, LOOP, SLICE
 from partir.ir import Function, Op, Region, Value
 from partir.ir.monoids import MONOIDS
+from partir.ir.types import tile_size
 
 
 class InterpreterError(Exception):
     pass
 
 
-def combine(action, parts: list[Any]) -> Any:
-    """The result of a loop (or of a stacked axis) from its iterations' results."""
+def pad_dim(x: Any, dim: int, size: int) -> Any:
+    """x with dimension `dim` padded at its end to `size` (with zeros: the values there
+    are arbitrary, and nothing correct may depend on them)."""
+    if x.shape[dim] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, size - x.shape[dim])
+    return jnp.pad(x, widths)
+
+
+def combine(action, parts: list[Any], size: int | None = None) -> Any:
+    """The result of a loop (or of a stacked axis) from its iterations' results; a
+    `#tile` result is truncated to `size` when the tiles pad its dimension."""
     if isinstance(action, Tile):
-        return jnp.concatenate(parts, axis=action.dim)
+        out = jnp.concatenate(parts, axis=action.dim)
+        if size is not None and size != out.shape[action.dim]:
+            out = lax.slice_in_dim(out, 0, size, axis=action.dim)
+        return out
     if isinstance(action, Sum):
         acc = parts[0]
         for p in parts[1:]:
@@ -48,8 +64,9 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
         x, r = (env[v] for v in op.operands)
         n = op.operands[1].type.size
         dim = op.params["dim"]
-        chunk = x.shape[dim] // n
-        return [jnp.take(x, jnp.arange(r * chunk, (r + 1) * chunk), axis=dim)]
+        chunk = tile_size(x.shape[dim], n)
+        return [jnp.take(pad_dim(x, dim, chunk * n), jnp.arange(r * chunk, (r + 1) * chunk),
+                         axis=dim)]
     if op.name == INDEX:
         return [jnp.asarray(env[op.operands[0]], jnp.int32)]
     if op.name == "tag":
@@ -95,8 +112,10 @@ class Interpreter:
             inner[r] = i
             self._run(region.ops, inner)
             per_iter.append([inner[v] for v in region.yields])
-        return [combine(a, [it[k] for it in per_iter])
-                for k, a in enumerate(op.params["actions"])]
+        return [combine(a, [it[k] for it in per_iter],
+                        res.type.shape[a.dim] if isinstance(a, Tile) else None)
+                for k, (a, res) in enumerate(zip(op.params["actions"], op.results,
+                                                 strict=True))]
 
 
 def interpret(fn: Function, *args: Any) -> list[Any]:

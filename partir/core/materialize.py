@@ -18,16 +18,18 @@ the single op is emitted as for any other primitive.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+from jax import lax
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jcore
 
 import partir.cancel as cancel
-from partir.core.actions import AnyAction, Tile
+from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import INDEX_TYPE, make_index, make_loop, make_slice, sliced_type
 from partir.core.program import (
     CoreOp,
@@ -41,6 +43,8 @@ from partir.core.tmr import Entry, LocalContext, OpView, localized_params, looku
 from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
+from partir.ir.monoids import MONOIDS
+from partir.ir.types import tile_size
 
 
 def _cancels(identity_nest: Nest, consumer_nest: Nest, i: int) -> bool:
@@ -244,6 +248,9 @@ class _Materializer:
         entry = self.entries.get(op.name)
         if entry is None:
             entry = self.entries[op.name] = lookup(op.name)
+        if any(type(a) is Sum for lp in nest for a in lp.results):
+            operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
+                                          indices, body)
         if entry.localize is None:
             # What localized_params returns then, without building the view it would not
             # read (most primitives keep their parameters).
@@ -286,6 +293,54 @@ class _Materializer:
                     v.name = o.name
         return results
 
+    def _mask_padding(self, op: CoreOp, nest: Nest, operand_dims: list[tuple[int | None, ...]],
+                      sizes: list[int], operands: list[Value], ranges: list[Value],
+                      indices: list[Value | None], body: list[Op]) -> list[Value]:
+        """The operands, with the padding of every dimension a `#sum` loop of the nest
+        slices replaced by the neutral element of the loop's monoid.
+
+        A tile of a padded dimension holds arbitrary values past the dimension's end; a
+        loop over a pass-through factor only computes arbitrary values there in turn (the
+        loop's #tile result drops them), but a #sum loop would combine them into the
+        result. Each operand's position along the dimension is its tile's offset (from
+        the loop indices) plus an iota; positions past the end are masked."""
+        out = list(operands)
+        for lvl, lp in enumerate(nest):
+            monoid = next((a.monoid for a in lp.results if type(a) is Sum), None)
+            if monoid is None:
+                continue
+            for i, v in enumerate(op.operands):
+                d = operand_dims[i][lvl] if operand_dims[i] else None
+                if d is None:
+                    continue
+                # The dimension's size where this level slices it, and the tile sizes of
+                # the levels slicing it (the first may pad it: the rest divide exactly).
+                size, steps, before = v.type.shape[d], [], None
+                for level, (dim, n) in enumerate(zip(operand_dims[i], sizes, strict=True)):
+                    if dim == d:
+                        if level == lvl:
+                            before = size
+                        size = tile_size(size, n)
+                        steps.append((level, size))
+                if before is None or before % sizes[lvl] == 0:
+                    continue
+                closed = _mask_jaxpr(out[i].type, d, before, tuple(s for _, s in steps),
+                                     MONOIDS[monoid].identity(out[i].type.dtype).item())
+                levels = [level for level, _ in steps]
+                for level in levels:
+                    if indices[level] is None:
+                        made = make_index(ranges[level], name=f"i{ranges[level].type.axis}")
+                        body.append(made)
+                        indices[level] = made.results[0]
+                ops, (masked,) = inline_jaxpr(closed, [out[i], *[indices[level]
+                                                                 for level in levels]], op.loc)
+                body.extend(ops)
+                for o in ops:
+                    for r in o.results:
+                        r.name = "pad_mask" if r is masked else o.name
+                out[i] = masked
+        return out
+
     def _traced(self, op: CoreOp, entry: Entry, params: dict[str, Any], nest: Nest,
                 in_types: tuple, out_types: tuple) -> tuple[Any, tuple[int, ...]] | None:
         """The entry's `apply` traced on the local operands and the loop indices: the
@@ -313,6 +368,25 @@ class _Materializer:
 _TRACES: dict[tuple, Any] = {}
 _MAX_TRACES = 4096
 _MISSING = object()
+
+
+@functools.lru_cache(maxsize=1024)
+def _mask_jaxpr(t: TensorType, dim: int, size: int, steps: tuple[int, ...],
+                identity: Any) -> Any:
+    """The closed jaxpr (x, one index per step) -> x with the positions of `dim` at or
+    past `size` set to `identity`; `steps` are the tile sizes of the levels slicing dim,
+    outermost first, so the tile's offset is the sum of index * step."""
+
+    def mask(x: Any, *index: Any) -> Any:
+        offset = index[0] * steps[0]
+        for i, step in zip(index[1:], steps[1:], strict=True):
+            offset = offset + i * step
+        position = lax.broadcasted_iota(INDEX_TYPE.dtype, x.shape, dim) + offset
+        return lax.select(position < size, x, lax.full_like(x, identity))
+
+    avals = [jax.ShapeDtypeStruct(t.shape, t.dtype)]
+    avals += [jax.ShapeDtypeStruct((), INDEX_TYPE.dtype)] * len(steps)
+    return jax.make_jaxpr(mask)(*avals)
 
 
 def _trace_apply(op: CoreOp, entry: Entry, params: dict[str, Any], nest: Nest,

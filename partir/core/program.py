@@ -20,6 +20,7 @@ from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.ir import Location, TensorType, Value
+from partir.ir.types import tile_size
 from partir.mesh import Mesh
 
 IDENTITY_KINDS = ("tile", "atomic")
@@ -83,7 +84,7 @@ def divided_type(t: TensorType, dims: Sequence[int | None], sizes: Sequence[int]
         if d is not None:
             if shape is None:
                 shape = list(t.shape)
-            shape[d] //= n
+            shape[d] = tile_size(shape[d], n)
     return t if shape is None else TensorType(tuple(shape), t.dtype)
 
 

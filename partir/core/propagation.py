@@ -42,6 +42,8 @@ from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
 from partir.core.tmr import Entry, TileMapping, factor_mappings, lookup
 from partir.gcpause import paused_gc
+from partir.ir.monoids import MONOIDS
+from partir.ir.types import tile_size
 from partir.rules import REPLICATION, OpView, ShardingRule
 
 
@@ -195,9 +197,40 @@ def _sub_axes(rule: ShardingRule, sizes: tuple[int, ...], n: int,
     return tuple(parts) if len(parts) > 1 else None
 
 
+def _padding_refusal(entry: Entry, rule: ShardingRule, sizes: tuple[int, ...], f: int,
+                     op: CoreOp) -> str:
+    """Why factor f, which the axis does not divide, cannot be padded ("" if it can): it
+    must not be tiled already in this op (only the first axis of a dimension pads), and
+    every dimension holding it must hold no other factor of size > 1 (a reshape merging
+    or splitting a padded dimension would mix the padding into the data)."""
+    factor = rule.factors[f]
+    if sizes[f] != factor.size:
+        return (f"factor of size {factor.size} is already tiled (to {sizes[f]}); only the "
+                f"first axis of a dimension may pad it")
+    for what, dims_of in (("operand", rule.operands), ("result", rule.results)):
+        for i, dims in enumerate(dims_of):
+            for d, factors in enumerate(dims):
+                if f in factors and any(g != f and rule.factors[g].size > 1 for g in factors):
+                    return (f"dimension {d} of {what} {i} merges the factor of size "
+                            f"{factor.size} with others (a reshape of a padded dimension)")
+    if factor.monoid is not None and not entry.primitive.masks_padding:
+        return (f"{op.name} reduces the factor of size {factor.size} after computing on it, "
+                f"so masking its operands would not keep the padding out of the sums")
+    if factor.monoid is not None:
+        for i, dims in enumerate(rule.operands):
+            if any(f in factors for factors in dims):
+                try:
+                    MONOIDS[factor.monoid].identity(op.operands[i].type.dtype)
+                except ValueError as e:
+                    return f"no neutral element to mask the padding with: {e}"
+    return ""
+
+
 class Propagator:
-    def __init__(self, module: CoreModule) -> None:
+    def __init__(self, module: CoreModule, pad: bool = False) -> None:
         self.m = module
+        # Whether a factor the axis does not divide may be padded (see `_padding_refusal`).
+        self.pad = pad
         self.axes = list(module.mesh.axis_names)
         self.sizes = dict(module.mesh)
         # The worklist holds positions in the program: ints compare faster than the ops'
@@ -289,7 +322,7 @@ class Propagator:
         local = list(shape)
         for d, axes in axes_by_dim.items():
             for a in axes:
-                local[d] //= self.sizes[a]
+                local[d] = tile_size(local[d], self.sizes[a])
         return tuple(local)
 
     def _choose(self, op: CoreOp, axis: str, operand_dims: list[int | None],
@@ -337,7 +370,8 @@ class Propagator:
             support, contra, replicated = _match(m, operand_dims, pinned, result_dims)
             if not support:
                 continue
-            if sizes[f] % n:
+            if sizes[f] % n and (not self.pad or
+                                 _padding_refusal(entry, rule, sizes, f, op)):
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
@@ -356,10 +390,16 @@ class Propagator:
             parts = _sub_axes(rule, sizes, n, operand_dims, pinned, result_dims)
             if parts:
                 return _Refine(parts)
-            return (INDIVISIBLE, tuple(str(m) for m in indivisible),
-                    f"axis size {n} does not divide the dimensions of {in_shapes} -> "
-                    f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
-                    f"the factor it would tile, major to minor) exists")
+            detail = (f"axis size {n} does not divide the dimensions of {in_shapes} -> "
+                      f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
+                      f"the factor it would tile, major to minor) exists")
+            if self.pad:
+                why = {_padding_refusal(entry, rule, sizes, f, op)
+                       for f, m in factor_mappings(rule, sizes) if m in indivisible}
+                why.discard("")
+                if why:
+                    detail += "; cannot pad: " + "; ".join(sorted(why))
+            return INDIVISIBLE, tuple(str(m) for m in indivisible), detail
         return _unsliceable(rule, sizes, operand_dims, result_dims)
 
     def _forward(self, op: CoreOp, axis: str,
@@ -440,9 +480,10 @@ class Propagator:
                     self.push(uid)
 
 
-def propagate(module: CoreModule, seeds) -> None:
-    """Propagate from the ops in `seeds` (uids) to a fixpoint."""
-    p = Propagator(module)
+def propagate(module: CoreModule, seeds, pad: bool = False) -> None:
+    """Propagate from the ops in `seeds` (uids) to a fixpoint. With `pad`, an op may be
+    looped over an axis that does not divide the factor it slices (padding it)."""
+    p = Propagator(module, pad)
     for uid in seeds:
         p.push(uid)
     with paused_gc():

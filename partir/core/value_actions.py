@@ -19,6 +19,7 @@ from partir.core.actions import ANY, Loop, Tile
 from partir.core.module import CoreModule
 from partir.errors import AlreadyTiledError, DimensionOutOfRangeError, IndivisibleDimensionError
 from partir.ir import Location, Value
+from partir.ir.types import tile_size
 
 
 def _use_contexts(m: CoreModule, value: Value
@@ -47,7 +48,7 @@ def local_dim_size(m: CoreModule, value: Value, dim: int,
     size = value.type.shape[dim]
     for axis, d in ctx:
         if d == dim:
-            size //= m.mesh[axis]
+            size = tile_size(size, m.mesh[axis])
     return size
 
 
@@ -57,8 +58,14 @@ def sharded_dims(m: CoreModule, value: Value) -> set[int]:
 
 
 def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
-               tactic: str | None = None, loc: Location | None = None) -> list[int]:
-    """Apply tile<value, dim, axis>; returns the uids of the ops to propagate from."""
+               tactic: str | None = None, loc: Location | None = None,
+               pad: bool = False) -> list[int]:
+    """Apply tile<value, dim, axis>; returns the uids of the ops to propagate from.
+
+    A dimension the axis does not divide is an IndivisibleDimensionError unless `pad`:
+    then, if no earlier axis tiles it, it is padded at its end to the next multiple of
+    the axis size (each tile holds ceil(size / n) positions, those past the end hold
+    arbitrary values). A dimension already tiled must still divide exactly."""
     rank = value.type.rank
     if not -rank <= dim < rank:
         raise DimensionOutOfRangeError(
@@ -74,7 +81,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
         if any(a in axes for a, _ in ctx):
             continue  # this use is already sliced on the axis by earlier propagation
         size = local_dim_size(m, value, dim, ctx)
-        if size % n:
+        if size % n and not (pad and size == value.type.shape[dim]):
             where = f" (already divided by {', '.join(a for a, d in ctx if d == dim)})" \
                 if size != value.type.shape[dim] else ""
             raise IndivisibleDimensionError(

@@ -492,10 +492,70 @@ def cse(fn: Function) -> Function:
     return _sweep(fn, (_CSE,))
 
 
+def _is_end_padding(op: Op) -> bool:
+    return op.name == "pad" and all(lo == 0 and interior == 0
+                                    for lo, _, interior in op.params["padding_config"])
+
+
+def localize_padded_arguments(fn: Function) -> Function:
+    """An argument used only padded at its ends for all_slices (a dimension its axes do
+    not divide, padded to their multiple) becomes device-local like the others: it
+    arrives padded and sliced over the leading axes the slices share, which must include
+    every padded dimension's. Its unpadded shape goes into the `in_sizes` attribute (one
+    entry per argument, None where not padded), for the runtime to pad the global
+    argument with."""
+    users: dict[Value, list[Op]] = {}
+    for op in fn.ops:
+        for v in op.operands:
+            users.setdefault(v, []).append(op)
+    results = set(fn.results)
+    rw = _Rewriter(fn, count_uses=False)
+    args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
+    sizes = list(fn.attributes.get("in_sizes") or (None,) * len(fn.args))
+    dropped: set[Op] = set()
+    narrowed: dict[Op, AxesPerDim] = {}
+    for i, a in enumerate(fn.args):
+        pads = users.get(a, [])
+        if (not pads or a in results or any(shardings[i]) or sizes[i] is not None
+                or any(not _is_end_padding(op) or op.operands[0] is not a for op in pads)
+                or len({op.results[0].type for op in pads}) != 1):
+            continue
+        slices = [u for op in pads for u in users.get(op.results[0], [])]
+        if (not slices or any(u.name != ALL_SLICE for u in slices)
+                or not results.isdisjoint(op.results[0] for op in pads)):
+            continue
+        prefix = _common_prefixes([u.params["axes"] for u in slices])
+        padded = pads[0].results[0].type
+        if any(n != m and not axes for n, m, axes in zip(a.type.shape, padded.shape, prefix,
+                                                           strict=True)):
+            continue
+        args[i] = Value(sliced_type(padded, prefix, rw.mesh), a.name)
+        shardings[i], sizes[i] = prefix, a.type.shape
+        for op in pads:
+            rw.sub[op.results[0]] = args[i]
+            dropped.add(op)
+        for u in slices:
+            narrowed[u] = _drop(u.params["axes"], prefix)
+    if not dropped:
+        return fn
+    for op in fn.ops:
+        if op in dropped:
+            continue
+        if op not in narrowed:
+            rw.out.append(rw.current(op))
+        elif any(narrowed[op]):
+            rw.sub[op.results[0]] = rw.emit(make_all_slice(
+                rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
+        else:
+            rw.sub[op.results[0]] = rw.value(op.operands[0])
+    return rw.function(args, in_shardings=tuple(shardings), in_sizes=tuple(sizes))
+
+
 def localize_arguments(fn: Function) -> Function:
     """An argument used only through all_slice becomes device-local: it arrives already
     sliced over the leading axes all its slices share (its in_sharding grows by them), and
     each slice keeps only its remaining axes."""
+    fn = localize_padded_arguments(fn)
     users: dict[Value, list[Op]] = {a: [] for a in fn.args}
     arguments = users.keys()
     for op in fn.ops:
@@ -538,15 +598,29 @@ def localize_results(fn: Function) -> Function:
     returned instead, its out_sharding grown by the gathered axes."""
     producer = {r: op for op in fn.ops for r in op.results}
     results, shardings = list(fn.results), list(fn.attributes["out_shardings"])
+    sizes = list(fn.attributes.get("out_sizes") or (None,) * len(fn.results))
     for i, v in enumerate(fn.results):
         op = producer.get(v)
+        if (op is not None and op.name == "slice" and not any(shardings[i])
+                and sizes[i] is None and not any(op.params["start_indices"])
+                and not any(s != 1 for s in op.params.get("strides") or ())):
+            # A gathered dimension cut back to its size (its axes padded it): the gather's
+            # operand is returned, and the runtime cuts the global result (`out_sizes`).
+            gather = producer.get(op.operands[0])
+            if gather is not None and gather.name == ALL_GATHER:
+                results[i] = gather.operands[0]
+                shardings[i] = _concat(shardings[i], gather.params["axes"])
+                sizes[i] = v.type.shape
+                continue
         if op is not None and op.name == ALL_GATHER:
             results[i] = op.operands[0]
             shardings[i] = _concat(shardings[i], op.params["axes"])
     if results == fn.results:
         return fn
-    return replace(fn, results=results,
-                   attributes={**fn.attributes, "out_shardings": tuple(shardings)})
+    attributes = {**fn.attributes, "out_shardings": tuple(shardings)}
+    if any(s is not None for s in sizes):
+        attributes["out_sizes"] = tuple(sizes)
+    return replace(fn, results=results, attributes=attributes)
 
 
 def dce(fn: Function) -> Function:

@@ -104,18 +104,33 @@ class HloInterpreter:
         if len(args) != len(self.fn.args):
             raise HloInterpreterError(f"expected {len(self.fn.args)} arguments, got {len(args)}")
         env: dict[Value, Local] = {}
-        for a, x, sharding in zip(self.fn.args, args, self.in_shardings, strict=True):
+        # Arguments (results) whose axes pad a dimension arrive (leave) unpadded: their
+        # global shapes, None where not padded.
+        in_sizes = self.fn.attributes.get("in_sizes") or (None,) * len(args)
+        out_sizes = self.fn.attributes.get("out_sizes") or (None,) * len(self.fn.results)
+        for a, x, sharding, size in zip(self.fn.args, args, self.in_shardings, in_sizes,
+                                        strict=True):
             x = sliceable(x)
             want = self.m.gathered_shape(a.type.shape, sharding)
+            if size is not None and x.shape == tuple(size):
+                x = to_host(x)
+                x = np.pad(x, [(0, w - n) for w, n in zip(want, x.shape, strict=False)]
+                           + [(0, 0)] * (x.ndim - len(want)))
             if x.shape != want:
                 raise HloInterpreterError(f"argument %{a.name or a.id} must be a global array "
-                                          f"of shape {want}, got {x.shape}")
+                                          f"of shape {size or want}, got {x.shape}")
             env[a] = self._split(x, sharding)
         for op in self.fn.ops:
             for r, local in zip(op.results, self._eval(op, env), strict=True):
                 env[r] = local
-        return [jnp.asarray(self._assemble(v, env[v], sharding))
-                for v, sharding in zip(self.fn.results, self.out_shardings, strict=True)]
+        outs = []
+        for v, sharding, size in zip(self.fn.results, self.out_shardings, out_sizes,
+                                     strict=True):
+            out = self._assemble(v, env[v], sharding)
+            if size is not None:
+                out = out[tuple(slice(0, n) for n in size)]
+            outs.append(jnp.asarray(out))
+        return outs
 
     def _split(self, x: np.ndarray, sharding: AxesPerDim) -> Local:
         return {dev: x[self.m.block(dev, x.shape, sharding)] for dev in self.m.devices}

@@ -27,17 +27,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import numpy as np
+from jax import lax
+
 import partir.cancel as cancel
 from partir.core.actions import Sum
 from partir.core.dialect import INDEX, SLICE
 from partir.hlo.ops import (
     AxesPerDim,
+    axes_size,
     make_all_gather,
     make_all_reduce,
     make_all_slice,
     make_axis_index,
 )
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Type, Value
+from partir.ir.types import padded_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
@@ -193,8 +198,9 @@ class _Lowering:
                     sub[body_op.results[0]] = gather.operands[0]
                     continue
                 self.need(sub[x])
-                sliced = make_all_slice(sub[x], axes_per_dim, self.sizes, body_op.results[0].name,
-                                        body_op.loc)
+                source = self.pad_to(sub[x], axes_per_dim, body_op.loc)
+                sliced = make_all_slice(source, axes_per_dim, self.sizes,
+                                        body_op.results[0].name, body_op.loc)
                 self.out.append(sliced)
                 sub[body_op.results[0]] = sliced.results[0]
                 continue
@@ -234,16 +240,53 @@ class _Lowering:
         if any(gather):
             op = make_all_gather(x, gather, self.sizes, name, loc)
             x = op.results[0]
-            if self.defer_gathers:
+            # The common type's local tensor: smaller than the gathered one where the
+            # gathered axes padded a dimension, whose padding is then sliced off.
+            common = DTensorType((), tuple((axes[:len(axes) - len(g)], n) for (axes, n), g
+                                           in zip(src.dims, gather, strict=True)), src.dtype)
+            want = common.local_type(self.mesh)
+            if want.shape != x.type.shape:
+                self.need(op.operands[0])
+                self.out.append(op)
+                self.pending.pop(x, None)
+                x = self.unpad(x, want, name, loc)
+            elif self.defer_gathers:
                 self.pending[x] = op
             else:
                 self.out.append(op)
         if any(slice_):
             self.need(x)
+            x = self.pad_to(x, slice_, loc)
             op = make_all_slice(x, slice_, self.sizes, name, loc)
             self.out.append(op)
             x = op.results[0]
         return x
+
+    def pad_to(self, x: Value, axes: AxesPerDim, loc: Location) -> Value:
+        """x padded at the end of each dimension to a multiple of its axes' size, for an
+        all_slice over them: the tiles of a dimension they do not divide are those of
+        the dimension padded (the padding holds zeros, which nothing reads)."""
+        shape = x.type.shape
+        padded = tuple(padded_size(n, axes_size(a, self.sizes)) if a else n
+                       for n, a in zip(shape, axes, strict=True))
+        if padded == shape:
+            return x
+        zero = Value(TensorType((), x.type.dtype))
+        self.out.append(Op("constant", [], [zero], {"value": np.zeros((), x.type.dtype)},
+                           loc=loc))
+        r = Value(x.type.with_shape(padded), x.name)
+        config = tuple((0, p - n, 0) for n, p in zip(shape, padded, strict=True))
+        self.out.append(Op("pad", [x, zero], [r], {"padding_config": config}, loc=loc,
+                           prim=lax.pad_p))
+        return r
+
+    def unpad(self, x: Value, want: TensorType, name: str | None, loc: Location) -> Value:
+        """The leading `want.shape` of x: a gathered padded dimension cut to its size."""
+        r = Value(want, name)
+        self.out.append(Op("slice", [x], [r], {"start_indices": (0,) * want.rank,
+                                               "limit_indices": want.shape, "strides": None},
+                           loc=loc, prim=lax.slice_p))
+        return r
 
     def need(self, v: Value) -> None:
         """Emit the pending gather computing v, if any (and those it reads first)."""

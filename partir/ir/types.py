@@ -67,3 +67,17 @@ class RangeType:
 
 
 Type = TensorType | RangeType
+
+
+def tile_size(n: int, parts: int) -> int:
+    """The size of each of `parts` tiles of a dimension of size n: ceil(n / parts).
+
+    The one place tile sizes are computed (Shardy's semantics): when `parts` does not
+    divide n, the dimension is conceptually padded at its end to `parts` * tile_size
+    and the positions past n hold arbitrary values; every stage slices them back off."""
+    return -(-n // parts)
+
+
+def padded_size(n: int, parts: int) -> int:
+    """The size a dimension of size n is padded to when split into `parts` tiles."""
+    return tile_size(n, parts) * parts

@@ -80,6 +80,10 @@ class Primitive:
     # A tile's values depend on where the tile lies (iota, gather from a sliced table...):
     # the TMR gives the primitive an `apply`, and a loop body cannot just run it smaller.
     positional: bool = False
+    # Masking the operands of a padded reduction factor with its monoid's identity keeps
+    # the padding out of the partial sums: true of ops that reduce what they are given,
+    # not of loops whose bodies compute non-linearly before they reduce.
+    masks_padding: bool = True
     doc: str = field(default="", compare=False)
 
 

@@ -590,6 +590,6 @@ def _body_flops(body: Any) -> float:
 
 
 declare(("scan", "while", "cond"), Primitive(
-    Kind.KERNEL, control_flops, control_rule, localize=localize,
+    Kind.KERNEL, control_flops, control_rule, localize=localize, masks_padding=False,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated"))

@@ -120,6 +120,11 @@ def _divide(local: list[int], factors: tuple[Factor, ...], dim: tuple[int, ...],
             n: int) -> None:
     if not dim:
         return
+    if len(dim) == 1:
+        # One factor: its tile is the dimension's, also when an axis that does not divide
+        # it pads it (size ceil(size / axis)), where the ratio below would not be exact.
+        local[dim[0]] = min(local[dim[0]], n)
+        return
     whole = math.prod(factors[f].size for f in dim)
     taken = whole // n if n else 1
     if taken <= 1:

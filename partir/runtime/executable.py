@@ -53,10 +53,19 @@ class Executable:
         self.out_specs = tuple(partition_spec(s) for s in out_shardings)
         self.input_shardings = tuple(NamedSharding(jax_mesh, s) for s in self.in_specs)
         self.output_shardings = tuple(NamedSharding(jax_mesh, s) for s in self.out_specs)
-        self.global_in_types = tuple(global_type(a.type, s, mesh)
+        # Where the axes pad a dimension, the program's global argument (result) is the
+        # padded array; the executable takes (returns) the unpadded one, whose shapes
+        # the `in_sizes` (`out_sizes`) attribute gives.
+        self.padded_in_types = tuple(global_type(a.type, s, mesh)
                                      for a, s in zip(fn.args, in_shardings, strict=True))
-        self.global_out_types = tuple(global_type(r.type, s, mesh)
-                                      for r, s in zip(fn.results, out_shardings, strict=True))
+        self.in_sizes = _sizes(fn, "in_sizes", len(fn.args))
+        self.out_sizes = _sizes(fn, "out_sizes", len(fn.results))
+        self.global_in_types = tuple(t if n is None else t.with_shape(n)
+                                     for t, n in zip(self.padded_in_types, self.in_sizes,
+                                                     strict=True))
+        self.global_out_types = tuple(
+            global_type(r.type, s, mesh) if n is None else r.type.with_shape(n)
+            for r, s, n in zip(fn.results, out_shardings, self.out_sizes, strict=True))
 
         def local_fn(*args: Any) -> tuple[Any, ...]:
             return tuple(run_local(fn, mesh, args))
@@ -64,9 +73,19 @@ class Executable:
         # check_vma=False: whether a value is replicated over an axis is PartIR's typing
         # (the out_shardings), which JAX's varying-axes inference cannot always see, e.g.
         # a tiled all_gather's result is typed as varying although all devices hold it.
-        self.fun = jax.jit(jax.shard_map(local_fn, mesh=jax_mesh, in_specs=self.in_specs,
-                                         out_specs=self.out_specs, check_vma=False),
-                           **jit_options)
+        spmd = jax.shard_map(local_fn, mesh=jax_mesh, in_specs=self.in_specs,
+                             out_specs=self.out_specs, check_vma=False)
+        if any(n is not None for n in self.out_sizes):
+            sizes = self.out_sizes
+
+            def unpadded(*args: Any) -> tuple[Any, ...]:
+                # A padded result is cut back to its size (the padding holds garbage).
+                return tuple(o if n is None else o[tuple(slice(0, m) for m in n)]
+                             for o, n in zip(spmd(*args), sizes, strict=True))
+
+            self.fun = jax.jit(unpadded, **jit_options)
+        else:
+            self.fun = jax.jit(spmd, **jit_options)
 
     def __call__(self, *args: Any) -> list[jax.Array]:
         """The program's global results on the global arguments."""
@@ -81,7 +100,7 @@ class Executable:
             for i, x in enumerate(args):
                 self._check_arg(i, x)
         abstract = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
-                    for t, s in zip(self.global_in_types, self.input_shardings, strict=True)]
+                    for t, s in zip(self.padded_in_types, self.input_shardings, strict=True)]
         return self.fun.lower(*abstract)
 
     def place(self, *args: Any) -> list[Any]:
@@ -94,7 +113,12 @@ class Executable:
 
     def layout(self, args: Sequence[Any]) -> list[Any]:
         """`place` without the checks, for callers that know the arguments' avals match
-        (`partir.jit` caches executables by them)."""
+        (`partir.jit` caches executables by them). An argument whose axes pad a dimension
+        is padded (with zeros) to the multiple of their size first: JAX lays out only
+        arrays that the mesh axes divide, and the program's tiles are the padded array's."""
+        if any(n is not None for n in self.in_sizes):
+            args = [x if n is None else _pad(x, t.shape)
+                    for x, n, t in zip(args, self.in_sizes, self.padded_in_types, strict=True)]
         return [x if isinstance(x, jax.core.Tracer) or _laid_out(x, s) else jax.device_put(x, s)
                 for x, s in zip(args, self.input_shardings, strict=True)]
 
@@ -122,6 +146,24 @@ class Executable:
                 f"global {want} (device-local {self.fn.args[i].type} sharded "
                 f"{format_sharding(self.in_axes[i])})")
         return x
+
+
+def _sizes(fn: Function, key: str, n: int) -> tuple[tuple[int, ...] | None, ...]:
+    sizes = fn.attributes.get(key)
+    if sizes is None:
+        return (None,) * n
+    if len(sizes) != n:
+        raise ProgramError(f"function {fn.name} has {n} values but {len(sizes)} {key}")
+    return tuple(None if s is None else tuple(s) for s in sizes)
+
+
+def _pad(x: Any, shape: tuple[int, ...]) -> Any:
+    """x padded with zeros at the end of each dimension to `shape`: on the host for host
+    values, else with jax.numpy (on the devices, or traced)."""
+    widths = [(0, m - n) for n, m in zip(np.shape(x), shape, strict=True)]
+    if isinstance(x, jax.Array | jax.core.Tracer):
+        return jax.numpy.pad(x, widths)
+    return np.pad(np.asarray(x), widths)
 
 
 def _laid_out(x: Any, sharding: NamedSharding) -> bool:

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from partir.core.actions import Tile
-from partir.core.interpreter import InterpreterError, combine, eval_op
+from partir.core.interpreter import InterpreterError, combine, eval_op, pad_dim
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
+from partir.ir.types import padded_size, tile_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
@@ -75,26 +76,39 @@ class _Layout:
         index = 0
         for a in axes:
             index = index * self.mesh[a] + at[a]
-        size = n // math.prod(self.mesh[a] for a in axes)
+        size = tile_size(n, math.prod(self.mesh[a] for a in axes))
         return slice(index * size, (index + 1) * size)
+
+    def padded(self, t: DTensorType) -> tuple[int, ...]:
+        """Each dimension's size padded to a multiple of its axes' (its own if they
+        divide it): the blocks tile the padded dimension."""
+        return tuple(padded_size(n, math.prod(self.mesh[a] for a in axes))
+                     for axes, n in t.dims)
 
     def split(self, t: DTensorType, globals_: Mapping[tuple[int, ...], Any]) -> Tiles:
         """The local tensors of type t, given the global tensor of each stacked slice."""
         tiles: Tiles = {}
+        padded = self.padded(t)
         for at in self.coords(self.key_axes(t)):
             g = globals_[tuple(at[a] for a in t.stacked)]
+            for d, size in enumerate(padded):
+                g = pad_dim(g, d, size)
             tiles[self.key(t, at)] = g[tuple(self.block(t, d, at) for d in range(t.rank))]
         return tiles
 
     def assemble(self, t: DTensorType, tiles: Tiles) -> dict[tuple[int, ...], np.ndarray]:
         """The global tensor of each stacked slice of a value of type t."""
         out: dict[tuple[int, ...], np.ndarray] = {}
+        padded = self.padded(t)
         for at in self.coords(self.key_axes(t)):
             s = tuple(at[a] for a in t.stacked)
             if s not in out:
-                out[s] = host_zeros(t.sizes, t.dtype)
+                out[s] = host_zeros(padded, t.dtype)
             out[s][tuple(self.block(t, d, at) for d in range(t.rank))] = to_host(
                 tiles[self.key(t, at)])
+        if padded != t.sizes:  # the padding of the blocks is dropped
+            unpad = tuple(slice(0, n) for n in t.sizes)
+            out = {s: g[unpad] for s, g in out.items()}
         return {s: from_host(g, t.dtype) for s, g in out.items()}
 
 

@@ -111,7 +111,8 @@ class _Lowering:
     def act(self, action: Action, axis: str, z: Value, mu: DTensorType, name: str | None
             ) -> Value:
         """sigma |> z ⇓ mu: apply the loop action with a tile_reduce, coerce to mu."""
-        reduced = Value(tile_reduce_type(z.type, axis, action, self.mesh), name=name)
+        size = mu.dims[action.dim][1] if isinstance(action, Tile) else None
+        reduced = Value(tile_reduce_type(z.type, axis, action, self.mesh, size), name=name)
         self.out.append(make_tile_reduce(z, axis, action, self.mesh, reduced))
         if not isinstance(action, Tile):
             # #sum<a> |> z ⇓ mu: the tile_reduce already has type mu. So does `any<a>`

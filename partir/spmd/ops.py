@@ -16,10 +16,13 @@ types, the size a #tile multiplies by), and type rules see only the op.
 
 from __future__ import annotations
 
+import math
+
 from partir.core.actions import Action, Sum, Tile
 from partir.core.dialect import LOOP
 from partir.ir import Op, RangeType, Region, TensorType, Value
 from partir.ir.printer import Printer, register_op_printer
+from partir.ir.types import tile_size
 from partir.ir.verifier import register_type_rule
 from partir.mesh import Mesh
 from partir.spmd.types import DTensorType, data_equivalent
@@ -55,11 +58,15 @@ def format_action(axis: str, action: Action) -> str:
     return f'any<"{axis}">'
 
 
-def tile_reduce_type(t: DTensorType, axis: str, action: Action, mesh: Mesh) -> DTensorType:
+def tile_reduce_type(t: DTensorType, axis: str, action: Action, mesh: Mesh,
+                     size: int | None = None) -> DTensorType:
     """tilered(sigma, mu): the action consumes the last stacked axis. #tile<a, d> views the
     local tensors stacked on a as tiles of dimension d, so a becomes d's major axis (each
     a-slice is a whole tile of d, already split over d's other axes) and d grows by a's
-    size; #sum<a> and any<a> leave the value replicated on a."""
+    size; #sum<a> and any<a> leave the value replicated on a.
+
+    `size` is d's global size when the tiles pad it (a's size does not divide it): any
+    size whose tiles on d's axes are the local tensors' (ValueError otherwise)."""
     if not t.stacked or t.stacked[-1] != axis:
         raise ValueError(f"{format_action(axis, action)} must act on the last stacked axis "
                          f"of {t}")
@@ -70,7 +77,15 @@ def tile_reduce_type(t: DTensorType, axis: str, action: Action, mesh: Mesh) -> D
         raise ValueError(f"{format_action(axis, action)} names a dimension {t} does not have")
     dims = list(t.dims)
     axes, n = dims[action.dim]
-    dims[action.dim] = ((axis, *axes), n * mesh[axis])
+    whole = n * mesh[axis]
+    if size is not None and size != whole:
+        parts = math.prod(mesh[a] for a in axes)
+        if size <= 0 or tile_size(size, parts * mesh[axis]) != tile_size(n, parts):
+            raise ValueError(f"{format_action(axis, action)} of {t}: the tiled dimension "
+                             f"should be of size {whole}, or of a size its tiles pad to "
+                             f"{whole}, not {size}")
+        whole = size
+    dims[action.dim] = ((axis, *axes), whole)
     return DTensorType(stacked, tuple(dims), t.dtype)
 
 
@@ -186,8 +201,13 @@ def _tile_reduce_type(op: Op) -> str | None:
     msg = x.type.check(op.params["mesh"])
     if msg:
         return msg
+    action = op.params["action"]
+    size = None
+    if (isinstance(action, Tile) and isinstance(r.type, DTensorType)
+            and 0 <= action.dim < r.type.rank):
+        size = r.type.dims[action.dim][1]
     try:
-        want = tile_reduce_type(x.type, op.params["axis"], op.params["action"], op.params["mesh"])
+        want = tile_reduce_type(x.type, op.params["axis"], action, op.params["mesh"], size)
     except ValueError as e:
         return str(e)
     if r.type != want:

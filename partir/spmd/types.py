@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from partir.ir.types import TensorType
+from partir.ir.types import TensorType, tile_size
 
 Dim = tuple[tuple[str, ...], int]  # (axes major to minor, global size)
 
@@ -64,9 +64,14 @@ class DTensorType:
         if len(set(axes)) != len(axes):
             return f"{self} names an axis twice"
         for d, (dim_axes, n) in enumerate(self.dims):
-            m = math.prod(mesh[a] for a in dim_axes)
-            if n % m:
-                return f"{self}: dimension {d} of size {n} is not divisible by {m}"
+            if len(dim_axes) > 1:
+                # Only the major axis may pad the dimension (every later one divides the
+                # tiles it splits): the tiles are then the blocks of the padded dimension.
+                first = tile_size(n, mesh[dim_axes[0]])
+                rest = math.prod(mesh[a] for a in dim_axes[1:])
+                if first % rest:
+                    return (f"{self}: dimension {d} of size {n} has tiles of {first} on "
+                            f"{dim_axes[0]!r}, which {rest} does not divide")
         return None
 
     def local_type(self, mesh: Mapping[str, int]) -> TensorType:
@@ -107,7 +112,8 @@ def _local_type(t: DTensorType, mesh: tuple[tuple[str, int], ...]) -> TensorType
     # Memoized: a program's values share few types, and lowering asks for them per value.
     axis_sizes = dict(mesh)
     t._require(axis_sizes)
-    return TensorType(tuple(n // math.prod(axis_sizes[a] for a in axes) for axes, n in t.dims),
+    return TensorType(tuple(tile_size(n, math.prod(axis_sizes[a] for a in axes))
+                            for axes, n in t.dims),
                       t.dtype)
 
 

@@ -59,6 +59,10 @@ class ManualPartition(Tactic):
     axis: str
     name: str | None = None
     loc: Location = field(default_factory=caller_location, compare=False)
+    # A dimension the axis does not divide is padded to the next multiple (and sliced
+    # back); pad=False makes it an IndivisibleDimensionError (and an `indivisible`
+    # conflict in propagation) instead.
+    pad: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.inputs, Mapping):
@@ -68,6 +72,9 @@ class ManualPartition(Tactic):
         if not isinstance(self.axis, str):
             raise InvalidTacticError(f"ManualPartition axis must be a mesh axis name, got "
                                      f"{self.axis!r}", tactic=self.label, loc=self.loc)
+        if not isinstance(self.pad, bool):
+            raise InvalidTacticError(f"ManualPartition pad must be True or False, got "
+                                     f"{self.pad!r}", tactic=self.label, loc=self.loc)
         for key, value in self.inputs.items():
             _check_form(value, f"input {key!r}", self.label, self.loc)
 
@@ -80,11 +87,11 @@ class ManualPartition(Tactic):
         return self.axis
 
     def key_items(self) -> list[tuple[str, Any]]:
-        return list(self.inputs.items())
+        return [*self.inputs.items(), ("pad", self.pad)]
 
     def run(self, module: CoreModule, names: Mapping[str, list[Value]]) -> TacticResult:
         specs, notes = expand(self, module, names)
-        actions, prop_s = issue(module, specs, self.label, self.loc)
+        actions, prop_s = issue(module, specs, self.label, self.loc, pad=self.pad)
         return TacticResult(actions, notes, prop_s)
 
     def select(self, names: Mapping[str, list[Value]]) -> list[tuple[str, Any, InputValue]]:
@@ -130,10 +137,11 @@ def expand(tactic: ManualPartition, module: CoreModule,
     return specs, notes
 
 
-def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Location | None
-          ) -> tuple[list[str], float]:
+def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Location | None,
+          pad: bool = False) -> tuple[list[str], float]:
     """Apply the actions in order, then propagate from them: the actions as issued
-    (negative dims made positive, then `propagate`) and the propagation's time."""
+    (negative dims made positive, then `propagate`) and the propagation's time. With
+    `pad`, dimensions an axis does not divide are padded (`ManualPartition.pad`)."""
     from partir.core.propagation import propagate
     from partir.core.value_actions import atomic_value, tile_value
 
@@ -143,7 +151,7 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
         label = f"input {spec.name!r}"
         if spec.kind == "tile":
             seeds += tile_value(module, spec.value, spec.dim, spec.axis, label=label,
-                                tactic=tactic, loc=loc)
+                                tactic=tactic, loc=loc, pad=pad)
             spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
                               spec.dim % spec.value.type.rank)
         else:
@@ -151,7 +159,7 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
                                   tactic=tactic, loc=loc)
         actions.append(str(spec))
     start = time.perf_counter()
-    propagate(module, seeds)
+    propagate(module, seeds, pad=pad)
     actions.append("propagate")
     return actions, time.perf_counter() - start
 

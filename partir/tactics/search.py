@@ -263,7 +263,7 @@ class _Search:
         mesh = self.root.module.mesh
         all_groups = groups(self.names, tactic.inputs)
         raw = [Candidate(g, d, axis) for axis in tactic.axis_names for g in all_groups
-               for d, size in enumerate(g.shape) if size % mesh[axis] == 0]
+               for d, size in enumerate(g.shape) if size % mesh.check_axis(axis) == 0]
         random.Random(tactic.seed).shuffle(raw)
         # Level 1: each candidate alone; candidates reaching the same shardings are one.
         level: list[State] = []

@@ -14,6 +14,8 @@ arguments with an `ArgumentError`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,7 +128,12 @@ def test_jit_repartitions_for_new_shapes():
     assert "%x: tensor<2x8xf32>" in meta.hlo_ir
     # The first signature is still right.
     np.testing.assert_allclose(fn(x, w1, w2), mlp(x, w1, w2), **TOL)
-    # A shape the schedule cannot partition fails with the tactic's error.
+    # A batch the axis does not divide is padded (6 -> 8)...
+    np.testing.assert_allclose(fn(x[:6], w1, w2), mlp(x[:6], w1, w2), **TOL)
+    assert next((p["value"], p["size"], p["padded"]) for p in meta.padding) == ("x", 6, 8)
+    # ... and a shape a schedule with pad=False cannot partition fails with its error.
+    strict = dataclasses.replace(BP, pad=False)
+    fn, meta = partir.jit(mlp, MESH, [strict, MP])
     with pytest.raises(partir.IndivisibleDimensionError, match=r"tactic BP: .*'x'.* 6"):
         fn(x[:6], w1, w2)
 

@@ -76,14 +76,29 @@ async def test_unknown_input_on_its_key_with_a_suggestion(session: Session) -> N
 
 async def test_non_divisible_dimension_on_its_key(session: Session) -> None:
     uri = session.open("mlp/bp_mp_z3.partir.py")
-    # x is 256 x 8: 3 does not divide 256.
+    # x is 256 x 8: 3 does not divide 256, an error with pad=False.
     text = MLP_BP_MP_Z3.replace('{"batch": 4, "model": 2}', '{"batch": 3, "model": 2}')
+    text = text.replace('name="BP")', 'name="BP", pad=False)')
     session.change(uri, text)
     (error,) = errors(await session.diagnostics_for(uri))
     assert error.code == "IndivisibleDimensionError"
     assert error.range.start.line == BP_LINE
     assert span_text(text, error.range) == '"x"'
     assert "3 does not divide 256" in error.message
+    session.close(uri)
+
+
+async def test_padding_is_an_information_on_the_tactic(session: Session) -> None:
+    uri = session.open("mlp/bp_mp_z3.partir.py")
+    # x is 256 x 8: 3 does not divide 256, so BP pads it to 258.
+    text = MLP_BP_MP_Z3.replace('{"batch": 4, "model": 2}', '{"batch": 3, "model": 2}')
+    session.change(uri, text)
+    diags = await session.diagnostics_for(uri)
+    assert errors(diags) == []
+    infos = [d for d in diags if d.severity == T.DiagnosticSeverity.Information
+             and d.code == "padding"]
+    assert infos and infos[0].range.start.line == BP_LINE
+    assert "`x` dim 0: 256 → 258 on 'batch'" in infos[0].message
     session.close(uri)
 
 

@@ -47,7 +47,12 @@ def test_local_and_global_types_of_the_paper_figure():
     assert _d(("a", "b"), 64, 4).local_type(MESH) == _t(64, 4)
     with pytest.raises(ValueError, match="stacked"):
         _d(("a", "b"), 64, 4).global_type(MESH)
-    assert _d((), (("a",), 6)).check(MESH) is not None  # 4 does not divide 6
+    # 4 does not divide 6: the dimension is padded to 8, in tiles of 2.
+    assert _d((), (("a",), 6)).check(MESH) is None
+    assert _d((), (("a",), 6)).local_type(MESH) == _t(2)
+    assert _d((), (("a", "b"), 6)).local_type(MESH) == _t(1)
+    # Only the first axis pads: tiles of 3 on b are not split again on a.
+    assert "does not divide" in _d((), (("b", "a"), 6)).check(MESH)
     assert _d(("a",), (("a",), 8)).check(MESH) is not None  # an axis twice
 
 
@@ -129,6 +134,11 @@ def test_ttilered_accepts_tiles_and_sums():
     verify(_tile_reduce(_d(("a", "b"), 64, 4), "b", Tile(1), _d(("a",), 64, (("b",), 8))))
     verify(_tile_reduce(_d(("a", "b"), 64, 4), "b", Sum("max"), _d(("a",), 64, 4)))
     verify(_tile_reduce(_d(("a",), 64, 4), "a", ANY, _d((), 64, 4)))
+    # Tiles of 2 on a (4) make a dimension of 8, or of 5 to 7 padded to 8 (not 4).
+    verify(_tile_reduce(_d(("a",), 2, 4), "a", Tile(0), _d((), (("a",), 6), 4)))
+    verify(_tile_reduce(_d(("a",), 2, 4), "a", Tile(0), _d((), (("a",), 8), 4)))
+    with pytest.raises(VerificationError, match="should be"):
+        verify(_tile_reduce(_d(("a",), 2, 4), "a", Tile(0), _d((), (("a",), 4), 4)))
 
 
 @pytest.mark.parametrize("x_type, axis, action, result, message", [
@@ -167,8 +177,9 @@ def test_tredist_rejects_types_of_different_data(x_type, result):
 
 
 def test_tredist_rejects_an_ill_formed_target():
-    with pytest.raises(VerificationError, match="not divisible"):
-        verify(_redistribute(_d((), 6, 8), _d((), (("a",), 6), 8)))
+    # 6 on b has tiles of 3, which a (4) cannot split again (only a first axis pads).
+    with pytest.raises(VerificationError, match="does not divide"):
+        verify(_redistribute(_d((), 6, 8), _d((), (("b", "a"), 6), 8)))
 
 
 # --- interpreter layout ---------------------------------------------------------------------

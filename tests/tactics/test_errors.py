@@ -55,12 +55,17 @@ def test_axis_not_in_mesh():
 
 def test_indivisible_dimension_names_both_sizes():
     with pytest.raises(partir.IndivisibleDimensionError) as e:
-        partition(partir.ManualPartition({"params/out": 1}, axis="batch", name="Z"))
+        partition(partir.ManualPartition({"params/out": 1}, axis="batch", name="Z",
+                                         pad=False))
     msg = str(e.value)
     assert "size 6" in msg and "size 4" in msg and "'params/out'" in msg
+    # By default the dimension is padded instead (6 -> 8).
+    (record,) = partition(partir.ManualPartition({"params/out": 1}, axis="batch")).tactics
+    assert record.actions[0] == 'tile<%params/out,1,"batch">'
 
 
 def test_indivisible_after_earlier_sharding_says_so():
+    # Only the first axis of a dimension may pad it: tiles of 3 are not padded again.
     with pytest.raises(partir.IndivisibleDimensionError) as e:
         partition(partir.ManualPartition({"x": 0}, axis="batch"),
                   partir.ManualPartition({"x": 0}, axis="model"))

@@ -13,6 +13,13 @@ def constant_apply(op, prim, operands, ctx):
     local = op.out_types[0].shape
     for d, size in enumerate(local):
         if size != value.shape[d]:
+            # A padded dimension's last tiles reach past its end: pad it first, or the
+            # slice would be clamped back into the constant.
+            padded = size * ctx.result_tiles(0, d)
+            if padded > value.shape[d]:
+                widths = [(0, 0)] * value.ndim
+                widths[d] = (0, padded - value.shape[d])
+                value = jnp.pad(value, widths)
             value = lax.dynamic_slice_in_dim(value, ctx.result_offset(0, d), size, axis=d)
     return [value]
 

@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from partir.core.actions import Loop, Sum, Tile
-from partir.ir.types import TensorType
+from partir.ir.types import TensorType, tile_size
 
 
 class LocalContext:
@@ -31,7 +31,7 @@ class LocalContext:
     def _offset(self, size: int, levels: list[str]) -> Any:
         offset: Any = 0
         for axis in levels:
-            size //= self.axis_size(axis)
+            size = tile_size(size, self.axis_size(axis))
             term = self.index(axis) * size
             # No `0 +` in a traced computation: the first term is the offset itself.
             offset = term if isinstance(offset, int) and offset == 0 else offset + term
@@ -46,6 +46,14 @@ class LocalContext:
         """Start of result k's local tile along `dim` in the global result."""
         levels = [lp.axis for lp in self.nest if lp.results[k] == Tile(dim)]
         return self._offset(self.out_types[k].shape[dim], levels)
+
+    def result_tiles(self, k: int, dim: int) -> int:
+        """How many tiles of result k the loops split `dim` into."""
+        n = 1
+        for lp in self.nest:
+            if lp.results[k] == Tile(dim):
+                n *= self.axis_size(lp.axis)
+        return n
 
     def is_first(self, k: int) -> Any:
         """True on the single iteration of the `#sum` loops of result k whose indices are

@@ -1,0 +1,98 @@
+"""What padding a Core program holds: the values whose tiling pads a dimension, and what
+that wastes.
+
+A dimension of size s tiled over axes of total size N has tiles of ceil(s / N) positions;
+when N does not divide s the first axis pads it to P = ceil(s / N) * N (later axes always
+divide). Each record names the value (an input by its name, an op's result by its name
+or the op's), the dimension, s, P, the axes, and:
+- `wasted_bytes`: the bytes of padding all the devices hold together: every device holds
+  its local tile, the padded positions of a tile are waste (the value's other copies,
+  on axes that do not tile it, hold theirs too);
+- `wasted_flops`: for an op's result, the FLOPs its op spends on padding: the FLOPs of
+  its local computation at the padded local shapes times the number of tiles its loop
+  nest computes, minus the FLOPs of the unpartitioned op (0 for inputs; an op whose
+  operands are padded but not its results, e.g. a masked reduction, is not counted).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from partir.core.actions import Tile
+from partir.core.program import CoreOp, CoreProgram, divided_type, sharding_of, tile_dims
+from partir.core.tmr import OpView, localized_params, lookup
+from partir.ir import Value
+from partir.ir.dtypes import itemsize
+from partir.ir.types import padded_size, tile_size
+from partir.rules import CATALOGUE
+
+
+def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
+    """One record per padded dimension of an input or of an op's result."""
+    mesh = program.mesh
+    devices = math.prod(mesh.values())
+    out: list[dict[str, Any]] = []
+
+    # input shardings name the user's axes where sub-axes make them up
+    size = mesh.check_axis
+
+    def record(v: Value, name: str, dims: tuple[tuple[str, ...], ...],
+               flops: float) -> None:
+        for d, axes in enumerate(dims):
+            if not axes:
+                continue
+            s = v.type.shape[d]
+            n = math.prod(size(a) for a in axes)
+            if s % size(axes[0]) == 0:
+                continue
+            tiling = math.prod(size(a) for dim_axes in dims for a in dim_axes)
+            local = math.prod(tile_size(m, math.prod(size(a) for a in dim_axes))
+                              for m, dim_axes in zip(v.type.shape, dims, strict=True))
+            wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
+            out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
+                        "axes": list(axes), "wasted_bytes": int(wasted),
+                        "wasted_flops": float(flops)})
+
+    for name, sharding in program.input_shardings().items():
+        arg = next(a for a in program.args if a.name == name)
+        record(arg, name, sharding.dims, 0.0)
+    sizes = dict(mesh)
+    for op in program.ops:
+        nest = program.nest(op)
+        if op.is_identity or not nest:
+            continue
+        # Most ops tile nothing an axis does not divide: they are passed over at once.
+        if not any(type(a) is Tile and op.results[k].type.shape[a.dim] % sizes[lp.axis]
+                   for lp in nest for k, a in enumerate(lp.results)):
+            continue
+        flops = None
+        for k, r in enumerate(op.results):
+            dims = sharding_of(nest, k, r.type.rank).dims
+            if any(axes and r.type.shape[d] % mesh[axes[0]] for d, axes in enumerate(dims)):
+                if flops is None:
+                    flops = _wasted_flops(op, nest, sizes)
+                record(r, r.name or op.name, dims, flops)
+    return out
+
+
+def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:
+    primitive = CATALOGUE.get(op.name)
+    entry = lookup(op.name)
+    if primitive is None or entry is None:
+        return 0.0
+    levels = [sizes[lp.axis] for lp in nest]
+    in_types = tuple(divided_type(v.type, [lp.operands[i] for lp in nest], levels)
+                     for i, v in enumerate(op.operands))
+    out_types = tuple(divided_type(r.type, tile_dims(nest, k), levels)
+                      for k, r in enumerate(op.results))
+    whole = OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                   tuple(r.type for r in op.results))
+    try:
+        local = OpView(op.name, localized_params(
+            entry, OpView(op.name, op.params, in_types, out_types)), in_types, out_types)
+        flops = [primitive.flops(view, None if primitive.rule is None else primitive.rule(view))
+                 for view in (local, whole)]
+    except Exception:  # a report, not a check: an op it cannot cost counts 0
+        return 0.0
+    return max(0.0, flops[0] * math.prod(levels) - flops[1])

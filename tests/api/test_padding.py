@@ -1,0 +1,298 @@
+"""Padding of dimensions an axis does not divide (Shardy's semantics): executed through
+`partir.jit` on the 8 CPU devices, on both oracles (the sequential Core interpreter and
+the SPMD interpreter), equal to the unpartitioned function, with the padding reported."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from partir.core.materialize import materialize
+from partir.spmd import lower_core_to_spmd
+from partir.spmd.interpreter import interpret_spmd
+from tests.oracles import assert_tree_close
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _oracles(fn, mesh, schedule, *args):
+    """fn(*args) by the Core interpreter and by the SPMD interpreter of the partitioned
+    program: both must be the unpartitioned function's."""
+    res = partir.core_partition(fn, mesh, schedule, *args)
+    core = res.interpret(*args)
+    spmd = lower_core_to_spmd(materialize(res.program), res.mesh)
+    outs = interpret_spmd(spmd, *res.flatten_args(*args))
+    return core, jax.tree_util.tree_unflatten(res.traced.out_tree, outs)
+
+
+def _check(fn, mesh, schedule, *args):
+    expected = fn(*args)
+    core, spmd = _oracles(fn, mesh, schedule, *args)
+    assert_tree_close(core, expected)
+    assert_tree_close(spmd, expected)
+    jitted, meta = partir.jit(fn, mesh, schedule)
+    got = jitted(*args)
+    for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), **TOL)
+    json.dumps(meta.to_json())
+    return meta
+
+
+# --- batch of 6 on a 4-device axis: an MLP train step with a mean loss ---------------------
+
+def mlp_loss(params, x, y):
+    h = jnp.tanh(x @ params["w1"])
+    out = h @ params["w2"]
+    return jnp.mean((out - y) ** 2)
+
+
+def train_step(params, x, y):
+    loss, grads = jax.value_and_grad(mlp_loss)(params, x, y)
+    return loss, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def _mlp_args(batch=6):
+    rng = np.random.default_rng(0)
+    params = {"w1": jnp.asarray(rng.normal(size=(8, 16)), jnp.float32),
+              "w2": jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(batch, 8)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(batch, 4)), jnp.float32)
+    return params, x, y
+
+
+def test_batch_of_6_on_4_devices_train_step():
+    mesh = partir.Mesh({"batch": 4, "model": 2})
+    schedule = [partir.ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP"),
+                partir.ManualPartition({"params/w1": 1, "params/w2": 0}, axis="model",
+                                       name="MP")]
+    meta = _check(train_step, mesh, schedule, *_mlp_args())
+    padded = {(p["value"], p["dim"]): p for p in meta.padding}
+    assert padded[("x", 0)]["size"] == 6 and padded[("x", 0)]["padded"] == 8
+    assert padded[("x", 0)]["axes"] == ["batch"]
+    # 2 padded rows of 8 floats on each of the 2 model replicas.
+    assert padded[("x", 0)]["wasted_bytes"] == 2 * 8 * 4 * 2
+    assert ("y", 0) in padded
+    assert any(p["wasted_flops"] > 0 for p in meta.padding)
+    assert meta.tactics[0].padding and not meta.tactics[0].conflicts
+    assert meta.tactics[-1].padding == meta.padding
+
+
+# --- vocabulary of 50 on an 8-device axis: embedding, logits, softmax cross-entropy -------
+
+def lm_loss(params, ids, labels):
+    h = params["embed"][ids]  # [B, D]
+    h = jnp.tanh(h @ params["w"])
+    logits = h @ params["embed"].T  # [B, V], tied embedding
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    onehot = jax.nn.one_hot(labels, logits.shape[-1])
+    return -jnp.mean(jnp.sum(onehot * logp, axis=-1))
+
+
+def lm_step(params, ids, labels):
+    loss, grads = jax.value_and_grad(lm_loss)(params, ids, labels)
+    return loss, grads
+
+
+def test_vocabulary_of_50_on_8_devices():
+    rng = np.random.default_rng(1)
+    params = {"embed": jnp.asarray(rng.normal(size=(50, 16)), jnp.float32),
+              "w": jnp.asarray(rng.normal(size=(16, 16)) / 4, jnp.float32)}
+    ids = jnp.asarray(rng.integers(0, 50, (4,)), jnp.int32)
+    labels = jnp.asarray(rng.integers(0, 50, (4,)), jnp.int32)
+    mesh = partir.Mesh({"vocab": 8})
+    schedule = [partir.ManualPartition({"params/embed": 0}, axis="vocab", name="EMB")]
+    meta = _check(lm_step, mesh, schedule, params, ids, labels)
+    padded = {(p["value"], p["dim"]): p for p in meta.padding}
+    assert padded[("params/embed", 0)]["size"] == 50
+    assert padded[("params/embed", 0)]["padded"] == 56
+    assert padded[("params/embed", 0)]["wasted_bytes"] == 6 * 16 * 4
+    # The logits are vocabulary-sharded too (padded through the dot_general).
+    assert any(p["size"] == 50 and p["value"] != "params/embed" for p in meta.padding)
+
+
+# --- masking: garbage never reaches a reduction ----------------------------------------------
+
+def test_max_reduction_over_a_padded_dim_ignores_the_padding():
+    def f(x):
+        return jnp.max(jnp.exp(x), axis=0)  # the padding's garbage is exp(0) = 1 or more
+
+    x = -jnp.abs(jnp.asarray(np.random.default_rng(2).normal(size=(6, 3)), jnp.float32)) - 1
+    _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
+
+
+def test_max_of_large_values_with_padding_that_could_be_larger():
+    def f(x):
+        y = jnp.exp(x) * 1e3  # a pass-through factor: computed on the padding too
+        return jnp.max(y), jnp.min(-y), jnp.sum(y)
+
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(5,)), jnp.float32)
+    _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
+
+
+def test_dot_general_contracting_a_padded_dim():
+    def f(x, w):
+        return x @ w
+
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(3, 10)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(10, 5)), jnp.float32)
+    meta = _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 1}, axis="a")],
+                  x, w)
+    assert meta.collectives["all_reduce"] >= 1
+    # w is sliced by propagation on its padded rows too.
+    assert {(p["value"], p["dim"]) for p in meta.padding} >= {("x", 1), ("w", 0)}
+
+
+def test_dot_general_of_padded_operands_whose_padding_is_inf():
+    def f(x, w):
+        return jnp.log(x) @ jnp.log(w)  # log(0) = -inf on zero padding
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.uniform(1, 2, size=(3, 7)), jnp.float32)
+    w = jnp.asarray(rng.uniform(1, 2, size=(7, 2)), jnp.float32)
+    _check(f, partir.Mesh({"a": 2, "b": 4}), [partir.ManualPartition({"x": 1}, axis="b")],
+           x, w)
+
+
+def test_nested_axes_on_a_padded_dim_whose_tile_the_second_divides():
+    def f(x):
+        return jnp.sum(jnp.sin(x), axis=0)
+
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(7, 3)), jnp.float32)
+    # 7 on a (4): tiles of 2, which b (2) divides.
+    _check(f, partir.Mesh({"a": 4, "b": 2}),
+           [partir.ManualPartition({"x": 0}, axis="a"),
+            partir.ManualPartition({"x": 0}, axis="b")], x)
+
+
+# --- errors and conflicts ------------------------------------------------------------------
+
+def test_pad_false_keeps_the_indivisible_error():
+    x = jnp.zeros((6, 8))
+    with pytest.raises(partir.IndivisibleDimensionError, match="4 does not divide 6"):
+        partir.partition(lambda x: x * 2, partir.Mesh({"a": 4}),
+                         [partir.ManualPartition({"x": 0}, axis="a", pad=False)], x)
+
+
+def test_pad_must_be_a_bool():
+    with pytest.raises(partir.InvalidTacticError, match="pad"):
+        partir.ManualPartition({"x": 0}, axis="a", pad="yes")
+
+
+def test_pad_false_keeps_the_indivisible_conflict_in_propagation():
+    def f(x):
+        # the axis (4) would slice the major factor, of size 2, and no split of it into
+        # sub-axes helps: its second half would have to tile the 3
+        return x.reshape(2, 3, 2) * 2
+
+    for pad in (False, True):
+        res = partir.core_partition(f, partir.Mesh({"a": 4}),
+                                    [partir.ManualPartition({"x": 0}, axis="a", pad=pad)],
+                                    jnp.zeros((12,)))
+        (c,) = res.conflicts
+        assert c.kind == "indivisible" and c.op == "reshape"
+        # Padding is refused there: the reshape splits the dimension.
+        assert ("cannot pad" in c.detail) == pad
+
+
+def test_nested_axis_on_a_padded_dim_that_does_not_divide_its_tile_is_an_error():
+    x = jnp.zeros((6, 3))
+    # 6 on a (4): tiles of 2; b (4) does not divide 2.
+    with pytest.raises(partir.IndivisibleDimensionError, match="already divided by a"):
+        partir.partition(lambda x: x * 2, partir.Mesh({"a": 4, "b": 4}),
+                         [partir.ManualPartition({"x": 0}, axis="a"),
+                          partir.ManualPartition({"x": 0}, axis="b")], x)
+
+
+def test_padded_dim_through_a_reshape_is_refused_with_a_conflict():
+    def f(x):
+        return jnp.tanh(x).reshape(-1)  # merges the padded rows with the columns
+
+    x = jnp.asarray(np.random.default_rng(7).normal(size=(6, 3)), jnp.float32)
+    res = partir.core_partition(f, partir.Mesh({"a": 4}),
+                                [partir.ManualPartition({"x": 0}, axis="a")], x)
+    (c,) = [c for c in res.conflicts if c.op == "reshape"]
+    assert c.kind == "indivisible"
+    assert "cannot pad" in c.detail and "reshape of a padded dimension" in c.detail
+    assert_tree_close(res.interpret(x), f(x))
+    _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
+
+
+def test_divisible_programs_report_no_padding():
+    meta = _check(train_step, partir.Mesh({"batch": 4, "model": 2}),
+                  [partir.ManualPartition({"x": 0, "y": 0}, axis="batch")],
+                  *_mlp_args(batch=8))
+    assert meta.padding == [] and meta.tactics[0].padding == []
+
+
+# --- runtime: padded arguments arrive sharded, padded results leave cut ---------------------
+
+def test_padded_arguments_and_results_are_device_local():
+    from jax.sharding import PartitionSpec
+
+    from partir.hlo.interpreter import HloInterpreter
+
+    def f(x, w):
+        return jnp.tanh(x @ w)  # a batch-sharded result of 6 rows, padded to 8
+
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.normal(size=(6, 8)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(8, 5)), jnp.float32)
+    mesh = partir.Mesh({"batch": 4, "model": 2})
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch")]
+    fn, meta = partir.jit(f, mesh, schedule)
+    np.testing.assert_allclose(fn(x, w), f(x, w), **TOL)
+    # x arrives as its tiles of the padded 8 rows, the result leaves as tiles of 8 rows.
+    assert meta.in_specs[0] == PartitionSpec("batch", None)
+    assert meta.out_specs[0] == PartitionSpec("batch", None)
+    assert "in_sizes=((6, 8), None)" in meta.hlo_ir and "out_sizes=((6, 5),)" in meta.hlo_ir
+    assert "all_gather" not in meta.hlo_ir and "all_slice" not in meta.hlo_ir
+    # Under an outer jax.jit (traced arguments), and lowered for its memory analysis.
+    np.testing.assert_allclose(jax.jit(fn)(x, w), f(x, w), **TOL)
+    assert fn.lower(x, w).compile() is not None
+    # The HLO interpreter takes and gives the unpadded arrays too.
+    _, _, final = partir.api.partition_program(f, mesh, schedule, (x, w), ())
+    (out,) = HloInterpreter(final.hlo)(x, w)
+    np.testing.assert_allclose(out, f(x, w), **TOL)
+
+
+# --- reductions and dimension-moving ops over a padded dimension --------------------------
+
+OPS_ON_A_PADDED_DIM = {
+    "softmax": (lambda x: jax.nn.softmax(x, axis=0), 0),
+    "layernorm": (lambda x: (x - x.mean(-1, keepdims=True))
+                  / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5), 1),
+    "cumsum": (lambda x: jnp.cumsum(jnp.exp(x), axis=0), 0),  # gathered first
+    "argmax": (lambda x: jnp.argmax(x, axis=0), 0),
+    "min_of_ints": (lambda x: jnp.min((x * 10).astype(jnp.int32), axis=0), 0),
+    "prod": (lambda x: jnp.prod(jnp.exp(x), axis=0), 0),
+    "any": (lambda x: jnp.any(x > 1.5, axis=0), 0),
+    "all": (lambda x: jnp.all(x > -1.5, axis=1), 1),
+    "gram": (lambda x: (x.T @ x).sum(), 0),
+    "concatenate": (lambda x: jnp.concatenate([x, x * 2], axis=0), 0),
+    "slice": (lambda x: jnp.exp(x)[1:5].sum(0), 0),
+    "pad": (lambda x: jnp.pad(jnp.exp(x), ((1, 2), (0, 0))).sum(0), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS_ON_A_PADDED_DIM))
+def test_ops_over_a_padded_dim(name):
+    f, dim = OPS_ON_A_PADDED_DIM[name]
+    x = jnp.asarray(np.random.default_rng(9).normal(size=(6, 10)), jnp.float32)
+    meta = _check(f, partir.Mesh({"a": 4, "b": 2}),
+                  [partir.ManualPartition({"x": dim}, axis="a")], x)
+    assert ("x", dim) in {(p["value"], p["dim"]) for p in meta.padding}
+
+
+def test_both_dims_padded_on_two_axes():
+    x = jnp.asarray(np.random.default_rng(10).normal(size=(6, 5)), jnp.float32)
+    meta = _check(lambda x: jnp.sum(jnp.exp(x)), partir.Mesh({"a": 4, "b": 2}),
+                  [partir.ManualPartition({"x": 0}, axis="a"),
+                   partir.ManualPartition({"x": 1}, axis="b")], x)
+    assert {(p["dim"], p["padded"]) for p in meta.padding if p["value"] == "x"} == {
+        (0, 8), (1, 6)}

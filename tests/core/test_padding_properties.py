@@ -1,0 +1,109 @@
+"""Property tests of padding: random programs whose dimensions the mesh axes do not
+divide (3, 5, 7 on axes of 2 and 4; 6 and 10 on 4), partitioned with the default
+`pad=True`, equal the unpartitioned function on both oracles (the sequential Core
+interpreter after every tactic, and the SPMD interpreter of the final program) and
+executed through `partir.jit` on the 8 CPU devices. Cases whose partitioned program pads
+nothing are rejected: each test passes 100 programs that pad.
+
+The programs, meshes and schedules are the other property tests'
+(`tests/core/program_strategies.py`), drawn with its dimension sizes replaced."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from hypothesis import HealthCheck, event, given, note, reject, settings
+from hypothesis import strategies as st
+
+import partir
+from partir.core.materialize import materialize
+from partir.ir import print_function, verify
+from partir.spmd import lower_core_to_spmd
+from partir.spmd.interpreter import interpret_spmd
+from tests.api.test_executed_properties import local_meshes
+from tests.core import program_strategies
+from tests.core.program_strategies import PartitionCase, programs, schedules
+from tests.oracles import EXPECTED_ERRORS, assert_same
+
+# Sizes no axis divides (3, 5, 7), or only the axis of 2 (6, 10).
+PADDED_DIMS = (3, 5, 7, 6, 10)
+EXAMPLES = 100
+SETTINGS = settings(deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                           HealthCheck.data_too_large])
+
+
+@contextmanager
+def _dims(dims):
+    saved = program_strategies.DIMS
+    program_strategies.DIMS = dims
+    try:
+        yield
+    finally:
+        program_strategies.DIMS = saved
+
+
+@st.composite
+def padded_cases(draw, local: bool = False) -> PartitionCase:
+    """A partition case whose inputs (and broadcasts, gathers...) have PADDED_DIMS; with
+    `local`, on a mesh of at most 8 devices."""
+    with _dims(PADDED_DIMS):
+        case = draw(programs(max_ops=8), label="program")
+        mesh = draw(st.sampled_from(local_meshes()) if local else
+                    program_strategies.meshes(), label="mesh")
+        schedule = draw(schedules(case, mesh), label="schedule")
+    return PartitionCase(case, mesh, tuple(schedule))
+
+
+def _partition(pc: PartitionCase):
+    try:
+        res = partir.core_partition(pc.program.fn, pc.mesh, pc.schedule, *pc.program.args)
+    except EXPECTED_ERRORS:
+        reject()
+    padded = any(lp.operands[i] is not None and v.type.shape[lp.operands[i]] % pc.mesh[lp.axis]
+                 for op in res.program.ops for lp in res.program.nest(op)
+                 for i, v in enumerate(op.operands))
+    if not padded:  # every passing case pads (a schedule may replicate, or divide)
+        reject()
+    return res
+
+
+@settings(SETTINGS, max_examples=EXAMPLES)
+@given(pc=padded_cases())
+def test_core_interpreter_with_padding(pc: PartitionCase):
+    note(f"reproducer:\n{pc.reproducer()}")
+    res = _partition(pc)
+    expected = pc.program.expected()
+    for i in range(1, len(pc.schedule) + 1):
+        note(f"after tactic {i}:\n{res.core_ir(i)}")
+        verify(materialize(res.tactics[i - 1].program))
+        assert_same(res.interpret(*pc.program.args, after=i), expected, f"after tactic {i}")
+
+
+@settings(SETTINGS, max_examples=EXAMPLES)
+@given(pc=padded_cases())
+def test_spmd_interpreter_with_padding(pc: PartitionCase):
+    note(f"reproducer:\n{pc.reproducer()}")
+    res = _partition(pc)
+    spmd = lower_core_to_spmd(materialize(res.program), pc.mesh)
+    note(f"SPMD program:\n{print_function(spmd)}")
+    verify(spmd)
+    outs = interpret_spmd(spmd, *res.flatten_args(*pc.program.args))
+    assert_same(tuple(outs), tuple(pc.program.expected()), "SPMD interpreter")
+
+
+@settings(SETTINGS, max_examples=EXAMPLES)
+@given(pc=padded_cases(local=True))
+def test_jit_executes_with_padding(pc: PartitionCase):
+    note(f"reproducer:\n{pc.reproducer()}")
+    _partition(pc)
+    fn, meta = partir.jit(pc.program.fn, pc.mesh, pc.schedule)
+    try:
+        out = fn(*pc.program.args)
+    except EXPECTED_ERRORS:
+        reject()
+    note(f"PartIR:HLO:\n{meta.hlo_ir}")
+    event(f"mesh of {math.prod(pc.mesh.values())} devices")
+    assert meta.padding, "the program pads, so Metadata.padding must say so"
+    assert_same(out, pc.program.expected(), "partir.jit")
