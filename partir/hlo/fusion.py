@@ -258,10 +258,27 @@ def merge_collectives(fn: Function) -> Function:
     return _sweep(fn, (_MERGE,))
 
 
+def _repadded_gather(rw: _Rewriter, v: Value) -> Op | None:
+    """The all_gather of pad(slice(all_gather(x))) where the slice cuts a padded
+    dimension back to its size and the pad restores the gathered shape: the same tiles
+    (with other values in the padding, which no one reads: reductions mask it)."""
+    pad = rw.source(v, "pad")
+    if pad is None or not _is_end_padding(pad):
+        return None
+    cut = rw.source(pad.operands[0], "slice")
+    if cut is None or any(cut.params["start_indices"]) or \
+            any(s != 1 for s in cut.params.get("strides") or ()):
+        return None
+    gather = rw.source(cut.operands[0], ALL_GATHER)
+    if gather is None or gather.results[0].type != v.type:
+        return None
+    return gather
+
+
 def _cancel(rw: _Rewriter, op: Op) -> Value | None:
     if op.name != ALL_SLICE:
         return None
-    gather = rw.source(op.operands[0], ALL_GATHER)
+    gather = rw.source(op.operands[0], ALL_GATHER) or _repadded_gather(rw, op.operands[0])
     if gather is None:
         return None
     g, s = gather.params["axes"], op.params["axes"]
@@ -286,7 +303,8 @@ _CANCEL = Pattern((ALL_SLICE,), _cancel)
 def cancel_gather_slice(fn: Function) -> Function:
     """all_slice(all_gather(x)) -> x where the axes agree; where only leading axes agree,
     a smaller gather and slice of the other axes (then only if nothing else uses the
-    gather)."""
+    gather). A padded dimension cut back to its size and padded again between the two
+    (`pad(slice(all_gather(x)))`) is seen through."""
     return _sweep(fn, (_CANCEL,))
 
 

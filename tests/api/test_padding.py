@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import partir
+from examples.padding import model
 from partir.core.materialize import materialize
 from partir.spmd import lower_core_to_spmd
 from partir.spmd.interpreter import interpret_spmd
@@ -45,32 +46,12 @@ def _check(fn, mesh, schedule, *args):
 
 # --- batch of 6 on a 4-device axis: an MLP train step with a mean loss ---------------------
 
-def mlp_loss(params, x, y):
-    h = jnp.tanh(x @ params["w1"])
-    out = h @ params["w2"]
-    return jnp.mean((out - y) ** 2)
-
-
-def train_step(params, x, y):
-    loss, grads = jax.value_and_grad(mlp_loss)(params, x, y)
-    return loss, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
-
-def _mlp_args(batch=6):
-    rng = np.random.default_rng(0)
-    params = {"w1": jnp.asarray(rng.normal(size=(8, 16)), jnp.float32),
-              "w2": jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)}
-    x = jnp.asarray(rng.normal(size=(batch, 8)), jnp.float32)
-    y = jnp.asarray(rng.normal(size=(batch, 4)), jnp.float32)
-    return params, x, y
-
-
 def test_batch_of_6_on_4_devices_train_step():
     mesh = partir.Mesh({"batch": 4, "model": 2})
     schedule = [partir.ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP"),
                 partir.ManualPartition({"params/w1": 1, "params/w2": 0}, axis="model",
                                        name="MP")]
-    meta = _check(train_step, mesh, schedule, *_mlp_args())
+    meta = _check(model.mlp_step, mesh, schedule, *model.mlp_inputs())
     padded = {(p["value"], p["dim"]): p for p in meta.padding}
     assert padded[("x", 0)]["size"] == 6 and padded[("x", 0)]["padded"] == 8
     assert padded[("x", 0)]["axes"] == ["batch"]
@@ -84,29 +65,11 @@ def test_batch_of_6_on_4_devices_train_step():
 
 # --- vocabulary of 50 on an 8-device axis: embedding, logits, softmax cross-entropy -------
 
-def lm_loss(params, ids, labels):
-    h = params["embed"][ids]  # [B, D]
-    h = jnp.tanh(h @ params["w"])
-    logits = h @ params["embed"].T  # [B, V], tied embedding
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    onehot = jax.nn.one_hot(labels, logits.shape[-1])
-    return -jnp.mean(jnp.sum(onehot * logp, axis=-1))
-
-
-def lm_step(params, ids, labels):
-    loss, grads = jax.value_and_grad(lm_loss)(params, ids, labels)
-    return loss, grads
-
-
 def test_vocabulary_of_50_on_8_devices():
-    rng = np.random.default_rng(1)
-    params = {"embed": jnp.asarray(rng.normal(size=(50, 16)), jnp.float32),
-              "w": jnp.asarray(rng.normal(size=(16, 16)) / 4, jnp.float32)}
-    ids = jnp.asarray(rng.integers(0, 50, (4,)), jnp.int32)
-    labels = jnp.asarray(rng.integers(0, 50, (4,)), jnp.int32)
+    params, ids, labels = model.lm_inputs()
     mesh = partir.Mesh({"vocab": 8})
     schedule = [partir.ManualPartition({"params/embed": 0}, axis="vocab", name="EMB")]
-    meta = _check(lm_step, mesh, schedule, params, ids, labels)
+    meta = _check(model.lm_step, mesh, schedule, params, ids, labels)
     padded = {(p["value"], p["dim"]): p for p in meta.padding}
     assert padded[("params/embed", 0)]["size"] == 50
     assert padded[("params/embed", 0)]["padded"] == 56
@@ -224,9 +187,9 @@ def test_padded_dim_through_a_reshape_is_refused_with_a_conflict():
 
 
 def test_divisible_programs_report_no_padding():
-    meta = _check(train_step, partir.Mesh({"batch": 4, "model": 2}),
+    meta = _check(model.mlp_step, partir.Mesh({"batch": 4, "model": 2}),
                   [partir.ManualPartition({"x": 0, "y": 0}, axis="batch")],
-                  *_mlp_args(batch=8))
+                  *model.mlp_inputs(batch=8))
     assert meta.padding == [] and meta.tactics[0].padding == []
 
 
