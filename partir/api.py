@@ -196,7 +196,7 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),
             collectives=final.collectives, cost=cost,
-            padding=padding_report(result.program))
+            padding=Deferred(lambda: padding_report(result.program)))
     return result, meta, final
 
 

@@ -110,7 +110,7 @@ class Metadata(_Resolved):
     collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
     # The final program's padded dimensions (see TacticMetadata.padding).
-    padding: list[dict[str, Any]] = field(default_factory=list)
+    padding: list[dict[str, Any]] = Lazy(())
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

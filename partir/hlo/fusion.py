@@ -522,6 +522,8 @@ def localize_padded_arguments(fn: Function) -> Function:
     every padded dimension's. Its unpadded shape goes into the `in_sizes` attribute (one
     entry per argument, None where not padded), for the runtime to pad the global
     argument with."""
+    if not any(op.name == "pad" for op in fn.ops):  # most programs pad nothing
+        return fn
     users: dict[Value, list[Op]] = {}
     for op in fn.ops:
         for v in op.operands:

@@ -240,12 +240,17 @@ class _Lowering:
         if any(gather):
             op = make_all_gather(x, gather, self.sizes, name, loc)
             x = op.results[0]
-            # The common type's local tensor: smaller than the gathered one where the
-            # gathered axes padded a dimension, whose padding is then sliced off.
-            common = DTensorType((), tuple((axes[:len(axes) - len(g)], n) for (axes, n), g
-                                           in zip(src.dims, gather, strict=True)), src.dtype)
-            want = common.local_type(self.mesh)
-            if want.shape != x.type.shape:
+            # Where the gathered axes padded a dimension, the common type's local tensor
+            # is smaller than the gathered one: its padding is sliced off.
+            padded = any(g and n % axes_size(axes, self.sizes)
+                         for (axes, n), g in zip(src.dims, gather, strict=True))
+            if padded:
+                common = DTensorType((), tuple((axes[:len(axes) - len(g)], n)
+                                               for (axes, n), g
+                                               in zip(src.dims, gather, strict=True)),
+                                     src.dtype)
+                want = common.local_type(self.mesh)
+            if padded and want.shape != x.type.shape:
                 self.need(op.operands[0])
                 self.out.append(op)
                 self.pending.pop(x, None)
