@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples
 
 import partir
 from examples.transformer import model
