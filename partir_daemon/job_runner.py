@@ -9,13 +9,15 @@ there is no accelerator) and `PARTIR_JOB_ID`. Events go to the daemon as JSON li
 private duplicate of stdout: {"event": "started" | "compiled" | "step" | "result" |
 "error", ...}; everything the user's code prints goes to the job's log (stderr). The
 process never outlives the daemon: it gets SIGKILL when the daemon dies (the daemon
-starts it with `processes.die_with_parent`), and exits when its stdin closes.
+starts it with `processes.die_with_parent`), and exits when its stdin closes; its
+`partir_daemon.reaper` then ends the processes the user's code started.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +25,7 @@ import traceback
 from typing import Any
 
 from partir_daemon import protocol as P
+from partir_daemon.processes import JOB_ID_VARIABLE
 
 
 def _watch_parent() -> None:
@@ -32,6 +35,17 @@ def _watch_parent() -> None:
         os._exit(70)  # the daemon closed our stdin: it is gone
 
     threading.Thread(target=watch, name="job-parent-watch", daemon=True).start()
+
+
+def _start_reaper() -> None:
+    """The process that ends the job's other processes when this one dies, whatever
+    kills it (`partir_daemon.reaper`)."""
+    job_id = os.environ.get(JOB_ID_VARIABLE)
+    if job_id:
+        subprocess.Popen([sys.executable, "-P", "-m", "partir_daemon.reaper", job_id,
+                          str(os.getpid())], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True)
 
 
 def _inputs(program: Any, how: str, seed: int) -> tuple[Any, ...]:
@@ -91,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.append(directory)
     out = P.child_stream()
     _watch_parent()
+    _start_reaper()
 
     def emit(event: str, **data: Any) -> None:
         out.write(P.encode({"event": event, **data}))

@@ -3,7 +3,8 @@
 - `die_with_parent` (a `preexec_fn`): the child gets SIGKILL when the daemon's thread
   that started it dies (Linux `prctl(PR_SET_PDEATHSIG)`), so a job runner or compiler
   process never outlives a daemon that was SIGKILLed; if the daemon died before the
-  call, the child exits at once.
+  call, the child exits at once. The runner's own `partir_daemon.reaper` then ends the
+  processes the job started.
 - `job_processes`: the processes of one job, to end its whole tree: the runner's
   descendants (by parent pid, read in `/proc` before the runner dies, so that a child
   that called `setsid` is followed too) and every process carrying the job's
@@ -32,13 +33,18 @@ except (OSError, AttributeError):  # not Linux: the processes' stdin watch remai
     _prctl = None
 
 
+def set_parent_death_signal(sig: int) -> None:
+    """Have this process get `sig` when its parent dies (Linux; elsewhere nothing)."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
 def die_with_parent() -> Callable[[], None]:
     """A `preexec_fn` giving the child SIGKILL when its parent (this process) dies."""
     parent = os.getpid()
 
     def preexec() -> None:
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the call above
             os._exit(70)
 

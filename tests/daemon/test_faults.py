@@ -210,3 +210,19 @@ def test_cancelling_a_job_ends_its_setsid_grandchild(env):
     assert wait_until(lambda: not processes_mentioning(marker), timeout=5)
     assert not pid_alive(job.pid)
     assert _records(env)[job.id]["state"] == "cancelled"
+
+
+def test_a_daemon_killed_mid_job_takes_the_jobs_setsid_grandchild_along(env):
+    path = env.write("orphan.partir.py", BP_MP_Z3 + GRANDCHILD)
+    marker = path + "-grandchild"
+    client = env.connect()
+    job = client.run(path, steps=LONG)
+    assert wait_until(lambda: _running(client, job.id), timeout=120)
+    assert wait_until(lambda: bool(processes_mentioning(marker)), timeout=10)
+    os.kill(client.status().pid, signal.SIGKILL)
+    client.close()
+    # the runner dies with the daemon, and its reaper ends what the job started
+    assert wait_until(lambda: not pid_alive(job.pid), timeout=5)
+    assert wait_until(lambda: not processes_mentioning(marker), timeout=5)
+    assert wait_until(lambda: not processes_mentioning(f"partir_daemon.reaper {job.id}"),
+                      timeout=5)
