@@ -197,14 +197,21 @@ if os.environ.get("PARTIR_JOB_ID"):  # in the job, not when the daemon analyses 
 '''
 
 
-def test_cancelling_a_job_ends_its_setsid_grandchild(env):
-    path = env.write("setsid.partir.py", BP_MP_Z3 + GRANDCHILD)
+def _job_with_a_setsid_grandchild(env, name: str):
+    """A running job whose code started a child that left the job's session: (client,
+    job, the text the grandchild's command line holds)."""
+    path = env.write(name, BP_MP_Z3 + GRANDCHILD)
     marker = path + "-grandchild"
     client = env.connect()
     job = client.run(path, steps=LONG)
     assert wait_until(lambda: _running(client, job.id), timeout=120)
     assert wait_until(lambda: any(os.getsid(p) != job.pid
                                   for p in processes_mentioning(marker)), timeout=10)
+    return client, job, marker
+
+
+def test_cancelling_a_job_ends_its_setsid_grandchild(env):
+    client, job, marker = _job_with_a_setsid_grandchild(env, "setsid.partir.py")
     result = client.cancel(job.id)
     assert result.cancelled and result.job.state == "cancelled"
     assert wait_until(lambda: not processes_mentioning(marker), timeout=5)
@@ -213,12 +220,7 @@ def test_cancelling_a_job_ends_its_setsid_grandchild(env):
 
 
 def test_a_daemon_killed_mid_job_takes_the_jobs_setsid_grandchild_along(env):
-    path = env.write("orphan.partir.py", BP_MP_Z3 + GRANDCHILD)
-    marker = path + "-grandchild"
-    client = env.connect()
-    job = client.run(path, steps=LONG)
-    assert wait_until(lambda: _running(client, job.id), timeout=120)
-    assert wait_until(lambda: bool(processes_mentioning(marker)), timeout=10)
+    client, job, marker = _job_with_a_setsid_grandchild(env, "orphan.partir.py")
     os.kill(client.status().pid, signal.SIGKILL)
     client.close()
     # the runner dies with the daemon, and its reaper ends what the job started
