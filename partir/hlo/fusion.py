@@ -26,7 +26,7 @@ concatenating axis sequences:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
 
@@ -558,6 +558,15 @@ def localize_padded_arguments(fn: Function) -> Function:
             narrowed[u] = _drop(u.params["axes"], prefix)
     if not dropped:
         return fn
+    _narrow_slices(rw, fn, narrowed, dropped)
+    return rw.function(args, in_shardings=tuple(shardings), in_sizes=tuple(sizes))
+
+
+def _narrow_slices(rw: _Rewriter, fn: Function, narrowed: dict[Op, AxesPerDim],
+                   dropped: Container[Op] = ()) -> None:
+    """The ops of fn into `rw`, but `dropped`, and the all_slices in `narrowed` slicing
+    only their remaining axes (none: the slice is its operand). An untouched op is kept
+    as `current` makes it; no pattern reads the producers."""
     for op in fn.ops:
         if op in dropped:
             continue
@@ -568,7 +577,6 @@ def localize_padded_arguments(fn: Function) -> Function:
                 rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
         else:
             rw.sub[op.results[0]] = rw.value(op.operands[0])
-    return rw.function(args, in_shardings=tuple(shardings), in_sizes=tuple(sizes))
 
 
 def localize_arguments(fn: Function) -> Function:
@@ -601,15 +609,7 @@ def localize_arguments(fn: Function) -> Function:
             narrowed[op] = _drop(op.params["axes"], prefix)
     if not narrowed:
         return fn
-    # An untouched op is kept as `current` makes it; no pattern reads the producers.
-    for op in fn.ops:
-        if op not in narrowed:
-            rw.out.append(rw.current(op))
-        elif any(narrowed[op]):
-            rw.sub[op.results[0]] = rw.emit(make_all_slice(
-                rw.value(op.operands[0]), narrowed[op], rw.mesh, op.results[0].name, op.loc))
-        else:
-            rw.sub[op.results[0]] = rw.value(op.operands[0])
+    _narrow_slices(rw, fn, narrowed)
     return rw.function(args, in_shardings=tuple(shardings))
 
 
