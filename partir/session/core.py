@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import math
 import os
 import signal
 import threading
@@ -62,6 +63,7 @@ from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
 from partir.hlo.ops import COLLECTIVES
 from partir.ir import Location
+from partir.ir.types import tile_size
 from partir.metadata import TacticMetadata
 from partir.pipeline import Lowered, lower
 from partir.schedule_file import (
@@ -795,12 +797,10 @@ def _matches(name: str, key: str) -> bool:
 
 
 def _local_shape(shape: tuple[int, ...], dims: list[list[str]], mesh: Any) -> list[int]:
-    out = []
-    for n, axes in zip(shape, dims, strict=True):
-        for a in axes:
-            n //= mesh.check_axis(a)
-        out.append(n)
-    return out
+    """Each device's tile of a value of this shape sharded on `dims` (padded tiles where
+    the axes do not divide a dimension)."""
+    return [tile_size(n, math.prod(mesh.check_axis(a) for a in axes))
+            for n, axes in zip(shape, dims, strict=True)]
 
 
 def _history(shardings: list[list[list[str]]], states: list[State],

@@ -231,3 +231,12 @@ def test_an_automatic_tactic_reports_its_search_progress(ws: Path) -> None:
     searching = [m for m, _, _ in messages if m.startswith("tactic 2/3: AutoMP: ")]
     assert searching and searching[0].endswith("1 evaluations")
     assert any("best step" in m for m in searching)
+
+
+def test_local_shapes_of_padded_values_are_their_tiles() -> None:
+    from partir.mesh import Mesh
+    from partir.session.core import _local_shape
+
+    mesh = Mesh({"batch": 4, "model": 2})
+    # 6 on 4 devices: tiles of 2 (the last device holds padding), not 6 // 4
+    assert _local_shape((6, 8), [["batch"], ["model"]], mesh) == [2, 4]
