@@ -18,15 +18,10 @@ from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
-from partir.rules.control import CALLS
+from partir.rules.control import CALLS, carry_inits
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
 INLINED_CALLS = CALLS
-# The initial values of the carries of each loop primitive, among its operands.
-_CARRIES = {
-    "scan": lambda p, ops: ops[p["num_consts"]:p["num_consts"] + p["num_carry"]],
-    "while": lambda p, ops: ops[p["cond_nconsts"] + p["body_nconsts"]:],
-}
 
 
 @dataclass
@@ -118,9 +113,9 @@ class _Builder:
             else:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
                 params = dict(eqn.params)
-                if name in _CARRIES:
-                    params["_zero_init"] = tuple(
-                        self.is_zero(v) for v in _CARRIES[name](params, operands))
+                inits = carry_inits(name, params, operands)
+                if inits is not None:
+                    params["_zero_init"] = tuple(self.is_zero(v) for v in inits)
                 if name == "tag":
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])

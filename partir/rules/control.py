@@ -346,6 +346,16 @@ def _cond(a: _Analysis, view: OpView) -> _Edges:
     return _Edges(ops, res, sources)
 
 
+def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
+    """The operands a loop primitive starts its carries from (None: not a loop)."""
+    if name == "scan":
+        nc = params["num_consts"]
+        return operands[nc:nc + params["num_carry"]]
+    if name == "while":
+        return operands[params["cond_nconsts"] + params["body_nconsts"]:]
+    return None
+
+
 def _zeros(params: Any) -> frozenset[int]:
     return frozenset(k for k, z in enumerate(params.get("_zero_init", ())) if z)
 
