@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 def _npm(*args: str, timeout: float = 300, extra_env: dict[str, str] | None = None
          ) -> subprocess.CompletedProcess[str]:
     assert NPM is not None
-    env = {**os.environ, "PARTIR_PYTHON": sys.executable, "PARTIR_REPO_ROOT": str(ROOT),
+    env = {**os.environ, "PARTIR_PYTHON": sys.executable,
            "NO_COLOR": "1", "npm_config_update_notifier": "false", **(extra_env or {})}
     try:
         result = subprocess.run([NPM, *args], cwd=EXTENSION, env=env, capture_output=True,
@@ -79,19 +79,25 @@ def test_extension_typechecks_builds_tests_and_packages(installed: None) -> None
                    for n in names), sorted(names)
 
 
-def test_protocol_against_the_python_language_server(installed: None) -> None:
+def test_protocol_against_the_python_language_server(installed: None,
+                                                     tmp_path: Path) -> None:
     if not (ROOT / "lsp" / "partir_lsp" / "__main__.py").is_file():
         pytest.skip("lsp/ (the language server started as `python -m partir_lsp`) is not in this "
                     "checkout: nothing to drive over stdio")
-    # The server starts a daemon for the repository: in a runtime directory of the test's
-    # own, stopped afterwards, so that none outlives the test or meets the user's.
+    # The workspace is a copy of the examples, not this checkout: one daemon serves a
+    # workspace, and a developer's editor (or another test run) may be serving the
+    # checkout right now. The server starts a daemon for it in a runtime directory of the
+    # test's own, stopped afterwards, so that none outlives the test or meets the user's.
+    workspace = tmp_path / "workspace"
+    shutil.copytree(ROOT / "examples", workspace / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__", ".partir"))
     runtime = Path(tempfile.mkdtemp(prefix="pdrt"))
     runtime.chmod(0o700)
     try:
         _npm("run", "test:protocol", timeout=600,
-             extra_env={"PARTIR_DAEMON_DIR": str(runtime)})
+             extra_env={"PARTIR_DAEMON_DIR": str(runtime), "PARTIR_WORKSPACE": str(workspace)})
     finally:
-        stop_daemon(ROOT, runtime_dir=runtime)
+        stop_daemon(workspace, runtime_dir=runtime)
         assert wait_until(lambda: not processes_mentioning(str(runtime)), timeout=30), \
             "the language server's daemon outlived the protocol test"
         shutil.rmtree(runtime, ignore_errors=True)

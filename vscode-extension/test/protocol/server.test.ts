@@ -41,9 +41,11 @@ import {
 } from "../../src/protocol";
 import { brief, ServerHarness } from "./harness";
 
-const REPO = process.env.PARTIR_REPO_ROOT ?? resolve(__dirname, "..", "..", "..", "..");
+// The workspace the server is opened on: a directory holding `examples/` (the Python test
+// passes a copy, since one daemon serves a workspace), else this checkout.
+const WORKSPACE = process.env.PARTIR_WORKSPACE ?? resolve(__dirname, "..", "..", "..", "..");
 const PYTHON = process.env.PARTIR_PYTHON || "python3";
-const SCHEDULE = join(REPO, "examples", "mlp", "bp_mp_z3.partir.py");
+const SCHEDULE = join(WORKSPACE, "examples", "mlp", "bp_mp_z3.partir.py");
 const URI = pathToFileURL(SCHEDULE).href;
 const VALID = readFileSync(SCHEDULE, "utf8");
 // A syntax error on the mesh line: Python reports it on that line.
@@ -73,7 +75,7 @@ function parseShowIrResult(x: unknown): { path: string; text: string } {
 
 function cli(args: string[]): string {
   const r = spawnSync(PYTHON, ["-c", "import sys; from partir.cli import main; sys.exit(main(sys.argv[1:]))", ...args], {
-    cwd: REPO,
+    cwd: WORKSPACE,
     encoding: "utf8",
     timeout: 120_000,
   });
@@ -87,11 +89,11 @@ describe("the PartIR language server over stdio", () => {
   let tactics: CliTactic[];
 
   before(() => {
-    assert.ok(existsSync(SCHEDULE), `no ${SCHEDULE}: set PARTIR_REPO_ROOT`);
+    assert.ok(existsSync(SCHEDULE), `no ${SCHEDULE}: set PARTIR_WORKSPACE`);
     assert.notEqual(BROKEN, VALID, "the schedule file's mesh line changed: update this test");
     tactics = (JSON.parse(cli(["partition", SCHEDULE, "--json"])) as { tactics: CliTactic[] }).tactics;
     assert.equal(tactics.length, 3);
-    server = ServerHarness.spawn(PYTHON, ["-m", "partir_lsp"], REPO, SETTINGS);
+    server = ServerHarness.spawn(PYTHON, ["-m", "partir_lsp"], WORKSPACE, SETTINGS);
   });
 
   after(() => {
@@ -105,8 +107,8 @@ describe("the PartIR language server over stdio", () => {
       server.connection.sendRequest(InitializeRequest.type, {
         processId: process.pid,
         clientInfo: { name: "partir-protocol-test" },
-        rootUri: pathToFileURL(REPO).href,
-        workspaceFolders: [{ uri: pathToFileURL(REPO).href, name: "partir" }],
+        rootUri: pathToFileURL(WORKSPACE).href,
+        workspaceFolders: [{ uri: pathToFileURL(WORKSPACE).href, name: "partir" }],
         initializationOptions: { collectiveMarkersInModel: false, debounceMs: 50 },
         capabilities: {
           textDocument: {
@@ -257,7 +259,7 @@ describe("the PartIR language server over stdio", () => {
       ),
     );
     try {
-      const under = relative(join(REPO, ".partir", "ir"), result.path);
+      const under = relative(join(WORKSPACE, ".partir", "ir"), result.path);
       assert.ok(isAbsolute(result.path) && !under.startsWith("..") && !isAbsolute(under), `${result.path} is not under the workspace's .partir/ir/`);
       assert.ok(result.text.includes(expected), `${SHOW_IR_COMMAND} differs from the CLI's text:\n--- server\n${result.text}\n--- CLI\n${expected}`);
       assert.equal(readFileSync(result.path, "utf8"), result.text, `${result.path} does not hold the text the server returned`);
