@@ -68,6 +68,7 @@ from partir_daemon.processes import die_with_parent
 log = logging.getLogger("partir_daemon")
 
 ALREADY_RUNNING = 3
+STARTUP_FAILED = 4
 # Extra time the daemon gives the worker past the load timeout it enforces itself (the
 # worker interrupts Python code; this catches code that cannot be interrupted).
 LOAD_GRACE_S = 5.0
@@ -816,10 +817,15 @@ def _write_status(paths: DaemonPaths, config: P.DaemonConfig) -> None:
               "workspace": str(paths.workspace), "log": str(paths.log),
               "started": time.time()}
     tmp = paths.status.with_name(paths.status.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(status, f, indent=1)
-    os.replace(tmp, paths.status)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(status, f, indent=1)
+        os.replace(tmp, paths.status)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _holder(paths: DaemonPaths) -> dict[str, Any]:
@@ -845,6 +851,32 @@ def _lock(paths: DaemonPaths) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+_READY = b"ready"
+
+
+def _detach(paths: DaemonPaths) -> int:
+    """Daemonize: fork, the child in a session of its own (so that the terminal's Ctrl-C
+    spares it) keeping the lock (flock belongs to the open file description it shares).
+    The parent, which its caller waits for, exits once the child has written its
+    identity and listens (status 0), or with the reason it could not (STARTUP_FAILED,
+    the reason on stderr). Returns, in the child, the pipe's write end to report on."""
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:
+        os.close(write_end)
+        chunks = []
+        while chunk := os.read(read_end, 4096):
+            chunks.append(chunk)
+        said = b"".join(chunks)
+        if said == _READY:
+            os._exit(0)
+        why = said.decode(errors="replace") or f"it exited while starting; see {paths.log}"
+        os.write(2, f"partir daemon: {why}\n".encode())
+        os._exit(STARTUP_FAILED)
+    os.close(read_end)
+    os.setsid()
+    return write_end
 
 
 def _listen(path: Path) -> socket.socket:
@@ -877,24 +909,31 @@ def main(argv: list[str] | None = None) -> int:
               f"{status.get('pid', '?')}, socket {status.get('socket', '?')} (its lock: "
               f"{paths.lock})", file=sys.stderr)
         return ALREADY_RUNNING
-    if detach:
-        # Daemonize: the parent returns at once (its caller waits for it, so it leaves no
-        # zombie) and the child, reparented, keeps the lock: flock belongs to the open file
-        # description the child shares.
-        if os.fork() > 0:
-            os._exit(0)
-        os.setsid()
-    # From here on nothing goes to the terminal: stdout and stderr are the log file.
-    log_fd = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, config.log_level, "INFO"),
-                        format="%(asctime)s daemon[%(process)d] %(levelname)s %(name)s: "
-                               "%(message)s")
-    _write_status(paths, config)
-    sock = _listen(paths.socket)
+    ready = _detach(paths) if detach else None
+    try:
+        # From here on nothing goes to the terminal: stdout and stderr are the log file.
+        log_fd = os.open(paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        logging.basicConfig(stream=sys.stderr,
+                            level=getattr(logging, config.log_level, "INFO"),
+                            format="%(asctime)s daemon[%(process)d] %(levelname)s %(name)s: "
+                                   "%(message)s")
+        _write_status(paths, config)
+        sock = _listen(paths.socket)
+    except OSError as e:
+        # A full disk or a read-only `.partir/`: said to whoever started the daemon, at
+        # once, rather than left for its client to wait out.
+        why = f"{e.strerror or e} ({e.filename})" if e.filename else str(e)
+        if ready is None:
+            raise
+        os.write(ready, f"the daemon for {paths.workspace} could not start: {why}".encode())
+        os._exit(STARTUP_FAILED)
+    if ready is not None:
+        os.write(ready, _READY)
+        os.close(ready)
 
     async def run() -> None:
         daemon = Daemon(config, paths)

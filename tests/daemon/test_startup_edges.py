@@ -16,6 +16,7 @@ import pytest
 
 from partir_daemon.client import (
     DaemonClient,
+    DaemonNotRunning,
     NotADaemon,
     SocketPathTooLongError,
     start_daemon,
@@ -103,6 +104,27 @@ def test_a_socket_path_over_the_af_unix_limit_fails_at_once_naming_path_and_limi
         with pytest.raises(SocketPathTooLongError):
             start_daemon(env.workspace, env.config, runtime_dir=long_runtime)
         assert not long_runtime.exists()  # nothing was started or created
+    finally:
+        env.teardown()
+
+
+def test_a_daemon_that_cannot_write_its_identity_fails_its_client_at_once_saying_why():
+    """The identity file is written through `daemon.json.tmp`: a directory in its place
+    fails that write as a full disk would. The client hears why within seconds, not
+    after its start timeout, and nothing is left holding the workspace."""
+    env = make_env()
+    tmp = env.paths.status.with_name(env.paths.status.name + ".tmp")
+    try:
+        tmp.mkdir(parents=True)
+        start = time.monotonic()
+        with pytest.raises(DaemonNotRunning) as e:
+            env.connect(start_timeout=60)
+        assert time.monotonic() - start < 10
+        assert "could not start" in str(e.value) and str(tmp) in str(e.value), e.value
+        assert not env.paths.status.exists()
+        tmp.rmdir()
+        with env.connect() as client:  # the lock was released with the failed daemon
+            assert client.status().pid == env.daemon_pid()
     finally:
         env.teardown()
 
