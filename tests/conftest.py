@@ -23,3 +23,10 @@ def tiny_expected(tiny_inputs):
 
     from examples.transformer import model
     return jax.jit(model.train_step)(*tiny_inputs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The fast subset runs a sample of each property suite (tests/budget.py).
+    if config.getoption("markexpr", "").replace(" ", "") == "notslow":
+        import tests.budget
+        tests.budget.FAST = True

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import partir
 from partir.hlo.ops import COLLECTIVES as HLO_COLLECTIVES
 from partir.mesh import split_axis_name
+from tests.budget import examples
 from tests.core.program_strategies import (
     AXIS_NAMES,
     AXIS_SIZES,
@@ -39,7 +40,7 @@ DEVICES = 8
 # Each accepted case traces, partitions, lowers and compiles one XLA executable (about
 # 0.2 s on 2 cores, so ~90 s for the file); rejected cases (an expected PartitionError)
 # stop before compiling.
-EXAMPLES = 400
+EXAMPLES = examples(400)
 MAX_OPS = 10
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,

@@ -22,13 +22,14 @@ from partir.ir import print_function, verify
 from partir.spmd import lower_core_to_spmd
 from partir.spmd.interpreter import interpret_spmd
 from tests.api.test_executed_properties import local_meshes
+from tests.budget import examples
 from tests.core import program_strategies
 from tests.core.program_strategies import PartitionCase, programs, schedules
 from tests.oracles import EXPECTED_ERRORS, assert_same
 
 # Sizes no axis divides (3, 5, 7), or only the axis of 2 (6, 10).
 PADDED_DIMS = (3, 5, 7, 6, 10)
-EXAMPLES = 100
+EXAMPLES = examples(100)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])

@@ -17,12 +17,13 @@ from hypothesis import HealthCheck, event, example, given, note, reject, setting
 import partir
 from partir.core.materialize import materialize
 from partir.ir import verify
+from tests.budget import examples
 from tests.core.program_strategies import PartitionCase, partition_cases
 from tests.oracles import EXPECTED_ERRORS, REPLICATED_TWICE, STATIC_SLICE, assert_same
 
 # About 0.2 s per interpreted case and 10 ms per partition-only case on 2 cores: ~100 s.
-INTERPRET_EXAMPLES = 520
-PARTITION_EXAMPLES = 800
+INTERPRET_EXAMPLES = examples(520)
+PARTITION_EXAMPLES = examples(800)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])

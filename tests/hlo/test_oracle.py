@@ -16,12 +16,13 @@ from partir.core.materialize import materialize
 from partir.hlo import count_collectives, interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
 from partir.hlo.printing import print_hlo
 from partir.spmd import interpret_spmd, lower_core_to_spmd
+from tests.budget import examples
 from tests.core.golden import scenarios
 from tests.core.program_strategies import PartitionCase, partition_cases
 from tests.oracles import EXPECTED_ERRORS, assert_same
 from tests.spmd.test_oracle import SCHEDULE, _inputs, _scenario_program
 
-EXAMPLES = 100
+EXAMPLES = examples(100)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])

@@ -14,10 +14,11 @@ from partir.core.materialize import materialize
 from partir.ir import print_function, verify
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from partir.spmd.ops import EXECUTE
+from tests.budget import examples
 from tests.core.program_strategies import PartitionCase, partition_cases
 from tests.oracles import EXPECTED_ERRORS, assert_same
 
-EXAMPLES = 100
+EXAMPLES = examples(100)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])
