@@ -40,6 +40,11 @@ class IndivisibleDimensionError(PartitionError):
     """The axis size does not divide the (local) dimension size."""
 
 
+class NotShardableError(PartitionError):
+    """A tactic asks to shard a dimension the program must keep whole there (a value in
+    a loop body whose loop cannot be sliced on it)."""
+
+
 class AlreadyTiledError(PartitionError):
     """A value is tiled (or kept replicated) twice on the same axis."""
 

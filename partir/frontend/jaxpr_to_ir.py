@@ -18,7 +18,7 @@ from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
-from partir.rules.control import CALLS, carry_inits
+from partir.rules.control import CALLS, CONTROL_FLOW, body_eqns, carry_inits
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
 INLINED_CALLS = CALLS
@@ -35,10 +35,25 @@ class TracedProgram:
     output_names: list[str]
     static_argnums: tuple[int, ...] = ()
     tags: dict[str, list[Value]] = field(default_factory=dict)
+    body_tags: dict[str, list[BodyTag]] = field(default_factory=dict)
 
     @property
     def in_types(self) -> list[TensorType]:
         return [a.type for a in self.function.args]
+
+
+@dataclass(frozen=True, eq=False)
+class BodyTag:
+    """A value tagged (`partir.tag`) inside the body of a control-flow op (scan, while,
+    cond): tactics name it as they name values of the program, and shard it through the
+    op. `op` is the op's position in the traced function; `jaxpr` and `var` the value in
+    the op's bodies."""
+
+    name: str
+    op: int
+    jaxpr: Any
+    var: Any
+    type: TensorType
 
 
 def _tensor_type(aval: Any) -> TensorType:
@@ -56,6 +71,7 @@ class _Builder:
         self.ops: list[Op] = []
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
+        self.body_tags: dict[str, list[BodyTag]] = {}
         self.producers: dict[Value, Op] = {}
 
     def constant(self, value: Any, loc: Location, aval: Any) -> Value:
@@ -116,6 +132,12 @@ class _Builder:
                 inits = carry_inits(name, params, operands)
                 if inits is not None:
                     params["_zero_init"] = tuple(self.is_zero(v) for v in inits)
+                if name in CONTROL_FLOW:
+                    for body, tagged in body_eqns(params):
+                        if tagged.primitive.name == "tag":
+                            self.body_tags.setdefault(tagged.params["name"], []).append(
+                                BodyTag(tagged.params["name"], len(self.ops), body,
+                                        tagged.outvars[0], _tensor_type(tagged.outvars[0].aval)))
                 if name == "tag":
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
@@ -194,4 +216,4 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
     function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
                         builder.ops, results, output_names)
     return TracedProgram(function, in_tree, out_tree, input_names, output_names,
-                         static_argnums, builder.tags)
+                         static_argnums, builder.tags, builder.body_tags)

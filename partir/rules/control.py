@@ -362,6 +362,9 @@ def _zeros(params: Any) -> frozenset[int]:
 
 _EDGES: dict[str, Callable[[_Analysis, OpView], _Edges]] = {
     "scan": _scan, "while": _while, "cond": _cond}
+# The control-flow primitives: kept whole by the frontend, their bodies' tags named by
+# tactics (`partir.frontend.BodyTag`).
+CONTROL_FLOW = tuple(_EDGES)
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,7 @@ class _Groups:
     rule: ShardingRule
     nodes: dict[int, list[Node]]  # factor -> the group's nodes, by operand then result
     analysis: _Analysis
+    why: dict[Node, str]  # group -> why it is not a factor of the op
 
 
 def _key(view: OpView) -> tuple:
@@ -430,7 +434,7 @@ def _analyze(view: OpView) -> _Groups:
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
                 b.replicated(a.sizes[n], results={k: d}, why=why.get(find(n), ""))
-    return _Groups(b.build(), nodes, a)
+    return _Groups(b.build(), nodes, a, why)
 
 
 def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
@@ -479,6 +483,39 @@ def _groups(view: OpView) -> _Groups:
 
 def control_rule(view: OpView) -> ShardingRule:
     return _groups(view).rule
+
+
+def body_eqns(params: Any) -> list[tuple[Any, Any]]:
+    """(jaxpr, equation) of every equation of a control-flow op's bodies, through the
+    calls they make (the values the rule's groups are made of): where tactics find tags
+    inside bodies."""
+    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
+    bodies += list(params.get("branches", ()))
+    out = []
+    while bodies:
+        jaxpr = _jaxpr(bodies.pop(0))[0]
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in CALLS and CALLS[eqn.primitive.name] in eqn.params:
+                bodies.append(eqn.params[CALLS[eqn.primitive.name]])
+            else:
+                out.append((jaxpr, eqn))
+    return out
+
+
+def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
+    """The factor of the op's rule that dimension `dim` of a body value belongs to
+    (slicing the factor slices it), or why it has none (the reason its group is
+    replicated, as the rule's conflicts give it)."""
+    groups = _groups(view)
+    a = groups.analysis
+    vid = a.values.get((id(jaxpr), var))
+    if vid is None:
+        return "it is not a value of the loop's bodies"
+    g = a.find(a.dims_of[vid][dim])
+    for f, nodes in groups.nodes.items():
+        if a.find(nodes[0]) == g:
+            return f
+    return groups.why.get(g) or "the loop's operands and results do not carry it"
 
 
 # --- the local op: the same control flow on slices, bodies traced again -----------------
@@ -599,7 +636,7 @@ def _body_flops(body: Any) -> float:
     return total
 
 
-declare(("scan", "while", "cond"), Primitive(
+declare(CONTROL_FLOW, Primitive(
     Kind.KERNEL, control_flops, control_rule, localize=localize, masks_padding=False,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated"))

@@ -11,6 +11,7 @@ from typing import Any
 from partir.core.conflicts import Conflict
 from partir.core.module import CoreModule
 from partir.core.program import CoreProgram
+from partir.core.value_actions import BodyValue
 from partir.errors import InvalidTacticError
 from partir.frontend import TracedProgram
 from partir.gcpause import paused_gc
@@ -37,11 +38,15 @@ class TacticRecord:
         return print_core(self.program)
 
 
-def named_values(module: CoreModule, traced: TracedProgram) -> dict[str, list[Value]]:
-    names: dict[str, list[Value]] = {n: [v] for n, v in zip(traced.input_names, module.args,
-                                                            strict=True)}
+def named_values(module: CoreModule, traced: TracedProgram
+                 ) -> dict[str, list[Value | BodyValue]]:
+    """What tactics may name: inputs, tags, and tags inside loop bodies."""
+    names: dict[str, list[Value | BodyValue]] = {
+        n: [v] for n, v in zip(traced.input_names, module.args, strict=True)}
     for tag, values in module.tags.items():
         names.setdefault(tag, []).extend(values)
+    for tag, tagged in traced.body_tags.items():
+        names.setdefault(tag, []).extend(BodyValue.of(module, t) for t in tagged)
     return names
 
 

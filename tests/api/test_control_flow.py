@@ -139,3 +139,42 @@ def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():
     assert_tree_close(jitted(params, opt, X, count), expected)
     # w is gathered once, for the forward pass (ZeRO-3); the update gathers nothing
     assert meta.collectives["all_gather"] == 1, meta.hlo_ir
+
+
+def tagged_layers(x, ws):
+    def layer(c, w):
+        h = partir.tag(c @ w, "hidden")
+        return jnp.tanh(h), partir.tag(jnp.sum(h, axis=1), "row_sums")
+    c, sums = lax.scan(layer, x, ws)
+    return jnp.sum(c) + jnp.sum(sums ** 2)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
+def test_a_tag_inside_a_loop_body_is_named_by_tactics(grad):
+    """Tiling a value tagged inside a scan's body slices the scan on the factor that
+    dimension belongs to: the batch, here, as tiling the input would."""
+    fn = jax.grad(tagged_layers, argnums=(0, 1)) if grad else tagged_layers
+    expected = fn(X, WS)
+    by_tag = [partir.ManualPartition({"hidden": 0}, axis="batch")]
+    result = partir.core_partition(fn, MESH, by_tag, X, WS)
+    assert result.tactics[0].conflicts == []
+    assert result.tactics[0].actions[0] == 'tile<%hidden,0,"batch">'
+    by_input = partir.core_partition(fn, MESH, BP, X, WS)
+    assert result.program.input_shardings() == by_input.program.input_shardings()
+    assert result.program.output_shardings() == by_input.program.output_shardings()
+    assert_tree_close(result.interpret(X, WS), expected)
+    jitted, meta = partir.jit(fn, MESH, by_tag)
+    assert_tree_close(jitted(X, WS), expected)
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+
+
+def test_a_body_value_the_loop_must_keep_whole_is_refused_saying_why():
+    # hidden's dimension 1 is contracted with the next layer's weights in the body: the
+    # body would need whole sums of it (a collective inside the body)
+    tile = [partir.ManualPartition({"hidden": 1}, axis="batch")]
+    with pytest.raises(partir.NotShardableError, match=r"body value 'hidden' dimension 1.*"
+                       r"the scan at .*test_control_flow.py:\d+ keeps it whole, as "):
+        partir.core_partition(tagged_layers, MESH, tile, X, WS)
+    keep = [partir.ManualPartition({"hidden": partir.REPLICATED}, axis="batch")]
+    with pytest.raises(partir.InvalidTacticError, match="inside a loop's body"):
+        partir.core_partition(tagged_layers, MESH, keep, X, WS)
