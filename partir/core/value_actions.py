@@ -80,13 +80,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
     then, if no earlier axis tiles it, it is padded at its end to the next multiple of
     the axis size (each tile holds ceil(size / n) positions, those past the end hold
     arbitrary values). A dimension already tiled must still divide exactly."""
-    rank = value.type.rank
-    if not -rank <= dim < rank:
-        raise DimensionOutOfRangeError(
-            f"{label} has {rank} dimension{'s' if rank != 1 else ''} "
-            f"(shape {list(value.type.shape)}); dimension {dim} is out of range",
-            tactic=tactic, loc=loc)
-    dim %= rank
+    dim = _checked_dim(value.type, dim, label, tactic, loc)
     axes = _parts(m, axis)
     n = math.prod(m.mesh[a] for a in axes)
     _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
@@ -150,13 +144,7 @@ def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, lab
     the op over the axis on the factor that dimension belongs to, so the body runs on
     its slices; returns the uids to propagate from (the op, its operands' producers and
     its results' users)."""
-    rank = value.type.rank
-    if not -rank <= dim < rank:
-        raise DimensionOutOfRangeError(
-            f"{label} has {rank} dimension{'s' if rank != 1 else ''} "
-            f"(shape {list(value.type.shape)}); dimension {dim} is out of range",
-            tactic=tactic, loc=loc)
-    dim %= rank
+    dim = _checked_dim(value.type, dim, label, tactic, loc)
     op = m.by_uid[value.uid]
     axes = _parts(m, axis)
     _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
@@ -192,6 +180,18 @@ def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, lab
     producers = [p[0] for v in op.operands if (p := m.producer.get(v)) is not None]
     users = [uid for r in op.results for uid, _ in m.uses.get(r, ())]
     return [op.uid, *producers, *users]
+
+
+def _checked_dim(t: TensorType, dim: int, label: str, tactic: str | None,
+                 loc: Location | None) -> int:
+    """The dimension a tactic names, made non-negative; out of range is an error."""
+    rank = t.rank
+    if not -rank <= dim < rank:
+        raise DimensionOutOfRangeError(
+            f"{label} has {rank} dimension{'s' if rank != 1 else ''} "
+            f"(shape {list(t.shape)}); dimension {dim} is out of range",
+            tactic=tactic, loc=loc)
+    return dim % rank
 
 
 def _parts(m: CoreModule, axis: str) -> tuple[str, ...]:
