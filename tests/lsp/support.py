@@ -271,3 +271,13 @@ async def stop_session(session: Session) -> None:
     await session.client.stop()
     if server is not None:
         assert server.returncode == 0, f"the server exited with {server.returncode}"
+
+
+def apply_edit(text: str, edit: T.TextEdit) -> str:
+    """`text` with a single-line edit applied, as an editor would."""
+    lines = text.splitlines(keepends=True)
+    r = edit.range
+    assert r.start.line == r.end.line
+    line = lines[r.start.line]
+    lines[r.start.line] = line[:r.start.character] + edit.new_text + line[r.end.character:]
+    return "".join(lines)

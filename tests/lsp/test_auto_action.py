@@ -12,7 +12,7 @@ from lsprotocol import types as T
 
 import partir
 from partir.schedule_file import load_schedule_file
-from tests.lsp.support import Session
+from tests.lsp.support import Session, apply_edit
 from tests.lsp.test_editor_features import analysed
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -30,15 +30,6 @@ schedule = [
     partir.AutomaticPartition(axis="model", objective="memory", max_evaluations=12, name="AutoMP"),
 ]
 '''
-
-
-def applied(text: str, edit: T.TextEdit) -> str:
-    lines = text.splitlines(keepends=True)
-    r = edit.range
-    assert r.start.line == r.end.line
-    line = lines[r.start.line]
-    lines[r.start.line] = line[:r.start.character] + edit.new_text + line[r.end.character:]
-    return "".join(lines)
 
 
 def partitioned(path) -> partir.Metadata:
@@ -64,7 +55,7 @@ async def test_replace_with_the_manual_tactics_found(session: Session) -> None:
     (action,) = found
     assert action.kind == T.CodeActionKind.RefactorRewrite
     (edit,) = action.edit.changes[uri]
-    new = applied(TEXT, edit)
+    new = apply_edit(TEXT, edit)
     assert "AutomaticPartition" not in new and "partir.ManualPartition({" in new
     # Quick-fix-only requests do not get it.
     only = await session.client.text_document_code_action_async(T.CodeActionParams(

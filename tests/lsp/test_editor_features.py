@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from lsprotocol import types as T
 
-from tests.lsp.support import MLP_BP_MP_Z3, TINY_BP_MP_Z3, Session
+from tests.lsp.support import MLP_BP_MP_Z3, TINY_BP_MP_Z3, Session, apply_edit
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -178,12 +178,7 @@ async def quick_fixes(session: Session, uri: str,
 
 def applied(text: str, action: T.CodeAction, uri: str) -> str:
     (edit,) = action.edit.changes[uri]
-    lines = text.splitlines(keepends=True)
-    r = edit.range
-    assert r.start.line == r.end.line
-    line = lines[r.start.line]
-    lines[r.start.line] = line[:r.start.character] + edit.new_text + line[r.end.character:]
-    return "".join(lines)
+    return apply_edit(text, edit)
 
 
 @pytest.mark.parametrize(("typo", "code", "replacement"), [
