@@ -924,11 +924,11 @@ def main(argv: list[str] | None = None) -> int:
         _write_status(paths, config)
         sock = _listen(paths.socket)
     except OSError as e:
+        if ready is None:
+            raise
         # A full disk or a read-only `.partir/`: said to whoever started the daemon, at
         # once, rather than left for its client to wait out.
         why = f"{e.strerror or e} ({e.filename})" if e.filename else str(e)
-        if ready is None:
-            raise
         os.write(ready, f"the daemon for {paths.workspace} could not start: {why}".encode())
         os._exit(STARTUP_FAILED)
     if ready is not None:

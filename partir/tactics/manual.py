@@ -148,24 +148,25 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
     seeds: list[int] = []
     actions: list[str] = []
     for spec in specs:
-        label = f"input {spec.name!r}"
-        if isinstance(spec.value, BodyValue):
-            if spec.kind != "tile":
-                raise InvalidTacticError(
-                    f"{spec.name!r} is a value inside a loop's body: it can be tiled, not "
-                    f"kept replicated (keep the loop's operand replicated instead)",
-                    tactic=tactic, loc=loc)
-            seeds += tile_body_value(module, spec.value, spec.dim, spec.axis,
-                                     label=f"body value {spec.name!r}", tactic=tactic, loc=loc)
-            spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
-                              spec.dim % spec.value.type.rank)
-        elif spec.kind == "tile":
-            seeds += tile_value(module, spec.value, spec.dim, spec.axis, label=label,
-                                tactic=tactic, loc=loc, pad=pad)
+        in_body = isinstance(spec.value, BodyValue)
+        if in_body and spec.kind != "tile":
+            raise InvalidTacticError(
+                f"{spec.name!r} is a value inside a loop's body: it can be tiled, not kept "
+                f"replicated (keep the loop's operand replicated instead)",
+                tactic=tactic, loc=loc)
+        if spec.kind == "tile":
+            if in_body:
+                seeds += tile_body_value(module, spec.value, spec.dim, spec.axis,
+                                         label=f"body value {spec.name!r}", tactic=tactic,
+                                         loc=loc)
+            else:
+                seeds += tile_value(module, spec.value, spec.dim, spec.axis,
+                                    label=f"input {spec.name!r}", tactic=tactic, loc=loc,
+                                    pad=pad)
             spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
                               spec.dim % spec.value.type.rank)
         else:
-            seeds += atomic_value(module, spec.value, spec.axis, label=label,
+            seeds += atomic_value(module, spec.value, spec.axis, label=f"input {spec.name!r}",
                                   tactic=tactic, loc=loc)
         actions.append(str(spec))
     start = time.perf_counter()
