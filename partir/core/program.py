@@ -24,6 +24,7 @@ from partir.ir.types import tile_size
 from partir.mesh import Mesh
 
 IDENTITY_KINDS = ("tile", "atomic")
+_UNSET = object()
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,15 +53,16 @@ class CoreOp:
         besides local shapes, so they are shared by the ops of repeated layers. Computed
         once per op for all tactics (not a `cached_property`, whose lock costs more than
         this); None when the parameters are unhashable (e.g. array-valued constants)."""
-        try:
-            return self._signature
-        except AttributeError:
-            pass
-        values = (*self.operands, *self.results)
+        # The instance dict, not getattr: the AttributeError of the first access costs
+        # more than computing the key.
+        key = self.__dict__.get("_signature", _UNSET)
+        if key is not _UNSET:
+            return key
+        types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
         # hash and compare in C, and the key is hashed for every request.
         key = (self.name, tuple(sorted(self.params.items())),
-               tuple(v.type.shape for v in values), tuple(v.type.dtype for v in values))
+               tuple([t.shape for t in types]), tuple([t.dtype for t in types]))
         try:
             hash(key)
         except TypeError:
