@@ -4,9 +4,9 @@ nest, and def-use maps. Snapshots (`CoreProgram`) are taken after every tactic."
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import itertools
+import operator
 from collections import defaultdict
 
 from partir.core.actions import AnyAction, Loop, Tile
@@ -17,6 +17,9 @@ from partir.ir import Location, Value
 from partir.mesh import Mesh
 
 _uids = itertools.count()
+# The bisection key of the ops list (C-level, unlike a lambda: called log2(#ops) times per
+# inserted op and rewired use).
+_order = operator.attrgetter("order")
 
 
 class NestInfo:
@@ -187,7 +190,7 @@ class CoreModule:
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
                     order=(*after, self._seq))
         self._seq += 1
-        bisect.insort(self.ops, op, key=lambda o: o.order)
+        bisect.insort(self.ops, op, key=_order)
         self.nests[op.uid] = nest
         self._index(op)
         for uid, i in uses:
@@ -201,10 +204,8 @@ class CoreModule:
     def _set_operand(self, uid: int, i: int, new: Value) -> None:
         old_op = self.by_uid[uid]
         old = old_op.operands[i]
-        operands = list(old_op.operands)
-        operands[i] = new
-        op = dataclasses.replace(old_op, operands=tuple(operands))
-        pos = bisect.bisect_left(self.ops, old_op.order, key=lambda o: o.order)
+        op = old_op.with_operand(i, new)
+        pos = bisect.bisect_left(self.ops, old_op.order, key=_order)
         while self.ops[pos].uid != uid:
             pos += 1
         self.ops[pos] = op

@@ -70,6 +70,20 @@ class CoreOp:
         object.__setattr__(self, "_signature", key)
         return key
 
+    def with_operand(self, i: int, value: Value) -> CoreOp:
+        """This op (same uid) reading `value` as operand i. Copies the fields rather than
+        going through `dataclasses.replace`, which rebuilds the op field by field, and
+        keeps the memoized signature when `value` has the operand's type (the result of
+        an identity op inserted on it), since the signature reads only the types."""
+        operands = list(self.operands)
+        operands[i] = value
+        state = dict(self.__dict__, operands=tuple(operands))
+        if value.type is not self.operands[i].type:
+            state.pop("_signature", None)
+        new = object.__new__(CoreOp)
+        new.__dict__.update(state)  # frozen: its fields are set like __init__ sets them
+        return new
+
     def __repr__(self) -> str:
         return f"CoreOp({self.name} @ {self.loc})"
 

@@ -242,6 +242,11 @@ class Propagator:
         # detail) or nothing (())
         self._decisions: dict[tuple, Loop | _Refine | tuple] = {}
         self._refined = False
+        # (consumer uid, operand) -> (producer's NestInfo, consumer's NestInfo, excess):
+        # `_apply` computes the excess of a new loop's result at each use, and the user's
+        # visit needs it again. NestInfos are never mutated (a new loop or an axis split
+        # makes new ones), so an entry whose two NestInfos are still the ops' is current.
+        self._operand_ex: dict[tuple[int, int], tuple[NestInfo, NestInfo, _Excess]] = {}
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -302,8 +307,19 @@ class Propagator:
         for i, v in enumerate(op.operands):
             p = producers.get(v)
             pinfo = infos[p[0]] if p is not None else None
-            out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
+            out.append(self._operand_excess(pinfo, p[1], info, op.uid, i)
+                       if pinfo and pinfo.loops else None)
         return out
+
+    def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, uid: int,
+                        i: int) -> _Excess:
+        """`operand_excess` of use i of op uid, remembered (see `_operand_ex`)."""
+        seen = self._operand_ex.get((uid, i))
+        if seen is not None and seen[0] is pinfo and seen[1] is info:
+            return seen[2]
+        ex = operand_excess(pinfo, k, info, i)
+        self._operand_ex[(uid, i)] = (pinfo, info, ex)
+        return ex
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
         uses, infos = self.m.uses, self.m.info
@@ -484,7 +500,7 @@ class Propagator:
                         self.push(p[0])
         for k, r in enumerate(op.results):
             for uid, i in m.uses.get(r, ()):
-                ex = operand_excess(info, k, m.info[uid], i)
+                ex = self._operand_excess(info, k, m.info[uid], uid, i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
 
