@@ -24,7 +24,6 @@ from partir.ir.types import tile_size
 from partir.mesh import Mesh
 
 IDENTITY_KINDS = ("tile", "atomic")
-_UNSET = object()
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,11 +52,12 @@ class CoreOp:
         besides local shapes, so they are shared by the ops of repeated layers. Computed
         once per op for all tactics (not a `cached_property`, whose lock costs more than
         this); None when the parameters are unhashable (e.g. array-valued constants)."""
-        # The instance dict, not getattr: the AttributeError of the first access costs
-        # more than computing the key.
-        key = self.__dict__.get("_signature", _UNSET)
-        if key is not _UNSET:
-            return key
+        # Not through self.__dict__: reading it makes CPython give the instance a real
+        # dict, and every later attribute read of the op (by all the passes) slower.
+        try:
+            return self._signature
+        except AttributeError:
+            pass
         types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
         # hash and compare in C, and the key is hashed for every request.
@@ -71,17 +71,16 @@ class CoreOp:
         return key
 
     def with_operand(self, i: int, value: Value) -> CoreOp:
-        """This op (same uid) reading `value` as operand i. Copies the fields rather than
-        going through `dataclasses.replace`, which rebuilds the op field by field, and
-        keeps the memoized signature when `value` has the operand's type (the result of
-        an identity op inserted on it), since the signature reads only the types."""
+        """This op (same uid) reading `value` as operand i. Calls the constructor directly
+        rather than `dataclasses.replace`, which reads the fields by name, and keeps the
+        signature when `value` has the operand's type (the result of an identity op
+        inserted on it), since the signature reads only the types."""
         operands = list(self.operands)
         operands[i] = value
-        state = dict(self.__dict__, operands=tuple(operands))
-        if value.type is not self.operands[i].type:
-            state.pop("_signature", None)
-        new = object.__new__(CoreOp)
-        new.__dict__.update(state)  # frozen: its fields are set like __init__ sets them
+        new = CoreOp(self.uid, self.name, tuple(operands), self.results, self.params,
+                     self.loc, self.prim, self.order)
+        if value.type is self.operands[i].type:  # propagation reads it from the uses
+            object.__setattr__(new, "_signature", self.signature)
         return new
 
     def __repr__(self) -> str:
