@@ -75,6 +75,11 @@ class CoreModule:
         self.mesh = mesh
         self.name = fn.name
         self.args: list[Value] = list(fn.args)
+        # Where each argument is, for ordering the identity ops on arguments (a model's
+        # arguments are its parameters and optimizer state: a search per op would scan
+        # thousands).
+        self._arg_position: dict[Value, int] = {v: i for i, v in
+                                                reversed(list(enumerate(self.args)))}
         self.results: list[Value] = list(fn.results)
         self.result_names: list[str] = list(fn.result_names)
         self.tags: dict[str, list[Value]] = {k: list(v) for k, v in traced.tags.items()}
@@ -133,6 +138,7 @@ class CoreModule:
         new.mesh = self.mesh
         new.name = self.name
         new.args = list(self.args)
+        new._arg_position = self._arg_position  # never changes, as the arguments do not
         new.results = list(self.results)
         new.result_names = list(self.result_names)
         new.tags = {k: list(v) for k, v in self.tags.items()}
@@ -185,7 +191,7 @@ class CoreModule:
         function outputs read its result instead."""
         p = self.producer.get(value)
         # right after the value's definition: its producer, or the arguments before all ops
-        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self.args.index(value))
+        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self._arg_position[value])
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
                     order=(*after, self._seq))
