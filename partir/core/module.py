@@ -4,9 +4,9 @@ nest, and def-use maps. Snapshots (`CoreProgram`) are taken after every tactic."
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import itertools
+import operator
 from collections import defaultdict
 
 from partir.core.actions import AnyAction, Loop, Tile
@@ -17,6 +17,9 @@ from partir.ir import Location, Value
 from partir.mesh import Mesh
 
 _uids = itertools.count()
+# The bisection key of the ops list (C-level, unlike a lambda: called log2(#ops) times per
+# inserted op and rewired use).
+_order = operator.attrgetter("order")
 
 
 class NestInfo:
@@ -72,6 +75,11 @@ class CoreModule:
         self.mesh = mesh
         self.name = fn.name
         self.args: list[Value] = list(fn.args)
+        # Where each argument is, for ordering the identity ops on arguments (a model's
+        # arguments are its parameters and optimizer state: a search per op would scan
+        # thousands).
+        self._arg_position: dict[Value, int] = {v: i for i, v in
+                                                reversed(list(enumerate(self.args)))}
         self.results: list[Value] = list(fn.results)
         self.result_names: list[str] = list(fn.result_names)
         self.tags: dict[str, list[Value]] = {k: list(v) for k, v in traced.tags.items()}
@@ -130,6 +138,7 @@ class CoreModule:
         new.mesh = self.mesh
         new.name = self.name
         new.args = list(self.args)
+        new._arg_position = self._arg_position  # never changes, as the arguments do not
         new.results = list(self.results)
         new.result_names = list(self.result_names)
         new.tags = {k: list(v) for k, v in self.tags.items()}
@@ -182,12 +191,12 @@ class CoreModule:
         function outputs read its result instead."""
         p = self.producer.get(value)
         # right after the value's definition: its producer, or the arguments before all ops
-        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self.args.index(value))
+        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self._arg_position[value])
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
                     order=(*after, self._seq))
         self._seq += 1
-        bisect.insort(self.ops, op, key=lambda o: o.order)
+        bisect.insort(self.ops, op, key=_order)
         self.nests[op.uid] = nest
         self._index(op)
         for uid, i in uses:
@@ -201,10 +210,8 @@ class CoreModule:
     def _set_operand(self, uid: int, i: int, new: Value) -> None:
         old_op = self.by_uid[uid]
         old = old_op.operands[i]
-        operands = list(old_op.operands)
-        operands[i] = new
-        op = dataclasses.replace(old_op, operands=tuple(operands))
-        pos = bisect.bisect_left(self.ops, old_op.order, key=lambda o: o.order)
+        op = old_op.with_operand(i, new)
+        pos = bisect.bisect_left(self.ops, old_op.order, key=_order)
         while self.ops[pos].uid != uid:
             pos += 1
         self.ops[pos] = op

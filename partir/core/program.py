@@ -52,21 +52,36 @@ class CoreOp:
         besides local shapes, so they are shared by the ops of repeated layers. Computed
         once per op for all tactics (not a `cached_property`, whose lock costs more than
         this); None when the parameters are unhashable (e.g. array-valued constants)."""
+        # Not through self.__dict__: reading it makes CPython give the instance a real
+        # dict, and every later attribute read of the op (by all the passes) slower.
         try:
             return self._signature
         except AttributeError:
             pass
-        values = (*self.operands, *self.results)
+        types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
         # hash and compare in C, and the key is hashed for every request.
         key = (self.name, tuple(sorted(self.params.items())),
-               tuple(v.type.shape for v in values), tuple(v.type.dtype for v in values))
+               tuple([t.shape for t in types]), tuple([t.dtype for t in types]))
         try:
             hash(key)
         except TypeError:
             key = None
         object.__setattr__(self, "_signature", key)
         return key
+
+    def with_operand(self, i: int, value: Value) -> CoreOp:
+        """This op (same uid) reading `value` as operand i. Calls the constructor directly
+        rather than `dataclasses.replace`, which reads the fields by name, and keeps the
+        signature when `value` has the operand's type (the result of an identity op
+        inserted on it), since the signature reads only the types."""
+        operands = list(self.operands)
+        operands[i] = value
+        new = CoreOp(self.uid, self.name, tuple(operands), self.results, self.params,
+                     self.loc, self.prim, self.order)
+        if value.type is self.operands[i].type:  # propagation reads it from the uses
+            object.__setattr__(new, "_signature", self.signature)
+        return new
 
     def __repr__(self) -> str:
         return f"CoreOp({self.name} @ {self.loc})"

@@ -242,6 +242,11 @@ class Propagator:
         # detail) or nothing (())
         self._decisions: dict[tuple, Loop | _Refine | tuple] = {}
         self._refined = False
+        # (consumer uid, operand) -> (producer's NestInfo, consumer's NestInfo, excess):
+        # `_apply` computes the excess of a new loop's result at each use, and the user's
+        # visit needs it again. NestInfos are never mutated (a new loop or an axis split
+        # makes new ones), so an entry whose two NestInfos are still the ops' is current.
+        self._operand_ex: dict[tuple[int, int], tuple[NestInfo, NestInfo, _Excess]] = {}
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -302,8 +307,19 @@ class Propagator:
         for i, v in enumerate(op.operands):
             p = producers.get(v)
             pinfo = infos[p[0]] if p is not None else None
-            out.append(operand_excess(pinfo, p[1], info, i) if pinfo and pinfo.loops else None)
+            out.append(self._operand_excess(pinfo, p[1], info, op.uid, i)
+                       if pinfo and pinfo.loops else None)
         return out
+
+    def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, uid: int,
+                        i: int) -> _Excess:
+        """`operand_excess` of use i of op uid, remembered (see `_operand_ex`)."""
+        seen = self._operand_ex.get((uid, i))
+        if seen is not None and seen[0] is pinfo and seen[1] is info:
+            return seen[2]
+        ex = operand_excess(pinfo, k, info, i)
+        self._operand_ex[(uid, i)] = (pinfo, info, ex)
+        return ex
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
         uses, infos = self.m.uses, self.m.info
@@ -311,18 +327,21 @@ class Propagator:
                 for k, r in enumerate(op.results)]
 
     def _local_shapes(self, op: CoreOp, info: NestInfo) -> tuple[tuple, tuple]:
+        # Indexed rather than zipped: the NestInfo has one entry per operand (result).
         divide = self._divide
-        return (tuple([divide(v.type.shape, sl) if sl else v.type.shape
-                       for v, sl in zip(op.operands, info.slices, strict=True)]),
-                tuple([divide(v.type.shape, tl) if tl else v.type.shape
-                       for v, tl in zip(op.results, info.tiles, strict=True)]))
+        slices, tiles = info.slices, info.tiles
+        return (tuple([divide(v.type.shape, slices[i]) if slices[i] else v.type.shape
+                       for i, v in enumerate(op.operands)]),
+                tuple([divide(v.type.shape, tiles[k]) if tiles[k] else v.type.shape
+                       for k, v in enumerate(op.results)]))
 
     def _divide(self, shape: tuple[int, ...], axes_by_dim: dict[int, list[str]]
                 ) -> tuple[int, ...]:
         local = list(shape)
+        sizes = self.sizes
         for d, axes in axes_by_dim.items():
             for a in axes:
-                local[d] = tile_size(local[d], self.sizes[a])
+                local[d] = tile_size(local[d], sizes[a])
         return tuple(local)
 
     def _choose(self, op: CoreOp, axis: str, operand_dims: list[int | None],
@@ -337,7 +356,8 @@ class Propagator:
         # and the request; the layers of a model repeat them, so they are remembered.
         kind = op.signature
         key = None if kind is None else (
-            kind, in_shapes, out_shapes, tuple(operand_dims), tuple(sorted(pinned)),
+            kind, in_shapes, out_shapes, tuple(operand_dims),
+            tuple(sorted(pinned)) if pinned else (),
             tuple(result_dims), axis)
         decision = self._decisions.get(key) if key is not None else None
         if decision is None:
@@ -405,10 +425,15 @@ class Propagator:
     def _forward(self, op: CoreOp, axis: str,
                  operand_ex: list[_Excess | None]) -> bool:
         dims = [ex.adopt.get(axis) if ex else None for ex in operand_ex]
-        if all(d is None for d in dims):
+        if dims.count(None) == len(dims):
             return False
-        pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
-        return self._choose(op, axis, dims, pinned, [None] * len(op.results))
+        return self._choose(op, axis, dims, self._pinned(operand_ex, axis),
+                            [None] * len(op.results))
+
+    @staticmethod
+    def _pinned(operand_ex: list[_Excess | None], axis: str) -> set[int]:
+        """The operands kept replicated on the axis."""
+        return {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
 
     def _backward(self, op: CoreOp, axis: str, operand_ex: list[_Excess | None],
                   result_ex: list[list[_Excess]]) -> bool:
@@ -421,10 +446,10 @@ class Propagator:
                                "uses slice the result differently")
                 return False
             dims.append(wanted.pop() if wanted else None)
-        if all(d is None for d in dims):
+        if dims.count(None) == len(dims):
             return False
-        pinned = {i for i, ex in enumerate(operand_ex) if ex and axis in ex.pinned}
-        return self._choose(op, axis, [None] * len(op.operands), pinned, dims)
+        return self._choose(op, axis, [None] * len(op.operands),
+                            self._pinned(operand_ex, axis), dims)
 
     def _refine(self, op: CoreOp, axis: str, sizes: tuple[int, ...]) -> None:
         """Split the axis into sub-axes throughout the program, then carry on with them."""
@@ -475,7 +500,7 @@ class Propagator:
                         self.push(p[0])
         for k, r in enumerate(op.results):
             for uid, i in m.uses.get(r, ()):
-                ex = operand_excess(info, k, m.info[uid], i)
+                ex = self._operand_excess(info, k, m.info[uid], uid, i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
 

@@ -57,7 +57,14 @@ class BodyTag:
 
 
 def _tensor_type(aval: Any) -> TensorType:
-    return TensorType(tuple(map(int, aval.shape)), _element_type(aval.dtype))
+    return _shaped_type(aval.shape, aval.dtype)
+
+
+# A model's equations have few distinct shapes: each type is built once and shared (types
+# are immutable), instead of converting the shape and dtype for each of the equations.
+@functools.lru_cache(maxsize=4096)
+def _shaped_type(shape: tuple, dtype: Any) -> TensorType:
+    return TensorType(tuple(map(int, shape)), _element_type(dtype))
 
 
 @functools.lru_cache(maxsize=256)

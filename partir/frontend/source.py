@@ -34,6 +34,13 @@ def user_location(source_info: object) -> Location:
     code, lasti = traceback.raw_frames()
     for c, i in zip(code, lasti, strict=True):
         if _outside_jax_and_partir(c.co_filename):
-            frame = source_info_util.raw_frame_to_frame(c, i)
-            return Location(frame.file_name, frame.start_line, frame.function_name)
+            return _location(c, i)
     return UNKNOWN_LOCATION
+
+
+# The equations of a model's repeated layers come from a few source lines: each
+# (code, instruction) pair is converted once. Locations are immutable, so they are shared.
+@functools.lru_cache(maxsize=4096)
+def _location(code: object, lasti: int) -> Location:
+    frame = source_info_util.raw_frame_to_frame(code, lasti)
+    return Location(frame.file_name, frame.start_line, frame.function_name)

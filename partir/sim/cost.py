@@ -73,7 +73,11 @@ def _catalogue_flops(primitive: Primitive) -> FlopsFn:
     def flops(op: Op, size: SizeFn) -> float:
         in_types = tuple([v.type for v in op.operands])
         out_types = tuple([v.type for v in op.results])
-        key = (in_types, out_types, tuple(op.params.items()))
+        # Keyed by the types' shapes and dtypes, which hash in C: a TensorType's hash is
+        # a Python call (the key is hashed for every op).
+        key = (tuple([t.shape for t in in_types]), tuple([t.dtype for t in in_types]),
+               tuple([t.shape for t in out_types]), tuple([t.dtype for t in out_types]),
+               tuple(op.params.items()))
         try:
             return memo[key]
         except KeyError:

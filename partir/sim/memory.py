@@ -137,7 +137,9 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     op_bytes = [0] * n_ops
     for i, op in enumerate(ops):
         kind = kinds[i]
-        if kind is Kind.FREE or not any(r in consumers or r in outputs for r in op.results):
+        # Dead: no result is read or returned (set tests in C rather than a generator).
+        if kind is Kind.FREE or (consumers.keys().isdisjoint(op.results)
+                                 and outputs.isdisjoint(op.results)):
             continue
         live[i] = True
         direct = 0

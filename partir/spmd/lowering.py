@@ -60,6 +60,9 @@ class _Lowering:
         self.last_use: dict[Value, int] = {}
         # L(mu) per type, for the locals of executes: values share few types.
         self.local_types: dict[Type, Type] = {}
+        # The type of each (stacked type, axis, action, size) a loop action reduces, for
+        # the tile_reduces of the loops' results: a model's layers repeat them.
+        self.reduced_types: dict[tuple, DTensorType] = {}
         _record_last_uses(fn.ops, fn.results, self.last_use)
 
     def run(self) -> Function:
@@ -112,7 +115,12 @@ class _Lowering:
             ) -> Value:
         """sigma |> z ⇓ mu: apply the loop action with a tile_reduce, coerce to mu."""
         size = mu.dims[action.dim][1] if isinstance(action, Tile) else None
-        reduced = Value(tile_reduce_type(z.type, axis, action, self.mesh, size), name=name)
+        key = (z.type, axis, action, size)
+        t = self.reduced_types.get(key)
+        if t is None:
+            t = self.reduced_types[key] = tile_reduce_type(z.type, axis, action, self.mesh,
+                                                           size)
+        reduced = Value(t, name=name)
         self.out.append(make_tile_reduce(z, axis, action, self.mesh, reduced))
         if not isinstance(action, Tile):
             # #sum<a> |> z ⇓ mu: the tile_reduce already has type mu. So does `any<a>`
