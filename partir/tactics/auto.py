@@ -44,8 +44,8 @@ class AutomaticPartition(Tactic):
     name: str | None = None
     device: str | None = None
     inputs: Sequence[str] | None = None
-    beam_width: int = 2
-    max_decisions: int = 8
+    beam_width: int = 1
+    max_decisions: int = 64
     max_evaluations: int | None = None
     loc: Location = field(default_factory=caller_location, compare=False)
 

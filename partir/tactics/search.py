@@ -115,6 +115,8 @@ class State:
     sharded: dict[str, set[str]]  # input name -> the axes some dim of it is sharded on
     cost: Cost | None = None
     key: tuple = (3,)
+    # The candidates its children try (those that improved on its parent); None: all.
+    improving: frozenset | None = None
 
 
 @dataclass
@@ -166,6 +168,11 @@ class _Search:
         self.history: list[list[float]] = []
         self.best: State | None = None
         self.stopped = "converged"
+        self.dead: set[Candidate] = set()  # candidates that can no longer change a state
+        self.order: list[Candidate] = []
+        self.pass_log: list[tuple[Candidate, State | None]] = []
+        self.position: dict[str, int] = {}
+        self.keep: frozenset = frozenset()
         sig, sharded = _signature(module)
         self.root = State(module.fork(), (), sig, sharded)
         self.seen[sig] = self.root
@@ -195,7 +202,8 @@ class _Search:
         members = tuple(n for n in cand.group.names if axis not in state.sharded.get(n, ())
                         and not any((v, p) in module.acted for v in self.names[n]
                                     for p in parts))
-        if not members:
+        if not members:  # all already sharded on the axis: so in every descendant
+            self.dead.add(cand)
             return None
         self.expansions += 1
         fork = module.fork()
@@ -219,7 +227,11 @@ class _Search:
             return (0, cost.peak_memory_bytes, cost.step_time_s)
         if cost.peak_memory_bytes <= cost.memory_capacity_bytes:
             return (0, cost.step_time_s, cost.peak_memory_bytes)
-        return (1, cost.peak_memory_bytes, cost.step_time_s)
+        # Not fitting: the step time scaled by how much too large the state is, so that a
+        # decision that saves both time and memory (model parallelism) is preferred to
+        # one that saves memory only (sharding an optimizer state), on the way to fit.
+        over = cost.peak_memory_bytes / cost.memory_capacity_bytes
+        return (1, cost.step_time_s * over, cost.peak_memory_bytes)
 
     def evaluate(self, state: State) -> None:
         self.evaluations += 1
@@ -265,52 +277,123 @@ class _Search:
         raw = [Candidate(g, d, axis) for axis in tactic.axis_names for g in all_groups
                for d, size in enumerate(g.shape) if size % mesh.check_axis(axis) == 0]
         random.Random(tactic.seed).shuffle(raw)
-        # Level 1: each candidate alone; candidates reaching the same shardings are one.
-        level: list[State] = []
-        distinct: list[Candidate] = []
-        position = {n: i for i, n in enumerate(self.names)}
-        first = {}  # signature -> index in `level` of the level-1 state reaching it
-        for cand in raw:
-            if self.out_of_budget():
-                break
-            state = self.expand(self.root, cand)
-            k = first.get(state.signature) if state is not None else None
-            # The same outcome: name it by the decision on the earliest input (a parameter
-            # rather than its optimizer moment), whatever the seed's order.
-            if k is not None and \
-                    position[cand.group.names[0]] < position[distinct[k].group.names[0]]:
-                level[k].decisions, distinct[k] = state.decisions, cand
-            child = self.visit(state)
-            if child is not None:
-                first[child.signature] = len(level)
-                level.append(child)
-                distinct.append(cand)
-        promising = [c for c, s in sorted(zip(distinct, level, strict=True),
-                                          key=lambda cs: cs[1].key)
-                     if s.key < self.root.key]
-        level = sorted((s for s in level if s.key < self.root.key), key=lambda s: s.key)
-        depth = 1
-        while level and self.stopped == "converged":
-            if depth >= tactic.max_decisions:
+        self.order = raw
+        self.position = {n: i for i, n in enumerate(self.names)}
+        # Pass 0 from the starting state: every candidate alone; those reaching the same
+        # shardings are one outcome. Later passes try the candidates in the order of how
+        # much their outcome alone improved (batch parallelism first when it pays most).
+        first = self.descend([self.root], 0)
+        rank = {}
+        for k, (cand, child) in enumerate(self.pass_log):
+            rank[cand] = (child.key if child is not None else (4,),
+                          self.position[cand.group.names[0]], k)
+        self.order = sorted(raw, key=lambda c: rank.get(c, ((5,), 0, 0)))
+        n_distinct = len({child.signature for _, child in self.pass_log if child is not None})
+        n_promising = sum(1 for _, child in self.pass_log
+                          if child is not None and child.key < self.root.key)
+        frontier, depth = first, 1
+        while frontier and self.stopped == "converged":
+            frontier = self.descend(frontier, depth)
+            depth += 1
+        return self.found(len(all_groups), len(raw), n_distinct, n_promising)
+
+    def descend(self, frontier: list[State], depth: int) -> list[State]:
+        """One pass: from each of the `beam_width` best states of the frontier, try every
+        live candidate (deduplicated by the shardings it reaches there, each outcome
+        evaluated once), then compound the improving ones (see `compound`). The next
+        frontier: the best states this pass reached that improve on their parent."""
+        tactic = self.tactic
+        nexts: list[State] = []
+        for state in frontier[:tactic.beam_width]:
+            if len(state.decisions) >= tactic.max_decisions:
                 self.stopped = "max_decisions"
                 break
-            best_before = self.best.key
-            children: list[State] = []
-            for state in level[:tactic.beam_width]:
-                taken = {d.candidate for d in state.decisions}
-                for cand in promising:
-                    if cand in taken or self.out_of_budget():
-                        continue
-                    child = self.visit(self.expand(state, cand))
-                    if child is not None:
-                        children.append(child)
-                if self.stopped != "converged":
+            improving = self.one_pass(state, depth == 0)
+            if improving and self.stopped == "converged":
+                nexts += self.compound(state, improving)
+            nexts += [c for c, _ in improving]
+            if self.stopped != "converged":
+                break
+        unique = {id(s): s for s in nexts}
+        return sorted(unique.values(), key=lambda s: s.key)
+
+    def one_pass(self, state: State, root: bool) -> list[tuple[State, Candidate]]:
+        """The children of `state` by one candidate each that improve on it, best first."""
+        taken = {d.candidate for d in state.decisions}
+        improving: dict[int, tuple[State, Candidate]] = {}
+        self.pass_log = []
+        tried = []
+        for cand in self.order:
+            if cand in taken or cand in self.dead or \
+                    (state.improving is not None and cand not in state.improving):
+                continue
+            tried.append(cand)
+            if self.out_of_budget():
+                break
+            child = self.expand(state, cand)
+            if child is None:
+                self.pass_log.append((cand, None))
+                continue
+            known = self.seen.get(child.signature)
+            if known is not None:
+                self.duplicates += 1
+                # The same outcome: name it by the decision on the earliest input (a
+                # parameter rather than its optimizer moment), whatever the seed's order.
+                if root and known.decisions and known.decisions[-1].candidate != cand and \
+                        self.position[cand.group.names[0]] < \
+                        self.position[known.decisions[-1].candidate.group.names[0]]:
+                    known.decisions = child.decisions
+                child = known
+            else:
+                self.visit(child)
+            self.pass_log.append((cand, child))
+            if child.key < state.key:
+                improving.setdefault(id(child), (child, cand))
+        # A state's children try only the candidates that improved on it (the others
+        # made it worse, or changed nothing); when the pass was cut short by the budget,
+        # the untried ones too.
+        keep = {c for _, c in improving.values()} | {c for c in self.order if c not in tried}
+        self.keep = frozenset(keep)
+        for child, _ in improving.values():
+            if child.improving is None:
+                child.improving = self.keep
+        return sorted(improving.values(), key=lambda sc: sc[0].key)
+
+    def compound(self, state: State, improving: list[tuple[State, Candidate]]) -> list[State]:
+        """Compound moves: the improving candidates of a pass applied together, best
+        first, in prefixes of doubling length (2, 4, 8, ... all) each extending the last,
+        evaluated once each; stops at the first prefix that does not improve on the best
+        so far. Independent decisions (say, sharding each parameter's optimizer state)
+        are so taken in one step rather than one pass each."""
+        cands = [c for _, c in improving]
+        best = improving[0][0]
+        out: list[State] = []
+        current, k, size = state, 0, 2
+        while k < len(cands) and len(cands) > 1:
+            for cand in cands[k:size]:
+                if len(current.decisions) >= self.tactic.max_decisions or \
+                        self.out_of_budget():
                     break
-            if self.best.key >= best_before:
-                break  # this level improved on nothing
-            level = sorted(children, key=lambda s: s.key)
-            depth += 1
-        return self.found(len(all_groups), len(raw), len(distinct), len(promising))
+                child = self.expand(current, cand)
+                if child is not None:
+                    current = child
+            k = size
+            if self.stopped != "converged" or current is state:
+                break
+            known = self.seen.get(current.signature)
+            if known is not None:
+                self.duplicates += 1
+            else:
+                self.visit(current)
+            reached = known or current
+            if reached.improving is None:
+                reached.improving = self.keep
+            if reached.key >= best.key:
+                break
+            best = reached
+            out.append(reached)
+            size = min(2 * size, len(cands))
+        return out
 
     def found(self, n_groups: int, n_raw: int, n_distinct: int, n_promising: int) -> Found:
         best = self.best
