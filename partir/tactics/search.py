@@ -65,6 +65,7 @@ def register_evaluator(factory: Callable[[str | None], tuple[str, Evaluator]]) -
     _evaluator_factory = factory
 
 OBJECTIVES = ("step_time", "memory")
+PAIRS = 5  # the best improving candidates of a pass tried two at a time
 
 _NUMERIC = re.compile(r"(?<![^/])\d+(?![^/])")  # a whole numeric path component
 
@@ -309,8 +310,15 @@ class _Search:
                 self.stopped = "max_decisions"
                 break
             improving = self.one_pass(state, depth == 0)
-            if improving and self.stopped == "converged":
-                nexts += self.compound(state, improving)
+            # From the starting state (often the replicated program) every candidate
+            # parallelises the whole program on its own: they are alternatives, not to be
+            # paired or compounded.
+            if improving and depth > 0 and self.stopped == "converged":
+                pairs = self.pairs(state, improving)
+                nexts += pairs
+                if self.stopped == "converged":
+                    nexts += self.compound(state, improving, min(pairs, default=None,
+                                                                 key=lambda p: p.key))
             nexts += [c for c, _ in improving]
             if self.stopped != "converged":
                 break
@@ -359,41 +367,87 @@ class _Search:
                 child.improving = self.keep
         return sorted(improving.values(), key=lambda sc: sc[0].key)
 
-    def compound(self, state: State, improving: list[tuple[State, Candidate]]) -> list[State]:
-        """Compound moves: the improving candidates of a pass applied together, best
-        first, in prefixes of doubling length (2, 4, 8, ... all) each extending the last,
-        evaluated once each; stops at the first prefix that does not improve on the best
-        so far. Independent decisions (say, sharding each parameter's optimizer state)
-        are so taken in one step rather than one pass each."""
-        cands = [c for _, c in improving]
-        best = improving[0][0]
+    def pairs(self, state: State, improving: list[tuple[State, Candidate]]) -> list[State]:
+        """Pair moves: the `PAIRS` best improving candidates (one per group and axis)
+        applied two at a time, each pair evaluated once. They find decisions worth more
+        together than apart — Megatron's attention and MLP shardings on one axis, each
+        alone worse than a one-step alternative (sharding the sequence) that blocks them."""
+        top: list[tuple[State, Candidate]] = []
+        used: set[tuple[str, str]] = set()
+        for child, cand in improving:
+            if (cand.group.pattern, cand.axis) not in used and len(top) < PAIRS:
+                used.add((cand.group.pattern, cand.axis))
+                top.append((child, cand))
         out: list[State] = []
-        current, k, size = state, 0, 2
-        while k < len(cands) and len(cands) > 1:
-            for cand in cands[k:size]:
-                if len(current.decisions) >= self.tactic.max_decisions or \
-                        self.out_of_budget():
-                    break
-                child = self.expand(current, cand)
-                if child is not None:
-                    current = child
-            k = size
-            if self.stopped != "converged" or current is state:
-                break
-            known = self.seen.get(current.signature)
-            if known is not None:
-                self.duplicates += 1
-            else:
-                self.visit(current)
-            reached = known or current
-            if reached.improving is None:
-                reached.improving = self.keep
+        for i, (first, _) in enumerate(top):
+            for _, cand in top[i + 1:]:
+                if len(first.decisions) >= self.tactic.max_decisions or self.out_of_budget():
+                    return out
+                child = self.expand(first, cand)
+                if child is None:
+                    continue
+                reached = self.settle(child)
+                if reached.key < first.key:
+                    out.append(reached)
+        return out
+
+    def compound(self, state: State, improving: list[tuple[State, Candidate]],
+                 pair: State | None = None) -> list[State]:
+        """Compound moves: the improving candidates of a pass applied together, best
+        first — one per group and axis (the others tile the same values another way) and
+        skipping those that no longer change anything — evaluated after 2, 4, 8, ... of
+        them and after the last, each prefix extending the one before; stops at the first
+        that does not improve on the best so far. Independent decisions (say, sharding each
+        parameter's optimizer state) are so taken in one step rather than one pass each."""
+        best = improving[0][0]
+        if pair is not None and pair.key < best.key:
+            # The best pair beats every single: the compound starts with it.
+            first = [d.candidate for d in pair.decisions[len(state.decisions):]]
+            improving = [(pair, c) for c in first] + \
+                [sc for sc in improving if sc[1] not in first]
+            best = pair
+        out: list[State] = []
+        current, applied, target = state, 0, 2
+        used: set[tuple[str, str]] = set()
+        pending = False
+        for k, (_, cand) in enumerate(improving):
+            if (cand.group.pattern, cand.axis) in used:
+                continue
+            if len(current.decisions) >= self.tactic.max_decisions or self.out_of_budget():
+                return out
+            child = self.expand(current, cand)
+            if child is None:
+                continue
+            current, applied, pending = child, applied + 1, True
+            used.add((cand.group.pattern, cand.axis))
+            if applied < target and k < len(improving) - 1:
+                continue
+            pending = False
+            if applied < 2:
+                continue
+            reached = self.settle(current)
             if reached.key >= best.key:
-                break
+                return out
             best = reached
             out.append(reached)
-            size = min(2 * size, len(cands))
+            target *= 2
+        if pending and applied >= 2 and not self.out_of_budget():
+            reached = self.settle(current)
+            if reached.key < best.key:
+                out.append(reached)
         return out
+
+    def settle(self, state: State) -> State:
+        """The state as evaluated (the earlier one when its shardings were seen)."""
+        known = self.seen.get(state.signature)
+        if known is not None:
+            self.duplicates += 1
+        else:
+            self.visit(state)
+        reached = known or state
+        if reached.improving is None:
+            reached.improving = self.keep
+        return reached
 
     def found(self, n_groups: int, n_raw: int, n_distinct: int, n_promising: int) -> Found:
         best = self.best
