@@ -176,6 +176,7 @@ class _Search:
         self.keep: frozenset = frozenset()
         sig, sharded = _signature(module)
         self.root = State(module.fork(), (), sig, sharded)
+        self.replicated = not any(sharded.values())  # no input sharded on any axis
         self.seen[sig] = self.root
         self.evaluate(self.root)
         self.best = self.root
@@ -310,10 +311,10 @@ class _Search:
                 self.stopped = "max_decisions"
                 break
             improving = self.one_pass(state, depth == 0)
-            # From the starting state (often the replicated program) every candidate
-            # parallelises the whole program on its own: they are alternatives, not to be
-            # paired or compounded.
-            if improving and depth > 0 and self.stopped == "converged":
+            # From the replicated program every candidate parallelises the whole program
+            # on its own: they are alternatives, not to be paired or compounded.
+            if improving and (depth > 0 or not self.replicated) and \
+                    self.stopped == "converged":
                 pairs = self.pairs(state, improving)
                 nexts += pairs
                 if self.stopped == "converged":
