@@ -120,7 +120,7 @@ def main() -> None:
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    models = sorted({k.split()[0] for k in histories}, key=list(histories).index)
+    models = list(dict.fromkeys(k.split()[0] for k in histories))
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for ax, m in zip(axes[0], models, strict=True):
         for name, h in histories.items():
@@ -128,8 +128,9 @@ def main() -> None:
                 continue
             offset = 0.0
             for s in h["search"]:
-                ts = [offset + p[0] for p in s["history"]]
-                ms = [p[1] * 1e3 for p in s["history"]]
+                # The best so far, held until the search ended.
+                ts = [offset + p[0] for p in s["history"]] + [offset + s["elapsed_s"]]
+                ms = [p[1] * 1e3 for p in s["history"]] + [s["history"][-1][1] * 1e3]
                 ax.step(ts, ms, where="post", label=name.split(" ", 1)[1])
                 offset += s["elapsed_s"]
             ax.axhline(h["manual_cost"]["step_time_s"] * 1e3, ls="--", lw=0.8, color="grey")

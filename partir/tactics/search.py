@@ -8,21 +8,40 @@ a repeated layer is decided once for all its copies. Each (group, dim, axis) is 
 applied alone to the state the search starts from, on a fork, and propagated; candidates
 whose propagation reaches the same shardings of the inputs and outputs are one decision
 (tiling `w_up` on d_ff, `w_down` on d_ff or `b_up` is one Megatron MLP decision, and the
-optimizer's moments follow their parameters), so the action space is the set of distinct
-outcomes, not of tensors.
+optimizer's moments follow their parameters), so the first pass evaluates distinct
+outcomes, not tensors; later passes try the candidates in the order of how much their
+outcome alone improved (batch parallelism first when it pays most).
 
-Search. A beam search over sequences of decisions. The first level evaluates every
-distinct decision; the decisions that improve on the starting state are the *promising*
-ones, and deeper levels extend the `beam_width` best states with each promising decision
-not taken yet. It stops when a level improves on nothing, at `max_decisions`, or when the
-budget (seconds, or evaluations) runs out: it is anytime, returning the best state found.
-Every expansion is incremental: the child is a `CoreModule.fork()` of its parent with one
-decision's tile actions and a propagation from them; states reached twice (same
-shardings) are evaluated once. An evaluation lowers the state's program to PartIR:HLO and
-simulates it (`partir.sim`); the cost is the simulated step time, with the device's
-memory capacity as a hard constraint (a state that fits beats any that does not; among
-states that do not fit, the smaller peak memory is better) — objective "step_time" — or
-the peak memory then the step time (objective "memory").
+Search. Passes of local search, each from the `beam_width` best states the previous
+pass reached (1 by default: a greedy descent). A pass expands every live candidate from
+its state — incrementally: a child is a `CoreModule.fork()` of its parent with one
+decision's tile actions and a propagation from them, never a re-partition from scratch —
+and deduplicates the children by the shardings they reach *there* (a parameter tiled on
+"batch" is batch parallelism alone but ZeRO-like after BP, so outcomes equal from the
+start may differ later); each distinct outcome is evaluated once in the whole search.
+Then, unless the pass starts from the fully replicated program (where every candidate
+parallelises the whole program alone: alternatives, not parts of one strategy):
+
+- pair moves: the `PAIRS` best improving candidates two at a time. They find decisions
+  worth more together than apart (Megatron's attention and MLP shardings, each alone
+  worse than sharding the sequence, which then blocks them);
+- compound moves: the improving candidates (the best pair first when it beats every
+  single) applied together, one per group and axis, evaluated after 2, 4, 8, ... of them
+  while that improves: independent decisions (sharding each parameter's optimizer state,
+  ZeRO-like) are so taken in one step rather than one pass each.
+
+The next pass starts from the best states reached; a state's children try only the
+candidates that improved on it (the others made it worse or changed nothing), and a
+candidate whose values are all already sharded on its axis is dropped for good. It stops
+when a pass improves on nothing, when a state has `max_decisions`, or when the budget
+(seconds, or evaluations) runs out: it is anytime, returning the best state found.
+
+An evaluation lowers the state's program to PartIR:HLO and simulates it (`partir.sim`);
+the cost is the simulated step time, with the device's memory capacity as a hard
+constraint (a state that fits beats any that does not; among states that do not fit, the
+smaller step time scaled by the memory excess is better, so that decisions saving time
+and memory come before those saving memory only) — objective "step_time" — or the peak
+memory then the step time (objective "memory").
 
 The search is deterministic for a seed (which orders the candidates, hence ties and what
 a budget cut off), unless the time budget cuts it short.
@@ -310,7 +329,7 @@ class _Search:
             if len(state.decisions) >= tactic.max_decisions:
                 self.stopped = "max_decisions"
                 break
-            improving = self.one_pass(state, depth == 0)
+            improving = self.one_pass(state)
             # From the replicated program every candidate parallelises the whole program
             # on its own: they are alternatives, not to be paired or compounded.
             if improving and (depth > 0 or not self.replicated) and \
@@ -326,7 +345,7 @@ class _Search:
         unique = {id(s): s for s in nexts}
         return sorted(unique.values(), key=lambda s: s.key)
 
-    def one_pass(self, state: State, root: bool) -> list[tuple[State, Candidate]]:
+    def one_pass(self, state: State) -> list[tuple[State, Candidate]]:
         """The children of `state` by one candidate each that improve on it, best first."""
         taken = {d.candidate for d in state.decisions}
         improving: dict[int, tuple[State, Candidate]] = {}
@@ -348,7 +367,8 @@ class _Search:
                 self.duplicates += 1
                 # The same outcome: name it by the decision on the earliest input (a
                 # parameter rather than its optimizer moment), whatever the seed's order.
-                if root and known.decisions and known.decisions[-1].candidate != cand and \
+                if known.decisions[:-1] == state.decisions and \
+                        known.decisions[-1].candidate != cand and \
                         self.position[cand.group.names[0]] < \
                         self.position[known.decisions[-1].candidate.group.names[0]]:
                     known.decisions = child.decisions
@@ -358,6 +378,10 @@ class _Search:
             self.pass_log.append((cand, child))
             if child.key < state.key:
                 improving.setdefault(id(child), (child, cand))
+        # Name each improving child by its (renamed) decision when it is one from `state`.
+        improving = {k: (c, c.decisions[-1].candidate
+                         if c.decisions[:-1] == state.decisions else cand)
+                     for k, (c, cand) in improving.items()}
         # A state's children try only the candidates that improved on it (the others
         # made it worse, or changed nothing); when the pass was cut short by the budget,
         # the untried ones too.
