@@ -188,6 +188,7 @@ class _Search:
         self.history: list[list[float]] = []
         self.best: State | None = None
         self.stopped = "converged"
+        self.expand_s = self.evaluate_s = 0.0  # time spent expanding, evaluating
         self.dead: set[Candidate] = set()  # candidates that can no longer change a state
         self.order: list[Candidate] = []
         self.pass_log: list[tuple[Candidate, State | None]] = []
@@ -204,7 +205,12 @@ class _Search:
     # -- budget ---------------------------------------------------------------------------
     def out_of_budget(self) -> bool:
         checkpoint()
-        if time.perf_counter() >= self.deadline:
+        # Stop when the next step (an expansion and an evaluation, as long as they have
+        # taken on average) would end past the budget: the budget bounds the search's
+        # time rather than when it starts its last evaluation.
+        step = (self.expand_s / max(self.expansions, 1) +
+                self.evaluate_s / max(self.evaluations, 1))
+        if time.perf_counter() + step >= self.deadline:
             self.stopped = "budget"
             return True
         limit = self.tactic.max_evaluations
@@ -227,6 +233,15 @@ class _Search:
             self.dead.add(cand)
             return None
         self.expansions += 1
+        began = time.perf_counter()
+        try:
+            return self._expand(state, cand, members)
+        finally:
+            self.expand_s += time.perf_counter() - began
+
+    def _expand(self, state: State, cand: Candidate, members: tuple[str, ...]) -> State | None:
+        axis = cand.axis
+        module = state.module
         fork = module.fork()
         seeds: list[int] = []
         try:
@@ -256,6 +271,7 @@ class _Search:
 
     def evaluate(self, state: State) -> None:
         self.evaluations += 1
+        began = time.perf_counter()
         try:
             state.cost = self.evaluator(state.module.snapshot())
         except Cancelled:
@@ -264,6 +280,8 @@ class _Search:
             self.failed += 1
             state.cost, state.key = None, (2,)
             return
+        finally:
+            self.evaluate_s += time.perf_counter() - began
         state.key = self.key(state.cost)
         best = self.best.cost if self.best is not None else None
         report(f"{self.evaluations} evaluations" +
