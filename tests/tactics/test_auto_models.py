@@ -45,6 +45,7 @@ def decisions(meta: partir.Metadata) -> list[dict]:
 # -- searched on the small configurations, executed --------------------------------------
 
 
+@pytest.mark.slow
 def test_unet_bp_then_auto_mp_runs_equal():
     # Objective "memory": on the tiny model every sharding saves memory, so the search
     # takes decisions whatever the step times.
@@ -132,7 +133,7 @@ def test_unet_bp_auto_mp_found_at_full_size_runs_equal_on_the_tiny_unet():
     base = partir.partition(unet.train_step, FULL_MESH, [unet_schedules.BP],
                             *unet.abstract_inputs(unet.FULL), device="h100")
     found, _ = _carried(unet.train_step, unet.abstract_inputs(unet.FULL),
-                        [unet_schedules.BP, auto(max_evaluations=25)],
+                        [unet_schedules.BP, auto(max_evaluations=8)],
                         unet.make_inputs(unet.TINY), 1)
     assert found.cost.step_time_s < base.cost.step_time_s  # BP+AutoMP beats BP
 
@@ -142,6 +143,6 @@ def test_gns_es_auto_bp_found_at_full_size_runs_equal_on_the_tiny_gns():
     base = partir.partition(gns.train_step, FULL_MESH, [gns_schedules.ES],
                             *gns.abstract_inputs(gns.GNS), device="h100")
     found, _ = _carried(gns.train_step, gns.abstract_inputs(gns.GNS),
-                        [gns_schedules.ES, auto("batch", max_evaluations=25)],
+                        [gns_schedules.ES, auto("batch", max_evaluations=8)],
                         gns.make_inputs(gns.TINY), 1)
     assert found.cost.step_time_s < base.cost.step_time_s  # ES+AutoBP beats ES
