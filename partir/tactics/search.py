@@ -369,11 +369,14 @@ class _Search:
         improving: dict[int, tuple[State, Candidate]] = {}
         self.pass_log = []
         tried = []
+        local: set[tuple[str, str]] = set()  # (group, axis) with an improving local dim
         for cand in self.order:
             if cand in taken or cand in self.dead or \
                     (state.improving is not None and cand not in state.improving):
                 continue
             tried.append(cand)
+            if (cand.group.pattern, cand.axis) in local:
+                continue
             if self.out_of_budget():
                 break
             child = self.expand(state, cand)
@@ -396,6 +399,8 @@ class _Search:
             self.pass_log.append((cand, child))
             if child.key < state.key:
                 improving.setdefault(id(child), (child, cand))
+                if _local(state, child, cand):
+                    local.add((cand.group.pattern, cand.axis))
         # Name each improving child by its (renamed) decision when it is one from `state`.
         improving = {k: (c, c.decisions[-1].candidate
                          if c.decisions[:-1] == state.decisions else cand)
@@ -514,6 +519,18 @@ class _Search:
                          f"{self.device_name} ({best.cost.peak_memory_bytes / 2**30:.2f} GiB "
                          f"> {best.cost.memory_capacity_bytes / 2**30:.2f} GiB)")
         return Found(best.decisions, record, notes, best.signature)
+
+
+def _local(parent: State, child: State, cand: Candidate) -> bool:
+    """Whether the candidate changed, of the inputs, only its group's values and their
+    mirrors (inputs of the same leaf name: a parameter's optimizer moments). The dimension
+    of such a decision (ZeRO-like: it shards storage and the update, nothing the rest of
+    the program sees) matters little, so once one improves, a pass skips the group's other
+    dimensions on that axis."""
+    leaf = cand.group.pattern.rsplit("/", 1)[-1]
+    before = dict(parent.signature[0])
+    return all(n.rsplit("/", 1)[-1] == leaf for n, dims in child.signature[0]
+               if before.get(n) != dims)
 
 
 def _cost_json(cost: Cost | None) -> dict[str, Any] | None:
