@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import partir
 from partir import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
+from partir.tactics import Tactic
 
 BATCH, MODEL = "batch", "model"
 MESH = {BATCH: 4, MODEL: 2}
@@ -42,11 +43,21 @@ Z2 = ManualPartition({"params": REPLICATED, "opt_state": FIRST_DIVISIBLE_DIM}, a
 Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM},
                      axis=BATCH, name="Z3")
 
+# The paper's automatic tactics (appendix "Automatic tactics"): searches over the same
+# actions, guided by the simulator (device: the `device` argument, default partir's).
+AUTO_MP = partir.AutomaticPartition(axis=MODEL, name="AutoMP")
+AUTO_BP = partir.AutomaticPartition(axis=BATCH, name="AutoBP")
+ALL_AUTO = partir.AutomaticPartition(axes=[BATCH, MODEL], name="AllAuto")
+
 SCHEDULES: dict[str, list[ManualPartition]] = {
     "BP": [BP],
     "BP+Z2": [BP, Z2],
     "BP+Z3": [BP, Z3],
     "BP+MP": [BP, MP],
+}
+AUTO_SCHEDULES: dict[str, list[Tactic]] = {
+    "BP+AutoMP": [BP, AUTO_MP],
+    "AllAuto": [ALL_AUTO],
 }
 
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from partir.errors import InvalidTacticError
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
+from partir.tactics.forms import UNKNOWN
 from partir.tactics.manual import ManualPartition, caller_location
-from partir.tactics.search import OBJECTIVES, manual_source, replay, search
+from partir.tactics.search import OBJECTIVES, manual_source, name_pattern, replay, search
 
 if TYPE_CHECKING:
     from partir.core.module import CoreModule
@@ -33,8 +34,9 @@ class AutomaticPartition(Tactic):
     `max_evaluations` bounds its simulator evaluations (deterministic, unlike a time
     budget); `seed` orders the candidates; `objective` is "step_time" (memory capacity of
     `device` a hard constraint) or "memory"; `inputs` restricts the search to the inputs
-    and tags under these names (default: all); `beam_width` and `max_decisions` shape the
-    beam search."""
+    and tags under these names (default: all); `beam_width` is how many of the best
+    states each pass continues from (1: a greedy descent with pair and compound moves)
+    and `max_decisions` bounds a strategy's decisions (`partir.tactics.search`)."""
 
     axes: Sequence[str] | None = None
     axis: str | None = None
@@ -44,8 +46,8 @@ class AutomaticPartition(Tactic):
     name: str | None = None
     device: str | None = None
     inputs: Sequence[str] | None = None
-    beam_width: int = 2
-    max_decisions: int = 8
+    beam_width: int = 1
+    max_decisions: int = 64
     max_evaluations: int | None = None
     loc: Location = field(default_factory=caller_location, compare=False)
 
@@ -116,4 +118,29 @@ def manual_tactics(search: Mapping[str, Any], name: str = "Auto") -> list[Manual
             for k, s in enumerate(steps, 1)]
 
 
-__all__ = ["AutomaticPartition", "manual_source", "manual_tactics"]
+def pattern_tactics(search: Mapping[str, Any], mesh: Mapping[str, int],
+                    name: str = "Auto") -> list[ManualPartition]:
+    """What an AutomaticPartition found (its metadata's `search`), as ManualPartitions
+    that apply to every input whose name matches a decision's pattern (numeric path
+    components as `*`): the same strategy for another size of the same model (other
+    layer counts, widths or batch). One ManualPartition per decision, in the search's
+    order (each was applied then propagated); a value whose dimension the axis (of
+    `mesh`) does not divide is left to propagation."""
+    out = []
+    decisions = search.get("decisions", [])
+    for k, d in enumerate(decisions, 1):
+        pattern, dim, axis = d["inputs"], d["dim"], d["axis"]
+        size = mesh[axis]
+
+        def rule(n: str, shape: tuple[int, ...], pattern: str = pattern, dim: int = dim,
+                 size: int = size) -> int | object:
+            if name_pattern(n) == pattern and len(shape) > dim and shape[dim] % size == 0:
+                return dim
+            return UNKNOWN
+
+        out.append(ManualPartition({pattern.split("/", 1)[0]: rule}, axis=axis,
+                                   name=name if len(decisions) == 1 else f"{name}.{k}"))
+    return out
+
+
+__all__ = ["AutomaticPartition", "manual_source", "manual_tactics", "pattern_tactics"]

@@ -8,21 +8,40 @@ a repeated layer is decided once for all its copies. Each (group, dim, axis) is 
 applied alone to the state the search starts from, on a fork, and propagated; candidates
 whose propagation reaches the same shardings of the inputs and outputs are one decision
 (tiling `w_up` on d_ff, `w_down` on d_ff or `b_up` is one Megatron MLP decision, and the
-optimizer's moments follow their parameters), so the action space is the set of distinct
-outcomes, not of tensors.
+optimizer's moments follow their parameters), so the first pass evaluates distinct
+outcomes, not tensors; later passes try the candidates in the order of how much their
+outcome alone improved (batch parallelism first when it pays most).
 
-Search. A beam search over sequences of decisions. The first level evaluates every
-distinct decision; the decisions that improve on the starting state are the *promising*
-ones, and deeper levels extend the `beam_width` best states with each promising decision
-not taken yet. It stops when a level improves on nothing, at `max_decisions`, or when the
-budget (seconds, or evaluations) runs out: it is anytime, returning the best state found.
-Every expansion is incremental: the child is a `CoreModule.fork()` of its parent with one
-decision's tile actions and a propagation from them; states reached twice (same
-shardings) are evaluated once. An evaluation lowers the state's program to PartIR:HLO and
-simulates it (`partir.sim`); the cost is the simulated step time, with the device's
-memory capacity as a hard constraint (a state that fits beats any that does not; among
-states that do not fit, the smaller peak memory is better) — objective "step_time" — or
-the peak memory then the step time (objective "memory").
+Search. Passes of local search, each from the `beam_width` best states the previous
+pass reached (1 by default: a greedy descent). A pass expands every live candidate from
+its state — incrementally: a child is a `CoreModule.fork()` of its parent with one
+decision's tile actions and a propagation from them, never a re-partition from scratch —
+and deduplicates the children by the shardings they reach *there* (a parameter tiled on
+"batch" is batch parallelism alone but ZeRO-like after BP, so outcomes equal from the
+start may differ later); each distinct outcome is evaluated once in the whole search.
+Then, unless the pass starts from the fully replicated program (where every candidate
+parallelises the whole program alone: alternatives, not parts of one strategy):
+
+- pair moves: the `PAIRS` best improving candidates two at a time. They find decisions
+  worth more together than apart (Megatron's attention and MLP shardings, each alone
+  worse than sharding the sequence, which then blocks them);
+- compound moves: the improving candidates (the best pair first when it beats every
+  single) applied together, one per group and axis, evaluated after 2, 4, 8, ... of them
+  while that improves: independent decisions (sharding each parameter's optimizer state,
+  ZeRO-like) are so taken in one step rather than one pass each.
+
+The next pass starts from the best states reached; a state's children try only the
+candidates that improved on it (the others made it worse or changed nothing), and a
+candidate whose values are all already sharded on its axis is dropped for good. It stops
+when a pass improves on nothing, when a state has `max_decisions`, or when the budget
+(seconds, or evaluations) runs out: it is anytime, returning the best state found.
+
+An evaluation lowers the state's program to PartIR:HLO and simulates it (`partir.sim`);
+the cost is the simulated step time, with the device's memory capacity as a hard
+constraint (a state that fits beats any that does not; among states that do not fit, the
+smaller step time scaled by the memory excess is better, so that decisions saving time
+and memory come before those saving memory only) — objective "step_time" — or the peak
+memory then the step time (objective "memory").
 
 The search is deterministic for a seed (which orders the candidates, hence ties and what
 a budget cut off), unless the time budget cuts it short.
@@ -65,6 +84,7 @@ def register_evaluator(factory: Callable[[str | None], tuple[str, Evaluator]]) -
     _evaluator_factory = factory
 
 OBJECTIVES = ("step_time", "memory")
+PAIRS = 5  # the best improving candidates of a pass tried two at a time
 
 _NUMERIC = re.compile(r"(?<![^/])\d+(?![^/])")  # a whole numeric path component
 
@@ -115,6 +135,8 @@ class State:
     sharded: dict[str, set[str]]  # input name -> the axes some dim of it is sharded on
     cost: Cost | None = None
     key: tuple = (3,)
+    # The candidates its children try (those that improved on its parent); None: all.
+    improving: frozenset | None = None
 
 
 @dataclass
@@ -166,8 +188,15 @@ class _Search:
         self.history: list[list[float]] = []
         self.best: State | None = None
         self.stopped = "converged"
+        self.expand_s = self.evaluate_s = 0.0  # time spent expanding, evaluating
+        self.dead: set[Candidate] = set()  # candidates that can no longer change a state
+        self.order: list[Candidate] = []
+        self.pass_log: list[tuple[Candidate, State | None]] = []
+        self.position: dict[str, int] = {}
+        self.keep: frozenset = frozenset()
         sig, sharded = _signature(module)
         self.root = State(module.fork(), (), sig, sharded)
+        self.replicated = not any(sharded.values())  # no input sharded on any axis
         self.seen[sig] = self.root
         self.evaluate(self.root)
         self.best = self.root
@@ -176,7 +205,12 @@ class _Search:
     # -- budget ---------------------------------------------------------------------------
     def out_of_budget(self) -> bool:
         checkpoint()
-        if time.perf_counter() >= self.deadline:
+        # Stop when the next step (an expansion and an evaluation, as long as they have
+        # taken on average) would end past the budget: the budget bounds the search's
+        # time rather than when it starts its last evaluation.
+        step = (self.expand_s / max(self.expansions, 1) +
+                self.evaluate_s / max(self.evaluations, 1))
+        if time.perf_counter() + step >= self.deadline:
             self.stopped = "budget"
             return True
         limit = self.tactic.max_evaluations
@@ -195,9 +229,19 @@ class _Search:
         members = tuple(n for n in cand.group.names if axis not in state.sharded.get(n, ())
                         and not any((v, p) in module.acted for v in self.names[n]
                                     for p in parts))
-        if not members:
+        if not members:  # all already sharded on the axis: so in every descendant
+            self.dead.add(cand)
             return None
         self.expansions += 1
+        began = time.perf_counter()
+        try:
+            return self._expand(state, cand, members)
+        finally:
+            self.expand_s += time.perf_counter() - began
+
+    def _expand(self, state: State, cand: Candidate, members: tuple[str, ...]) -> State | None:
+        axis = cand.axis
+        module = state.module
         fork = module.fork()
         seeds: list[int] = []
         try:
@@ -219,10 +263,15 @@ class _Search:
             return (0, cost.peak_memory_bytes, cost.step_time_s)
         if cost.peak_memory_bytes <= cost.memory_capacity_bytes:
             return (0, cost.step_time_s, cost.peak_memory_bytes)
-        return (1, cost.peak_memory_bytes, cost.step_time_s)
+        # Not fitting: the step time scaled by how much too large the state is, so that a
+        # decision that saves both time and memory (model parallelism) is preferred to
+        # one that saves memory only (sharding an optimizer state), on the way to fit.
+        over = cost.peak_memory_bytes / cost.memory_capacity_bytes
+        return (1, cost.step_time_s * over, cost.peak_memory_bytes)
 
     def evaluate(self, state: State) -> None:
         self.evaluations += 1
+        began = time.perf_counter()
         try:
             state.cost = self.evaluator(state.module.snapshot())
         except Cancelled:
@@ -231,6 +280,8 @@ class _Search:
             self.failed += 1
             state.cost, state.key = None, (2,)
             return
+        finally:
+            self.evaluate_s += time.perf_counter() - began
         state.key = self.key(state.cost)
         best = self.best.cost if self.best is not None else None
         report(f"{self.evaluations} evaluations" +
@@ -265,52 +316,186 @@ class _Search:
         raw = [Candidate(g, d, axis) for axis in tactic.axis_names for g in all_groups
                for d, size in enumerate(g.shape) if size % mesh.check_axis(axis) == 0]
         random.Random(tactic.seed).shuffle(raw)
-        # Level 1: each candidate alone; candidates reaching the same shardings are one.
-        level: list[State] = []
-        distinct: list[Candidate] = []
-        position = {n: i for i, n in enumerate(self.names)}
-        first = {}  # signature -> index in `level` of the level-1 state reaching it
-        for cand in raw:
-            if self.out_of_budget():
-                break
-            state = self.expand(self.root, cand)
-            k = first.get(state.signature) if state is not None else None
-            # The same outcome: name it by the decision on the earliest input (a parameter
-            # rather than its optimizer moment), whatever the seed's order.
-            if k is not None and \
-                    position[cand.group.names[0]] < position[distinct[k].group.names[0]]:
-                level[k].decisions, distinct[k] = state.decisions, cand
-            child = self.visit(state)
-            if child is not None:
-                first[child.signature] = len(level)
-                level.append(child)
-                distinct.append(cand)
-        promising = [c for c, s in sorted(zip(distinct, level, strict=True),
-                                          key=lambda cs: cs[1].key)
-                     if s.key < self.root.key]
-        level = sorted((s for s in level if s.key < self.root.key), key=lambda s: s.key)
-        depth = 1
-        while level and self.stopped == "converged":
-            if depth >= tactic.max_decisions:
+        self.order = raw
+        self.position = {n: i for i, n in enumerate(self.names)}
+        # Pass 0 from the starting state: every candidate alone; those reaching the same
+        # shardings are one outcome. Later passes try the candidates in the order of how
+        # much their outcome alone improved (batch parallelism first when it pays most).
+        first = self.descend([self.root], 0)
+        rank = {}
+        for k, (cand, child) in enumerate(self.pass_log):
+            rank[cand] = (child.key if child is not None else (4,),
+                          self.position[cand.group.names[0]], k)
+        self.order = sorted(raw, key=lambda c: rank.get(c, ((5,), 0, 0)))
+        n_distinct = len({child.signature for _, child in self.pass_log if child is not None})
+        n_promising = sum(1 for _, child in self.pass_log
+                          if child is not None and child.key < self.root.key)
+        frontier, depth = first, 1
+        while frontier and self.stopped == "converged":
+            frontier = self.descend(frontier, depth)
+            depth += 1
+        return self.found(len(all_groups), len(raw), n_distinct, n_promising)
+
+    def descend(self, frontier: list[State], depth: int) -> list[State]:
+        """One pass: from each of the `beam_width` best states of the frontier, try every
+        live candidate (deduplicated by the shardings it reaches there, each outcome
+        evaluated once), then compound the improving ones (see `compound`). The next
+        frontier: the best states this pass reached that improve on their parent."""
+        tactic = self.tactic
+        nexts: list[State] = []
+        for state in frontier[:tactic.beam_width]:
+            if len(state.decisions) >= tactic.max_decisions:
                 self.stopped = "max_decisions"
                 break
-            best_before = self.best.key
-            children: list[State] = []
-            for state in level[:tactic.beam_width]:
-                taken = {d.candidate for d in state.decisions}
-                for cand in promising:
-                    if cand in taken or self.out_of_budget():
-                        continue
-                    child = self.visit(self.expand(state, cand))
-                    if child is not None:
-                        children.append(child)
-                if self.stopped != "converged":
-                    break
-            if self.best.key >= best_before:
-                break  # this level improved on nothing
-            level = sorted(children, key=lambda s: s.key)
-            depth += 1
-        return self.found(len(all_groups), len(raw), len(distinct), len(promising))
+            improving = self.one_pass(state)
+            # From the replicated program every candidate parallelises the whole program
+            # on its own: they are alternatives, not to be paired or compounded.
+            if improving and (depth > 0 or not self.replicated) and \
+                    self.stopped == "converged":
+                pairs = self.pairs(state, improving)
+                nexts += pairs
+                if self.stopped == "converged":
+                    nexts += self.compound(state, improving, min(pairs, default=None,
+                                                                 key=lambda p: p.key))
+            nexts += [c for c, _ in improving]
+            if self.stopped != "converged":
+                break
+        unique = {id(s): s for s in nexts}
+        return sorted(unique.values(), key=lambda s: s.key)
+
+    def one_pass(self, state: State) -> list[tuple[State, Candidate]]:
+        """The children of `state` by one candidate each that improve on it, best first."""
+        taken = {d.candidate for d in state.decisions}
+        improving: dict[int, tuple[State, Candidate]] = {}
+        self.pass_log = []
+        tried = []
+        local: set[tuple[str, str]] = set()  # (group, axis) with an improving local dim
+        for cand in self.order:
+            if cand in taken or cand in self.dead or \
+                    (state.improving is not None and cand not in state.improving):
+                continue
+            tried.append(cand)
+            if (cand.group.pattern, cand.axis) in local:
+                continue
+            if self.out_of_budget():
+                break
+            child = self.expand(state, cand)
+            if child is None:
+                self.pass_log.append((cand, None))
+                continue
+            known = self.seen.get(child.signature)
+            if known is not None:
+                self.duplicates += 1
+                # The same outcome: name it by the decision on the earliest input (a
+                # parameter rather than its optimizer moment), whatever the seed's order.
+                if known.decisions[:-1] == state.decisions and \
+                        known.decisions[-1].candidate != cand and \
+                        self.position[cand.group.names[0]] < \
+                        self.position[known.decisions[-1].candidate.group.names[0]]:
+                    known.decisions = child.decisions
+                child = known
+            else:
+                self.visit(child)
+            self.pass_log.append((cand, child))
+            if child.key < state.key:
+                improving.setdefault(id(child), (child, cand))
+                if _local(state, child, cand):
+                    local.add((cand.group.pattern, cand.axis))
+        # Name each improving child by its (renamed) decision when it is one from `state`.
+        improving = {k: (c, c.decisions[-1].candidate
+                         if c.decisions[:-1] == state.decisions else cand)
+                     for k, (c, cand) in improving.items()}
+        # A state's children try only the candidates that improved on it (the others
+        # made it worse, or changed nothing); when the pass was cut short by the budget,
+        # the untried ones too.
+        keep = {c for _, c in improving.values()} | {c for c in self.order if c not in tried}
+        self.keep = frozenset(keep)
+        for child, _ in improving.values():
+            if child.improving is None:
+                child.improving = self.keep
+        return sorted(improving.values(), key=lambda sc: sc[0].key)
+
+    def pairs(self, state: State, improving: list[tuple[State, Candidate]]) -> list[State]:
+        """Pair moves: the `PAIRS` best improving candidates (one per group and axis)
+        applied two at a time, each pair evaluated once. They find decisions worth more
+        together than apart — Megatron's attention and MLP shardings on one axis, each
+        alone worse than a one-step alternative (sharding the sequence) that blocks them."""
+        top: list[tuple[State, Candidate]] = []
+        used: set[tuple[str, str]] = set()
+        for child, cand in improving:
+            if (cand.group.pattern, cand.axis) not in used and len(top) < PAIRS:
+                used.add((cand.group.pattern, cand.axis))
+                top.append((child, cand))
+        out: list[State] = []
+        for i, (first, _) in enumerate(top):
+            for _, cand in top[i + 1:]:
+                if len(first.decisions) >= self.tactic.max_decisions or self.out_of_budget():
+                    return out
+                child = self.expand(first, cand)
+                if child is None:
+                    continue
+                reached = self.settle(child)
+                if reached.key < first.key:
+                    out.append(reached)
+        return out
+
+    def compound(self, state: State, improving: list[tuple[State, Candidate]],
+                 pair: State | None = None) -> list[State]:
+        """Compound moves: the improving candidates of a pass applied together, best
+        first — one per group and axis (the others tile the same values another way) and
+        skipping those that no longer change anything — evaluated after 2, 4, 8, ... of
+        them and after the last, each prefix extending the one before; stops at the first
+        that does not improve on the best so far. Independent decisions (say, sharding each
+        parameter's optimizer state) are so taken in one step rather than one pass each."""
+        best = improving[0][0]
+        if pair is not None and pair.key < best.key:
+            # The best pair beats every single: the compound starts with it.
+            first = [d.candidate for d in pair.decisions[len(state.decisions):]]
+            improving = [(pair, c) for c in first] + \
+                [sc for sc in improving if sc[1] not in first]
+            best = pair
+        out: list[State] = []
+        current, applied, target = state, 0, 2
+        used: set[tuple[str, str]] = set()
+        pending = False
+        for k, (_, cand) in enumerate(improving):
+            if (cand.group.pattern, cand.axis) in used:
+                continue
+            if len(current.decisions) >= self.tactic.max_decisions or self.out_of_budget():
+                return out
+            child = self.expand(current, cand)
+            if child is None:
+                continue
+            current, applied, pending = child, applied + 1, True
+            used.add((cand.group.pattern, cand.axis))
+            if applied < target and k < len(improving) - 1:
+                continue
+            pending = False
+            if applied < 2:
+                continue
+            reached = self.settle(current)
+            if reached.key >= best.key:
+                return out
+            best = reached
+            out.append(reached)
+            target *= 2
+        if pending and applied >= 2 and not self.out_of_budget():
+            reached = self.settle(current)
+            if reached.key < best.key:
+                out.append(reached)
+        return out
+
+    def settle(self, state: State) -> State:
+        """The state as evaluated (the earlier one when its shardings were seen)."""
+        known = self.seen.get(state.signature)
+        if known is not None:
+            self.duplicates += 1
+        else:
+            self.visit(state)
+        reached = known or state
+        if reached.improving is None:
+            reached.improving = self.keep
+        return reached
 
     def found(self, n_groups: int, n_raw: int, n_distinct: int, n_promising: int) -> Found:
         best = self.best
@@ -334,6 +519,18 @@ class _Search:
                          f"{self.device_name} ({best.cost.peak_memory_bytes / 2**30:.2f} GiB "
                          f"> {best.cost.memory_capacity_bytes / 2**30:.2f} GiB)")
         return Found(best.decisions, record, notes, best.signature)
+
+
+def _local(parent: State, child: State, cand: Candidate) -> bool:
+    """Whether the candidate changed, of the inputs, only its group's values and their
+    mirrors (inputs of the same leaf name: a parameter's optimizer moments). The dimension
+    of such a decision (ZeRO-like: it shards storage and the update, nothing the rest of
+    the program sees) matters little, so once one improves, a pass skips the group's other
+    dimensions on that axis."""
+    leaf = cand.group.pattern.rsplit("/", 1)[-1]
+    before = dict(parent.signature[0])
+    return all(n.rsplit("/", 1)[-1] == leaf for n, dims in child.signature[0]
+               if before.get(n) != dims)
 
 
 def _cost_json(cost: Cost | None) -> dict[str, Any] | None:
