@@ -4,13 +4,19 @@ Each `loop` runs its body once per index of its range, one iteration at a time; 
 concatenates the iterations' results, `#sum` reduces them with the monoid, `any` checks
 they are all equal. `slice` takes the index-th chunk and `index` is the iteration number.
 Primitives replay through JAX.
+
+A loop whose body holds a control-flow op summing partial results over the loop's axis
+inside its own body (a sync point) runs its iterations in lockstep instead: the body is
+vmapped over the indices with the axis as the vmap's axis name, so each iteration's
+`psum` sees the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -20,6 +26,7 @@ from partir.core.dialect import INDEX, LOOP, SLICE
 from partir.ir import Function, Op, Region, Value
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
+from partir.rules.control import CONTROL_FLOW, body_axes
 
 
 class InterpreterError(Exception):
@@ -50,6 +57,8 @@ def combine(action, parts: list[Any], size: int | None = None) -> Any:
             acc = MONOIDS[action.monoid].combine(acc, p)
         return acc
     assert isinstance(action, AnyAction)
+    if isinstance(parts[0], jax.core.Tracer):  # inside a lockstep loop: not checkable
+        return parts[0]
     first = np.asarray(parts[0])
     for p in parts[1:]:
         if not np.array_equal(first, np.asarray(p), equal_nan=True):
@@ -65,8 +74,7 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
         n = op.operands[1].type.size
         dim = op.params["dim"]
         chunk = tile_size(x.shape[dim], n)
-        return [jnp.take(pad_dim(x, dim, chunk * n), jnp.arange(r * chunk, (r + 1) * chunk),
-                         axis=dim)]
+        return [lax.dynamic_slice_in_dim(pad_dim(x, dim, chunk * n), r * chunk, chunk, dim)]
     if op.name == INDEX:
         return [jnp.asarray(env[op.operands[0]], jnp.int32)]
     if op.name == "tag":
@@ -78,9 +86,24 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
     return list(outs) if op.prim.multiple_results else [outs]
 
 
+def lockstep_axes(op: Op) -> frozenset[str]:
+    """The mesh axes along which the op's instances must run together: those its bodies'
+    collectives name."""
+    return body_axes(op.params) if op.name in CONTROL_FLOW else frozenset()
+
+
+def in_lockstep(f: Callable[..., Any], axes: Sequence[str], *stacked: Any) -> Any:
+    """f run at every coordinate of `axes` at once, each axis a named vmap axis: every
+    argument has one leading dimension per axis, and so does every result."""
+    for axis in reversed(axes):
+        f = jax.vmap(f, axis_name=axis)
+    return f(*stacked)
+
+
 class Interpreter:
     def __init__(self, fn: Function) -> None:
         self.fn = fn
+        self._named: dict[int, frozenset[str]] = {}  # id(region) -> axes its ops name
 
     def __call__(self, *args: Any) -> list[Any]:
         if len(args) != len(self.fn.args):
@@ -103,15 +126,32 @@ class Interpreter:
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
         return self._loop(op, env) if op.name == LOOP else eval_op(op, env)
 
+    def _axes(self, region: Region) -> frozenset[str]:
+        """The axes the collectives inside the region's ops name, nested loops included."""
+        found = self._named.get(id(region))
+        if found is None:
+            found = frozenset().union(*(
+                self._axes(op.regions[0]) if op.name == LOOP else lockstep_axes(op)
+                for op in region.ops))
+            self._named[id(region)] = found
+        return found
+
     def _loop(self, op: Op, env: dict[Value, Any]) -> list[Any]:
         region: Region = op.regions[0]
         (r,) = region.args
-        per_iter: list[list[Any]] = []
-        for i in range(op.params["size"]):
+        size = op.params["size"]
+
+        def body(i: Any) -> list[Any]:
             inner = dict(env)
             inner[r] = i
             self._run(region.ops, inner)
-            per_iter.append([inner[v] for v in region.yields])
+            return [inner[v] for v in region.yields]
+
+        if op.params["axis"] in self._axes(region):
+            stacked = in_lockstep(body, [op.params["axis"]], jnp.arange(size, dtype=jnp.int32))
+            per_iter = [[s[i] for s in stacked] for i in range(size)]
+        else:
+            per_iter = [body(i) for i in range(size)]
         return [combine(a, [it[k] for it in per_iter],
                         res.type.shape[a.dim] if isinstance(a, Tile) else None)
                 for k, (a, res) in enumerate(zip(op.params["actions"], op.results,

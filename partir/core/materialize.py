@@ -45,6 +45,7 @@ from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
+from partir.rules.catalogue import Slicing
 
 
 def _cancels(identity_nest: Nest, consumer_nest: Nest, i: int) -> bool:
@@ -258,7 +259,14 @@ class _Materializer:
         else:
             in_types = tuple([divided_type(v.type, dims, sizes)
                               for v, dims in zip(op.operands, operand_dims, strict=True)])
-            params = localized_params(entry, OpView(op.name, op.params, in_types, out_types))
+            slicing = None
+            if entry.primitive.syncs:
+                slicing = Slicing(tuple([tuple([tuple([lp.axis for lp, at in zip(
+                    nest, dims, strict=True) if at == d]) for d in range(v.type.rank)])
+                    for v, dims in zip(op.operands, operand_dims, strict=True)]),
+                    self.sizes)
+            params = localized_params(entry, OpView(op.name, op.params, in_types, out_types,
+                                                    slicing))
         traced = None
         if entry.apply is not None:
             traced = self._traced(op, entry, params, nest, tuple([v.type for v in operands]),

@@ -6,7 +6,8 @@ combine the arrays of the devices that differ only on the axes they name; result
 assembled per `out_shardings`, checking that devices meant to hold the same tile do.
 
 Devices holding the very same operand arrays compute a local op once and share the
-result: replicated computations cost one evaluation, not one per device.
+result: replicated computations cost one evaluation, not one per device. A local op whose
+bodies hold collectives (a loop's sync points) runs on every device at once, in lockstep.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from partir.core.interpreter import in_lockstep, lockstep_axes
 from partir.hlo.ops import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -213,6 +215,8 @@ class HloInterpreter:
         return out
 
     def _local(self, op: Op, env: dict[Value, Local]) -> list[Local]:
+        if lockstep_axes(op):
+            return self._lockstep(op, env)
         outs: list[Local] = [{} for _ in op.results]
         memo: dict[tuple, list[Any]] = {}
         for dev in self.m.devices:
@@ -224,6 +228,15 @@ class HloInterpreter:
             for out, r in zip(outs, memo[key], strict=True):
                 out[dev] = r
         return outs
+
+
+    def _lockstep(self, op: Op, env: dict[Value, Local]) -> list[Local]:
+        grid = tuple(self.m.mesh.values())
+        stacked = [jnp.stack([env[v][dev] for dev in self.m.devices]).reshape(
+            grid + v.type.shape) for v in op.operands]
+        outs = in_lockstep(lambda *xs: _eval_local(op, list(xs)), self.m.mesh.axis_names,
+                           *stacked)
+        return [{dev: out[dev] for dev in self.m.devices} for out in outs]
 
 
 def _eval_local(op: Op, operands: list[Any]) -> list[Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
@@ -30,12 +31,24 @@ def register_type_rule(name: str) -> Callable:
     return deco
 
 
+def _bodies(param: object) -> list:
+    """The jaxprs a parameter holds (a loop's body, a cond's branches)."""
+    items = param if isinstance(param, tuple) else (param,)
+    return [x for x in items if hasattr(x, "effects") and (hasattr(x, "eqns")
+                                                         or hasattr(x, "jaxpr"))]
+
+
 def _check_primitive(op: Op) -> str | None:
     if not all(isinstance(v.type, TensorType) for v in op.operands + op.results):
         return None  # ops on distributed types are checked by their dialect's rules
     avals = [jax.ShapeDtypeStruct(v.type.shape, v.type.dtype) for v in op.operands]
+    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+    # Collectives inside a loop's bodies name mesh axes: their sizes do not change shapes.
+    named = sorted({e.name for v in params.values() for body in _bodies(v)
+                    for e in body.effects if isinstance(e, NamedAxisEffect)})
     try:
-        out = jax.eval_shape(lambda *xs: op.prim.bind(*xs, **op.params), *avals)
+        with extend_axis_env_nd([(a, 1) for a in named]):
+            out = jax.eval_shape(lambda *xs: op.prim.bind(*xs, **params), *avals)
     except Exception as e:  # JAX's own message says what is wrong
         return f"JAX rejects the op: {e}"
     outs = out if op.prim.multiple_results else [out]

@@ -40,15 +40,26 @@ class Kind(IntEnum):
 
 
 @dataclass(frozen=True)
+class Slicing:
+    """Where a local op runs inside a loop nest: per operand and dimension, the mesh axes
+    slicing it (outermost first), and the axes' sizes."""
+
+    operand_axes: tuple[tuple[tuple[str, ...], ...], ...]
+    sizes: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class OpView:
     """What a declaration sees of an op: its name, parameters and operand/result types.
     The types are global in a Core program and device-local in PartIR:HLO; a rule built
-    from either describes that op."""
+    from either describes that op. A local view of a primitive declared `syncs` also says
+    which axes slice it (for the collectives its local op holds)."""
 
     name: str
     params: Mapping[str, Any]
     in_types: tuple[TensorType, ...]
     out_types: tuple[TensorType, ...]
+    slicing: Slicing | None = field(default=None, compare=False)
 
     @property
     def in_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -84,6 +95,9 @@ class Primitive:
     # the padding out of the partial sums: true of ops that reduce what they are given,
     # not of loops whose bodies compute non-linearly before they reduce.
     masks_padding: bool = True
+    # Its local op may hold collectives over the axes slicing it (a loop body summing a
+    # partial result over the slices before using it): `localize` reads `view.slicing`.
+    syncs: bool = False
     doc: str = field(default="", compare=False)
 
 

@@ -23,12 +23,14 @@ collectives. Dimensions of no group are need-replication factors.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
+from jax import lax
+from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 from jax.extend import core as jcore
 
 from partir.ir.types import TensorType
@@ -83,6 +85,7 @@ class _Analysis:
     eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
     # per equation, (its operands' value ids, its results' value ids) for dependencies
     flows: list[tuple[list[int | None], list[int]]] = field(default_factory=list)
+    sites: list[tuple[int, int]] = field(default_factory=list)  # per equation: (jaxpr, k)
     dims_of: dict[int, list[Node]] = field(default_factory=dict)  # value id -> dims
     predicates: list[int] = field(default_factory=list)  # while predicates' value ids
     values: dict[tuple[int, Any], int] = field(default_factory=dict)  # (jaxpr, var) -> id
@@ -136,9 +139,9 @@ class _Analysis:
             env[var] = self.value(var.aval.shape, blocked="a constant of the body has it")
         for var, a in zip(jaxpr.invars, args, strict=True):
             env[var] = a
-        for eqn in jaxpr.eqns:
+        for k, eqn in enumerate(jaxpr.eqns):
             ins = [env[a] if not isinstance(a, jcore.Literal) else None for a in eqn.invars]
-            outs = self.eqn(eqn, ins)
+            outs = self.eqn(eqn, ins, (id(jaxpr), k))
             for var, o in zip(eqn.outvars, outs, strict=True):
                 env[var] = o
         for var, v in env.items():
@@ -152,7 +155,7 @@ class _Analysis:
             self.zeros.add(v)
         return v
 
-    def eqn(self, eqn: Any, ins: list[int | None]) -> list[int]:
+    def eqn(self, eqn: Any, ins: list[int | None], site: tuple[int, int]) -> list[int]:
         name = eqn.primitive.name
         if name in CALLS and CALLS[name] in eqn.params:
             args = [a if a is not None else self.value(v.aval.shape, blocked="a literal")
@@ -177,6 +180,7 @@ class _Analysis:
             reduced = self._factors(name, prim.rule(view), in_dims, out_dims)
         self.eqns.append((name, reduced))
         self.flows.append((ins, outs))
+        self.sites.append(site)
         return outs
 
     def _factors(self, name: str, rule: ShardingRule, in_dims: list[list[Node] | None],
@@ -215,59 +219,76 @@ class _Analysis:
         return reduced
 
     # -- groups -------------------------------------------------------------------------
-    def dependencies(self) -> tuple[dict[int, set[Node]], dict[Node, str]]:
-        """Per value, the groups it depends on; and the groups that cannot be sliced, with
-        why."""
+    def unsliceable(self) -> dict[Node, str]:
+        """The groups that cannot be sliced, with why."""
         find = self.find
         bad: dict[Node, str] = {}
         for n, why in self.blocked.items():
             bad.setdefault(find(n), why)
-        depends: dict[int, set[Node]] = {}
-        for v, dims in self.dims_of.items():
+        for dims in self.dims_of.values():
             roots = [find(n) for n in dims]
-            depends[v] = set(roots)
             for r in roots:
                 if roots.count(r) > 1:
                     bad.setdefault(r, "the body has it in two dimensions of one value")
-        for ins, outs in self.flows:
-            deps = set().union(*(depends[a] for a in ins if a is not None))
-            for o in outs:
-                depends[o] = depends[o] | deps
-        for v in self.predicates:  # every slice must take the same branch, or stop alike
-            for r in depends[v]:
-                bad.setdefault(r, "the loop's predicate depends on it")
-        return depends, bad
+        return bad
 
-    def partials(self, g: Node, seeded: set[int], depends: dict[int, set[Node]]
-                 ) -> set[int] | str:
-        """The values that are partial sums over group g, given that the `seeded` ones
-        are; or why one is used other than linearly."""
+    def flow(self, g: Node, seeded: set[int]) -> _Flow | str:
+        """What the bodies do with group g sliced, given that the `seeded` values are
+        partial sums over it; or why it cannot be sliced.
+
+        A body op that uses a partial sum other than linearly needs the whole sum: the
+        operand is summed over the slices there (a sync point, an all-reduce inside the
+        body), and is the same on every slice after it."""
         find = self.find
         partial = set(seeded)
-        for (name, reduced), (ins, outs) in zip(self.eqns, self.flows, strict=True):
+        differ = {v for v, dims in self.dims_of.items() if any(find(n) == g for n in dims)}
+        differ |= partial
+        syncs: set[Site] = set()
+        for (name, reduced), (ins, outs), site in zip(self.eqns, self.flows, self.sites,
+                                                       strict=True):
             at = [i for i, a in enumerate(ins) if a is not None and a in partial]
-            if at:
-                if not _linear(name, ins, at, g, depends):
-                    return (f"the body sums over it, then uses the partial sums in {name}, "
-                            f"which needs whole sums (a collective inside the body)")
+            synced: list[int] = []
+            if at and _linear(name, ins, at, differ):
                 partial.update(outs)
+            elif at:
+                synced = at
+                syncs.update((*site, i) for i in at)
+            if any(a is not None and a in differ and i not in synced
+                   for i, a in enumerate(ins)):
+                differ.update(outs)
             for n, ks in reduced:
                 if find(n) == g:
                     partial.update(outs[k] for k in ks)
+                    differ.update(outs[k] for k in ks)
         if any(find(n) == g for v in partial for n in self.dims_of[v]):
             return "the body sums over it into a value that also has it"
-        return partial
+        if any(v in differ for v in self.predicates):
+            # every slice must take the same branch, or stop alike
+            return "the loop's predicate depends on it"
+        return _Flow(partial, differ, syncs)
 
 
-def _linear(name: str, ins: list[int | None], at: list[int], g: Node,
-            depends: dict[int, set[Node]]) -> bool:
-    """Whether the op's results are partial sums over g when its operands `at` are (and
-    so the sum of the slices' results is the op applied to the sum)."""
+# A place in a body where a partial sum is summed over the slices: (jaxpr, equation,
+# operand) for an equation's operand, (jaxpr, -1, k) for the body's k-th result.
+Site = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class _Flow:
+    partial: set[int]  # values that are partial sums over the group
+    differ: set[int]  # values that differ between the group's slices
+    syncs: set[Site]
+
+
+def _linear(name: str, ins: list[int | None], at: list[int], differ: set[int]) -> bool:
+    """Whether the op's results are partial sums when its operands `at` are (and so the
+    sum of the slices' results is the op applied to the sum); `differ` are the values
+    that differ between slices."""
     if name in _UNARY_LINEAR and len(ins) == 1:
         return True
     # literals count as operands that are not partial sums: c + 1 is not linear
     others = [i for i in range(len(ins)) if i not in at]
-    independent = all(ins[i] is None or g not in depends[ins[i]] for i in others)
+    independent = all(ins[i] is None or ins[i] not in differ for i in others)
     how = _SUMS.get(name)
     if how == "all":
         return not others
@@ -292,6 +313,7 @@ class _Edges:
     # carries whose initial value is zero (the frontend's `_zero_init`): each slice may
     # start from zero and end with a partial sum, as a gradient accumulator does
     zero: frozenset[int] = frozenset()
+    body: int | None = None  # the jaxpr whose results are the carries' next values
 
 
 def _scan(a: _Analysis, view: OpView) -> _Edges:
@@ -318,7 +340,7 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
                 a.union(x, y)
     return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
-                  _zeros(p))
+                  _zeros(p), id(_jaxpr(p["jaxpr"])[0]))
 
 
 def _while(a: _Analysis, view: OpView) -> _Edges:
@@ -332,7 +354,8 @@ def _while(a: _Analysis, view: OpView) -> _Edges:
     for c, o, r in zip(carries, outs, res, strict=True):
         a.join(c, o)
         a.join(o, r)
-    return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p))
+    return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p),
+                  id(_jaxpr(p["body_jaxpr"])[0]))
 
 
 def _cond(a: _Analysis, view: OpView) -> _Edges:
@@ -376,6 +399,7 @@ class _Groups:
     nodes: dict[int, list[Node]]  # factor -> the group's nodes, by operand then result
     analysis: _Analysis
     why: dict[Node, str]  # group -> why it is not a factor of the op
+    syncs: dict[int, frozenset[Site]]  # factor -> where its partial sums are summed
 
 
 def _key(view: OpView) -> tuple:
@@ -386,11 +410,12 @@ def _key(view: OpView) -> tuple:
 def _analyze(view: OpView) -> _Groups:
     a = _Analysis()
     edges = _EDGES[view.name](a, view)
-    depends, bad = a.dependencies()
+    bad = a.unsliceable()
     find = a.find
     b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
     placed: set[Node] = set()
     nodes: dict[int, list[Node]] = {}
+    syncs: dict[int, frozenset[Site]] = {}
     why = dict(bad)  # group -> why it is not a factor of the op
     roots = sorted({find(n) for v in (*edges.operands, *edges.results)
                     for n in a.dims_of[v]} - set(bad))
@@ -410,17 +435,19 @@ def _analyze(view: OpView) -> _Groups:
         # zero-initialised carries without the group may be partial sums over it
         seeds = {edges.carries[k] for k in edges.zero if k not in results}
         for seeded in ((seeds, set()) if seeds else (set(),)):
-            partial = a.partials(g, seeded, depends)
-            actions = partial if isinstance(partial, str) else _actions(
-                g, results, edges, partial, seeded, depends, a.zeros)
+            flow = a.flow(g, seeded)
+            actions = flow if isinstance(flow, str) else _actions(
+                results, edges, flow, seeded, a.zeros)
             if not isinstance(actions, str):
                 break
         if isinstance(actions, str):
             why[g] = actions
         else:
-            sums, unrelated = actions
+            sums, unrelated, synced = actions
             kind, monoid = (REDUCTION, "add") if sums else (PASS, None)
             f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated)
+            if synced:
+                syncs[f] = frozenset(synced)
             nodes[f] = [a.dims_of[v][d] for v, d in (
                 *((edges.operands[i], d) for i, d in operands.items()),
                 *((edges.results[k], d) for k, d in results.items()))]
@@ -434,16 +461,19 @@ def _analyze(view: OpView) -> _Groups:
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
                 b.replicated(a.sizes[n], results={k: d}, why=why.get(find(n), ""))
-    return _Groups(b.build(), nodes, a, why)
+    return _Groups(b.build(), nodes, a, why, syncs)
 
 
-def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
-             seeded: set[int], depends: dict[int, set[Node]], zeros: set[int]
-             ) -> tuple[list[int], list[int]] | str:
-    """The op results that are partial sums over group g and those that do not depend on
-    it (the rest are tiled), or why one is neither. A carry is a partial sum only if it
-    starts from zero (seeded), and then it must end as one."""
-    sums, unrelated = [], []
+def _actions(results: dict[int, int], edges: _Edges, flow: _Flow, seeded: set[int],
+             zeros: set[int]) -> tuple[list[int], list[int], set[Site]] | str:
+    """The op results that are partial sums over the group and those that do not depend
+    on it (the rest are tiled), and the sync points of its flow with those of the carries
+    summed before the next iteration; or why one result is neither. A carry is a partial
+    sum only if it starts from zero (seeded), and then it must end as one; a carry that
+    does not start from zero but ends as one is summed over the slices at the body's
+    end."""
+    sums, unrelated, synced = [], [], set(flow.syncs)
+    partial, differ = flow.partial, flow.differ
     for k, srcs in enumerate(edges.sources):
         arg = edges.carries.get(k)
         started = arg is not None and arg in seeded
@@ -454,14 +484,17 @@ def _actions(g: Node, results: dict[int, int], edges: _Edges, partial: set[int],
         # a zero is a partial sum of zeros (a branch with no gradient for a value)
         if all(v in partial or v in zeros for v in srcs) and (arg is None or started):
             sums.append(k)
-        elif all(g not in depends[v] for v in srcs) and not started:
+        elif all(v not in differ for v in srcs) and not started:
+            unrelated.append(k)
+        elif arg is not None and not started and all(v in partial for v in srcs):
+            synced.add((edges.body, -1, k))
             unrelated.append(k)
         elif arg is not None:
             return (f"carry {k} depends on it without having it: each slice would carry a "
                     f"different value")
         else:
             return f"result {k} depends on it but neither has it nor sums over it"
-    return sums, unrelated
+    return sums, unrelated, synced
 
 
 _ANALYSES: dict[tuple, _Groups] = {}
@@ -500,6 +533,15 @@ def body_eqns(params: Any) -> list[tuple[Any, Any]]:
             else:
                 out.append((jaxpr, eqn))
     return out
+
+
+def body_axes(params: Any) -> frozenset[str]:
+    """The mesh axes the collectives inside a control-flow op's bodies name (its sync
+    points once sliced): the devices along them run the op in lockstep."""
+    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
+    bodies += list(params.get("branches", ()))
+    return frozenset(e.name for b in bodies for e in _jaxpr(b)[0].effects
+                     if isinstance(e, NamedAxisEffect))
 
 
 def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
@@ -546,31 +588,48 @@ def _global_view(view: OpView) -> OpView:
 
 def localize(view: OpView) -> dict[str, Any]:
     """The op's parameters on local types: each body traced again with every dimension of
-    a sliced group at its local size, read from the op's local operands and results."""
+    a sliced group at its local size, read from the op's local operands and results, and
+    a sliced group's partial sums summed over the axes slicing it where the body needs
+    them whole (`view.slicing` names the axes)."""
     groups = _groups(_global_view(view))
     a, rule = groups.analysis, groups.rule
     local: dict[Node, int] = {}
+    syncs: dict[Site, tuple[str, ...]] = {}
     for f, nodes in groups.nodes.items():
-        i = next((i for i, d in enumerate(rule.operand_dims[f]) if d is not None), None)
-        size = view.in_types[i].shape[rule.operand_dims[f][i]]
+        i = next(i for i, d in enumerate(rule.operand_dims[f]) if d is not None)
+        dim = rule.operand_dims[f][i]
+        size = view.in_types[i].shape[dim]
         local[a.find(nodes[0])] = size
-    if not any(local[g] != a.sizes[g] for g in local):
+        if f not in groups.syncs or size == a.sizes[a.find(nodes[0])]:
+            continue
+        if view.slicing is None:
+            raise ValueError(f"{view.name} sums partial results over the axes slicing its "
+                             f"dimension {dim} of operand {i}, but its local view does not "
+                             f"say which axes those are")
+        for site in groups.syncs[f]:
+            axes = syncs.get(site, ())
+            syncs[site] = axes + tuple(x for x in view.slicing.operand_axes[i][dim]
+                                       if x not in axes)
+    if not syncs and not any(local[g] != a.sizes[g] for g in local):
         return dict(view.params)
 
     def size(n: Node) -> int:
         return local.get(a.find(n), a.sizes[n])
 
     p = dict(view.params)
+    sizes = view.slicing.sizes if view.slicing is not None else {}
     for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
         if name in p:
-            p[name] = _retrace(p[name], a, size)
+            p[name] = _retrace(p[name], a, size, syncs, sizes)
     if "branches" in p:
-        p["branches"] = tuple(_retrace(b, a, size) for b in p["branches"])
+        p["branches"] = tuple(_retrace(b, a, size, syncs, sizes) for b in p["branches"])
     return p
 
 
-def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int]) -> Any:
-    """The body as a ClosedJaxpr on local shapes, every op's parameters localized."""
+def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
+             syncs: Mapping[Site, tuple[str, ...]], sizes: Mapping[str, int]) -> Any:
+    """The body as a ClosedJaxpr on local shapes, every op's parameters localized, the
+    partial sums at `syncs` summed over their axes (`sizes` gives the axes' sizes)."""
     jaxpr, consts = _jaxpr(body)
 
     def local_type(j: Any, var: Any) -> TensorType:
@@ -580,12 +639,21 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int]) -> Any:
     def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         env = dict(zip(j.constvars, js_consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
+        summed: dict[Any, Any] = {}  # a partial sum is summed once for all its uses
 
         def read(x: Any) -> Any:
             return x.val if isinstance(x, jcore.Literal) else env[x]
 
-        for eqn in j.eqns:
-            ins = [read(x) for x in eqn.invars]
+        def read_whole(x: Any, site: Site) -> Any:
+            axes = syncs.get(site)
+            if not axes:
+                return read(x)
+            if x not in summed:
+                summed[x] = lax.psum(read(x), axes)
+            return summed[x]
+
+        for k, eqn in enumerate(j.eqns):
+            ins = [read_whole(x, (id(j), k, i)) for i, x in enumerate(eqn.invars)]
             name = eqn.primitive.name
             if name in CALLS and CALLS[name] in eqn.params:
                 inner, inner_consts = _jaxpr(eqn.params[CALLS[name]])
@@ -601,11 +669,13 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int]) -> Any:
                 outs = eqn.primitive.bind(*ins, **params)
                 outs = list(outs) if eqn.primitive.multiple_results else [outs]
             env.update(zip(eqn.outvars, outs, strict=True))
-        return [read(x) for x in j.outvars]
+        return [read_whole(x, (id(j), -1, k)) for k, x in enumerate(j.outvars)]
 
     avals = [jax.ShapeDtypeStruct(local_type(jaxpr, v).shape, v.aval.dtype)
              for v in jaxpr.invars]
-    return jax.make_jaxpr(lambda *args: run(jaxpr, consts, args))(*avals)
+    named = sorted({x for axes in syncs.values() for x in axes})
+    with extend_axis_env_nd([(x, sizes[x]) for x in named]):
+        return jax.make_jaxpr(lambda *args: run(jaxpr, consts, args))(*avals)
 
 
 def control_flops(view: OpView, rule: ShardingRule | None) -> float:
@@ -638,5 +708,6 @@ def _body_flops(body: Any) -> float:
 
 declare(CONTROL_FLOW, Primitive(
     Kind.KERNEL, control_flops, control_rule, localize=localize, masks_padding=False,
+    syncs=True,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated"))

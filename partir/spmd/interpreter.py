@@ -8,7 +8,9 @@ coordinates (and the coordinate of a distributed axis, its lambda^d) to local te
 generalised to any number of distributed axes.
 
 - `execute` runs its Core body once per coordinate of its axes, binding the ranges to the
-  coordinates and each local to the operand's tensor on that device;
+  coordinates and each local to the operand's tensor on that device; a body op whose own
+  bodies hold collectives over the execute's axes runs at every coordinate at once, in
+  lockstep (`in_lockstep`);
 - `tile_reduce` with #tile only changes the type: the local tensors stacked on the axis
   are now viewed as tiles of a dimension; #sum and any combine them over the axis;
 - `redistribute` assembles the global tensor of each stacked slice from its tiles and
@@ -27,7 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from partir.core.actions import Tile
-from partir.core.interpreter import InterpreterError, combine, eval_op, pad_dim
+from partir.core.interpreter import (
+    InterpreterError,
+    combine,
+    eval_op,
+    in_lockstep,
+    lockstep_axes,
+    pad_dim,
+)
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
 from partir.ir.types import padded_size, tile_size
@@ -165,16 +174,36 @@ class SpmdInterpreter:
         axes = op.params["axes"]
         region = op.regions[0]
         ranges, locals_ = region.args[:len(axes)], region.args[len(axes):]
-        outs: list[Tiles] = [{} for _ in op.results]
-        for at in self.layout.coords(axes):
+        coords = list(self.layout.coords(axes))
+        # One environment per coordinate; the body runs op by op across all of them.
+        inners: list[dict[Value, Any]] = []
+        for at in coords:
             inner: dict[Value, Any] = {r: at[a] for r, a in zip(ranges, axes, strict=True)}
             for x, y in zip(op.operands, locals_, strict=True):
                 inner[y] = env[x][self.layout.key(_dtensor(x.type), at)]
-            for body_op in region.ops:
+            inners.append(inner)
+        for body_op in region.ops:
+            if lockstep_axes(body_op) & set(axes):
+                self._lockstep(body_op, axes, inners)
+                continue
+            for inner in inners:
                 inner.update(zip(body_op.results, eval_op(body_op, inner), strict=True))
+        outs: list[Tiles] = [{} for _ in op.results]
+        for at, inner in zip(coords, inners, strict=True):
             for out, r, y in zip(outs, op.results, region.yields, strict=True):
                 out[self.layout.key(r.type, at)] = inner[y]
         return outs
+
+    def _lockstep(self, op: Op, axes: Sequence[str], inners: list[dict[Value, Any]]) -> None:
+        """Run op at every coordinate of `axes` at once (`inners` in coordinate order)."""
+        grid = tuple(self.layout.mesh[a] for a in axes)
+        stacked = [jnp.stack([inner[v] for inner in inners]).reshape(grid + v.type.shape)
+                   for v in op.operands]
+        outs = in_lockstep(lambda *xs: eval_op(op, dict(zip(op.operands, xs, strict=True))),
+                           axes, *stacked)
+        for n, inner in enumerate(inners):
+            at = np.unravel_index(n, grid)
+            inner.update((r, out[at]) for r, out in zip(op.results, outs, strict=True))
 
     def _tile_reduce(self, op: Op, tiles: Tiles) -> Tiles:
         axis, action = op.params["axis"], op.params["action"]

@@ -9,6 +9,8 @@ sharded through the update.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,9 @@ import pytest
 from jax import lax
 
 import partir
+from partir.core.materialize import materialize
+from partir.hlo import interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
+from partir.spmd import interpret_spmd, lower_core_to_spmd
 from tests.oracles import assert_tree_close
 
 RNG = np.random.default_rng(0)
@@ -99,17 +104,93 @@ def test_weight_gradients_of_a_scan_over_layers_are_partial_sums():
     assert "#sum" in actions
 
 
-def test_a_while_predicate_that_reads_sharded_data_is_not_sharded_through():
+def _all_oracles(fn, mesh, schedule, *args):
+    """fn's results by the Core interpreter, the SPMD and HLO interpreters (before and
+    after fusion) and partir.jit on the devices, each equal to fn(*args); returns the
+    Core result and the jitted function's metadata."""
+    expected = fn(*args)
+    result = partir.core_partition(fn, mesh, schedule, *args)
+    assert_tree_close(result.interpret(*args), expected)
+    flat = result.flatten_args(*args)
+    spmd = lower_core_to_spmd(materialize(result.program), result.mesh)
+    hlo = lower_spmd_to_hlo(spmd)
+    verify_hlo(hlo, check_primitives=True)
+    unflatten = functools.partial(jax.tree_util.tree_unflatten, result.traced.out_tree)
+    assert_tree_close(unflatten(interpret_spmd(spmd, *flat)), expected)
+    for program in (hlo, optimize(hlo)):
+        assert_tree_close(unflatten(interpret_hlo(program, *flat)), expected)
+    jitted, meta = partir.jit(fn, mesh, schedule)
+    assert_tree_close(jitted(*args), expected)
+    return result, meta
+
+
+def test_a_while_predicate_summing_sharded_data_sums_it_on_every_device():
     def f(x):
         return lax.while_loop(lambda c: jnp.sum(c) < 100.0, lambda c: c * 2.0, x + 10.0)
+
+    result, _ = _all_oracles(f, MESH, BP, X)
+    assert result.tactics[0].conflicts == []
+    (loop,) = _control_ops(result.program)
+    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+
+
+def test_a_while_predicate_that_reads_sharded_data_otherwise_is_not_sharded_through():
+    def f(x):
+        return lax.while_loop(lambda c: jnp.max(c) < 100.0, lambda c: c * 2.0, x + 10.0)
 
     result = partir.core_partition(f, MESH, BP, X)
     (conflict,) = result.tactics[0].conflicts
     assert conflict.op == "while" and conflict.kind == "needs_replication"
-    assert conflict.detail.endswith("needs replication: the loop's predicate depends on it")
+    assert conflict.detail.endswith("reduce_max in the body reduces it with max")
     (loop,) = _control_ops(result.program)
     assert result.program.nest(loop) == ()
     assert_tree_close(result.interpret(X), f(X))
+
+
+W1 = jnp.asarray(RNG.normal(size=(3, 4, 8)).astype(np.float32)) / 2
+W2 = jnp.asarray(RNG.normal(size=(3, 8, 4)).astype(np.float32)) / 2
+
+
+def megatron_layers(x, w1, w2):
+    def layer(c, ws):
+        a, b = ws
+        return c + jnp.tanh(c @ a) @ b, jnp.sum(c)
+    c, sums = lax.scan(layer, x, (w1, w2))
+    return jnp.sum(c ** 2) + jnp.sum(sums)
+
+
+BP_MP = [partir.ManualPartition({"x": 0}, axis="batch"),
+         partir.ManualPartition({"w1": 2, "w2": 1}, axis="model")]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
+def test_megatron_through_a_scan_over_layers_sums_inside_the_body(grad):
+    """The hidden dimension of every layer is sliced on "model": the second matmul's
+    partial sums are summed over "model" inside the body, before the residual add, and
+    the stacked weights stay sliced (never gathered)."""
+    fn = jax.grad(megatron_layers, argnums=(0, 1, 2)) if grad else megatron_layers
+    result, meta = _all_oracles(fn, {"batch": 2, "model": 2}, BP_MP, X, W1, W2)
+    assert result.tactics[-1].conflicts == []
+    for loop in _control_ops(result.program):
+        assert {lp.axis for lp in result.program.nest(loop)} == {"batch", "model"}
+    shardings = result.program.input_shardings()
+    assert shardings["w1"].dims[2] == ("model",) and shardings["w2"].dims[1] == ("model",)
+    # the weights are never gathered for the layers (the weight gradients are, for the
+    # function's replicated results, after the backward scan)
+    lines = meta.hlo_ir.splitlines()
+    last_scan = max(i for i, line in enumerate(lines) if " scan(" in line)
+    assert not any("all_gather" in line for line in lines[:last_scan]), meta.hlo_ir
+
+
+def test_a_carry_ending_as_a_partial_sum_is_summed_before_the_next_iteration():
+    def f(s, ws):
+        return lax.scan(lambda c, w: (jnp.sum(jnp.tanh(w * c)), None), s, ws)[0]
+
+    ws = jnp.asarray(RNG.normal(size=(3, 8)).astype(np.float32))
+    result, _ = _all_oracles(f, MESH, [partir.ManualPartition({"ws": 1}, axis="batch")],
+                             jnp.float32(0.5), ws)
+    (loop,) = _control_ops(result.program)
+    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
 
 
 def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax import lax
 
 from partir.ir.types import TensorType
 from partir.rules import CATALOGUE, OpView
+from partir.rules.catalogue import Slicing
+from partir.rules.control import body_axes
 from partir.rules.factors import PASS, REDUCTION, REPLICATION
 
 
@@ -52,11 +55,59 @@ def test_a_step_counter_does_not_depend_on_the_batch():
     assert (PASS, 8, (None, 0), (None, 0), (0,)) in found
 
 
-def test_a_predicate_reading_the_data_replicates_it():
+def test_a_predicate_summing_the_data_sums_it_over_the_slices():
+    # each slice's sum is partial: summed over the slices before the comparison, every
+    # slice takes the same decision
     def f(x):
         return lax.while_loop(lambda c: jnp.sum(c) < 10.0, lambda c: c * 2.0, x)
 
+    assert (PASS, 8, (0,), (0,), ()) in _factors(_view(f, X))
+
+
+def test_a_predicate_reading_the_data_otherwise_replicates_it():
+    def f(x):
+        return lax.while_loop(lambda c: jnp.max(c) < 10.0, lambda c: c * 2.0, x)
+
     assert all(kind == REPLICATION for kind, *_ in _factors(_view(f, X)))
+
+
+def _psums(closed) -> list[tuple[str, ...]]:
+    return [e.params["axes"] for e in closed.jaxpr.eqns if e.primitive.name == "psum"]
+
+
+def test_partial_sums_used_whole_in_a_body_are_summed_over_the_axes_slicing_them():
+    """Megatron through a scan over layers: the hidden dimension is sliced, the second
+    matmul's partial sums are summed over its axis before the residual add."""
+    def f(x, w1, w2):
+        return lax.scan(lambda c, w: (c + jnp.tanh(c @ w[0]) @ w[1], None), x, (w1, w2))
+
+    view = _view(f, X, jnp.ones((3, 4, 6)), jnp.ones((3, 6, 4)))
+    assert (PASS, 6, (None, 2, 1), (None,), (0,)) in _factors(view)
+    hidden = (view.in_types[0], TensorType((3, 4, 3), X.dtype), TensorType((3, 3, 4), X.dtype))
+    local = OpView(view.name, view.params, hidden, view.out_types,
+                   Slicing(((), ((), (), ("model",)), ((), ("model",), ())), {"model": 2}))
+    params = CATALOGUE["scan"].localize(local)
+    assert _psums(params["jaxpr"]) == [("model",)]
+    assert body_axes(params) == {"model"}
+    # unsliced, the body is left as it is
+    assert CATALOGUE["scan"].localize(view) == dict(view.params)
+    # sliced without saying by which axes, it cannot place the sum
+    with pytest.raises(ValueError, match="does not say which axes"):
+        CATALOGUE["scan"].localize(OpView(view.name, view.params, hidden, view.out_types))
+
+
+def test_a_carry_that_ends_as_a_partial_sum_is_summed_before_the_next_iteration():
+    def f(s, ws):
+        return lax.scan(lambda c, w: (jnp.sum(w * c), None), s, ws)
+
+    view = _view(f, jnp.float32(1.0), jnp.ones((3, 6)))
+    # the carry does not start from zero: it is summed, and then the same on every slice
+    assert (PASS, 6, (None, 1), (None,), (0,)) in _factors(view)
+    local = OpView(view.name, view.params, (view.in_types[0], TensorType((3, 3), X.dtype)),
+                   view.out_types, Slicing(((), ((), ("model",))), {"model": 2}))
+    body = CATALOGUE["scan"].localize(local)["jaxpr"]
+    assert _psums(body) == [("model",)]
+    assert body.jaxpr.eqns[-1].primitive.name == "psum"
 
 
 def test_cond_branches_are_joined():
