@@ -125,14 +125,14 @@ def tactic_shardings(program: CoreProgram) -> dict[str, list[list[str]]]:
 
 # The fields of TacticMetadata that lowering and simulating the program fill in;
 # `applied_metadata` leaves them empty.
-LOWERED_FIELDS = ("collectives", "cost")
+LOWERED_FIELDS = ("collectives", "executed_collectives", "cost")
 
 
 def applied_metadata(record: TacticRecord, *, defer: bool = False) -> TacticMetadata:
     """What applying a tactic tells, without lowering its program: no `collectives` (an
     empty dict), no `cost`, no `core_ir`. Tools show it first, as it is fast. With
     `defer`, the shardings are computed when first read."""
-    meta = TacticMetadata(record.name, record.axis, record.actions, {},
+    meta = TacticMetadata(record.name, record.axis, record.actions, {}, {},
                           Deferred(lambda: tactic_shardings(record.program)),
                           [c.to_json() for c in record.conflicts], record.notes, "",
                           record.elapsed_s, search=record.search,
@@ -157,6 +157,7 @@ def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEV
     shared = Deferred(lambda: lowered or lower(record.program))
     lowered_fields = {
         "collectives": Deferred(lambda: shared.get().collectives),
+        "executed_collectives": Deferred(lambda: shared.get().executed_collectives),
         "cost": Deferred(lambda: simulate(shared.get().hlo, device)),
         "core_ir": Deferred(record.core_ir) if core_ir else ""}
     if applied is not None:
@@ -185,7 +186,9 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
         cost = simulate(final.hlo, device)
         tactics = [tactic_metadata(record, device, defer=True) for record in result.tactics]
         if tactics:  # the last tactic's program is the final one
-            vars(tactics[-1]).update(collectives=final.collectives, cost=cost)
+            vars(tactics[-1]).update(collectives=final.collectives,
+                                     executed_collectives=final.executed_collectives,
+                                     cost=cost)
         meta = Metadata(
             tactics=tactics,
             in_specs=_specs(final.hlo.attributes["in_shardings"], result.traced.in_tree,
@@ -195,7 +198,8 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             core_ir=Deferred(lambda: final.text("core")),
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),
-            collectives=final.collectives, cost=cost,
+            collectives=final.collectives,
+            executed_collectives=final.executed_collectives, cost=cost,
             padding=Deferred(lambda: padding_report(result.program)))
     return result, meta, final
 

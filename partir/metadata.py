@@ -79,6 +79,8 @@ class TacticMetadata(_Resolved):
     axis: str
     actions: list[str]
     collectives: dict[str, int] = Lazy()
+    # How many of each run per call: a loop body's as often as its loops run it.
+    executed_collectives: dict[str, int] = Lazy()
     shardings: dict[str, list[list[str]]] = Lazy()  # input/output name -> per-dim mesh axes
     conflicts: list[dict[str, Any]]
     notes: list[str]
@@ -107,7 +109,11 @@ class Metadata(_Resolved):
     spmd_ir: str = Lazy("")
     hlo_ir: str = Lazy("")
     stablehlo: str | None = Lazy(None)  # partir.jit's executable module as StableHLO text
+    # Collectives the program holds, those inside loop bodies included ...
     collectives: dict[str, int] = field(default_factory=dict)
+    # ... and how many of each run per call (a loop body's as often as its loops run it:
+    # a scan's `length` times, a while loop's once, its trip count being unknown).
+    executed_collectives: dict[str, int] = field(default_factory=dict)
     cost: Cost | None = None  # the simulator's estimate for the final program
     # The final program's padded dimensions (see TacticMetadata.padding).
     padding: list[dict[str, Any]] = Lazy(())

@@ -3,15 +3,19 @@ collective attributed to a model line)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from partir.cancel import checkpoint
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
+from partir.frontend.source import user_location
 from partir.gcpause import paused_gc
 from partir.hlo import count_collectives, locate_by_users, lower_spmd_to_hlo, optimize
+from partir.hlo.ops import COLLECTIVES, collective_axes, collectives_by_axes
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
+from partir.rules.control import CONTROL_FLOW, body_collectives
 from partir.spmd import lower_core_to_spmd
 
 
@@ -24,6 +28,38 @@ class Lowered:
     @property
     def collectives(self) -> dict[str, int]:
         return count_collectives(self.hlo)
+
+    @property
+    def executed_collectives(self) -> dict[str, int]:
+        return count_collectives(self.hlo, executed=True)
+
+    def executed_by_axes(self) -> dict[tuple[str, tuple[str, ...]], int]:
+        return collectives_by_axes(self.hlo, executed=True)
+
+    def collective_sites(self) -> Counter:
+        """The HLO program's collectives by (kind, axes, the value they move, model file,
+        line, function): the value is followed back through chains of collectives to an
+        argument or a named value; a collective inside a loop's body is at the line of
+        the body equation it serves, moving no named value."""
+        fn = self.hlo
+        producer = {r: op for op in fn.ops for r in op.results}
+        counts: Counter = Counter()
+        for op in fn.ops:
+            if op.name in CONTROL_FLOW:
+                for c in body_collectives(op.name, op.params):
+                    loc = user_location(c.source_info)
+                    if not loc.line:
+                        loc = op.loc
+                    counts[(c.kind, c.axes, None, loc.file, loc.line, loc.function)] += 1
+            if op.name not in COLLECTIVES:
+                continue
+            v = op.operands[0] if op.operands else None
+            while v is not None and v in producer and producer[v].name in COLLECTIVES:
+                v = producer[v].operands[0]
+            name = v.name if v is not None else None
+            counts[(op.name.removeprefix("hlo."), collective_axes(op), name, op.loc.file,
+                    op.loc.line, op.loc.function)] += 1
+        return counts
 
     def text(self, level: str) -> str:
         if level == "hlo":

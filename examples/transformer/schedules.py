@@ -23,11 +23,18 @@ MEGATRON_DIMS = {
 }
 
 
+# Their ranks in one layer: a scan-over-layers model stacks them on a leading dimension.
+RANKS = {"w_qkv": 4, "w_o": 3, "w_up": 2, "b_up": 1, "w_down": 2}
+
+
 def megatron(name: str, shape: tuple[int, ...]) -> int | object:
     # The rule also sees Adam's moments (opt_state/0/mu/layers/3/w_up) and count, which
     # share the parameters' leaf names; layer norms and the embedding are left to
-    # propagation.
-    return MEGATRON_DIMS.get(name.rsplit("/", 1)[-1], UNKNOWN)
+    # propagation. Stacked layers (params/layers/w_up: [L, D, F]) shift the dimension.
+    leaf = name.rsplit("/", 1)[-1]
+    if leaf not in MEGATRON_DIMS:
+        return UNKNOWN
+    return MEGATRON_DIMS[leaf] + len(shape) - RANKS[leaf]
 
 
 def embedding(name: str, shape: tuple[int, ...]) -> int | object:

@@ -184,6 +184,12 @@ class CoreModule:
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
         self.info[uid] = self.info[uid].extended(loop)
 
+    def replace_loop(self, uid: int, old: Loop, new: Loop) -> None:
+        """Make the op's loop `old` the loop `new` over the same axis, in its place."""
+        nest = self.nests[uid] = tuple(new if lp is old else lp for lp in self.nests[uid])
+        op = self.by_uid[uid]
+        self.info[uid] = NestInfo(nest, len(op.operands), len(op.results))
+
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
                         loc: Location) -> CoreOp:

@@ -286,6 +286,8 @@ class Propagator:
                         deeper = deeper or ex.deeper
                         in_scope = in_scope or bool(ex.in_scope)
             if in_scope:
+                if self._widen(op, operand_ex):
+                    continue  # look at the op again with the wider loop
                 self._record_in_scope(op, operand_ex, result_ex)
             for axis in self.axes:
                 if axis in candidates and (self._forward(op, axis, operand_ex)
@@ -460,6 +462,32 @@ class Propagator:
         self.sizes = dict(self.m.mesh)
         self._refined = True
 
+    def _widen(self, op: CoreOp, operand_ex: list[_Excess | None]) -> bool:
+        """Slice one more factor in a loop the op already has over the axis an operand is
+        tiled on, where the op's rule lets one loop slice both (`ShardingRule.together`):
+        each iteration then takes a slice of both factors."""
+        entry = lookup(op.name)
+        if entry is None:
+            return False
+        rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
+                                 tuple([v.type for v in op.results])))
+        if not rule.together:
+            return False
+        info = self.m.info[op.uid]
+        sizes = rule.local_sizes(*self._local_shapes(op, info))
+        mappings = dict(factor_mappings(rule, sizes))
+        for i, ex in enumerate(operand_ex):
+            for axis, d in ex.in_scope if ex else ():
+                lp = info.loops[axis]
+                new = _widened(rule, sizes, mappings, lp, i, d, self.sizes[axis],
+                               self._pinned(operand_ex, axis))
+                if new is not None:
+                    self.m.replace_loop(op.uid, lp, new)
+                    self.m.conflicts.pop((op.uid, axis), None)
+                    self._wake(op, new)
+                    return True
+        return False
+
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:
         nest = self.m.nest(op.uid)
@@ -487,9 +515,13 @@ class Propagator:
     def _apply(self, op: CoreOp, loop: Loop) -> None:
         """Add the loop, then revisit the neighbours for which it changes something: the
         producers of operands it slices and the users of the results it tiles."""
+        self.m.add_loop(op.uid, loop)
+        self.m.conflicts.pop((op.uid, loop.axis), None)
+        self._wake(op, loop)
+
+    def _wake(self, op: CoreOp, loop: Loop) -> None:
+        """Revisit the neighbours for which the op's new loop changes something."""
         m = self.m
-        m.add_loop(op.uid, loop)
-        m.conflicts.pop((op.uid, loop.axis), None)
         info = m.info[op.uid]
         for i, v in enumerate(op.operands):
             if loop.operands[i] is not None:
@@ -503,6 +535,33 @@ class Propagator:
                 ex = self._operand_excess(info, k, m.info[uid], uid, i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
+
+
+def _widened(rule: ShardingRule, sizes: tuple[int, ...], mappings: dict[int, TileMapping],
+             lp: Loop, i: int, d: int, n: int, pinned: set[int]) -> Loop | None:
+    """Loop lp also slicing the factor of dimension d of operand i, when the rule lets it
+    slice that factor with those it slices, the axis size n divides it, and no operand or
+    result would be sliced twice (or an operand kept replicated be sliced)."""
+    live = [f for f in rule.operands[i][d] if sizes[f] != 1]
+    if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
+        return None
+    g = live[0]
+    sliced = {f for j, dj in enumerate(lp.operands) if dj is not None
+              for f in rule.operands[j][dj]}
+    if not sliced or any((min(f, g), max(f, g)) not in rule.together for f in sliced):
+        return None
+    m = mappings[g]
+    operands = []
+    for j, (a, b) in enumerate(zip(lp.operands, m.operands, strict=True)):
+        if (a is not None and b is not None) or (b is not None and j in pinned):
+            return None
+        operands.append(a if b is None else b)
+    results = []
+    for a, b in zip(lp.results, m.results, strict=True):
+        if type(a) is not AnyAction and type(b) is not AnyAction:
+            return None
+        results.append(b if type(a) is AnyAction else a)
+    return Loop(lp.axis, tuple(results), tuple(operands))
 
 
 def propagate(module: CoreModule, seeds, pad: bool = False) -> None:

@@ -31,6 +31,7 @@ from partir.ir.printer import Printer, register_op_printer
 from partir.ir.verifier import VerificationError, register_type_rule
 from partir.rules import Kind, Primitive, declare
 from partir.rules.catalogue import no_flops
+from partir.rules.control import CONTROL_FLOW, body_collectives
 
 ALL_SLICE = "hlo.all_slice"
 ALL_GATHER = "hlo.all_gather"
@@ -151,13 +152,35 @@ def make_axis_index(axis: str, name: str | None = None,
     return Op(AXIS_INDEX, [], [Value(AXIS_INDEX_TYPE, name)], {"axis": axis}, loc=loc)
 
 
-def count_collectives(fn: Function) -> dict[str, int]:
+def count_collectives(fn: Function, executed: bool = False) -> dict[str, int]:
     """How many of each collective the program holds (all_slice is local but counted, as
-    the metadata contract asks)."""
+    the metadata contract asks), those inside loop bodies included; `executed`: how many
+    run per call, a body's as many times as the loops around it run it (a while loop's
+    body counted once: its trip count is not known)."""
     counts = dict.fromkeys((c.removeprefix("hlo.") for c in COLLECTIVES), 0)
+    for (kind, _), n in collectives_by_axes(fn, executed).items():
+        counts[kind] += n
+    return counts
+
+
+def collective_axes(op: Op) -> tuple[str, ...]:
+    """The mesh axes a collective communicates over, major to minor."""
+    return tuple(a for x in op.params.get("axes", ()) for a in (
+        (x,) if isinstance(x, str) else x))
+
+
+def collectives_by_axes(fn: Function, executed: bool = False
+                        ) -> dict[tuple[str, tuple[str, ...]], int]:
+    """`count_collectives` by (kind, the mesh axes it communicates over)."""
+    counts: dict[tuple[str, tuple[str, ...]], int] = {}
     for op in fn.ops:
         if op.name in COLLECTIVES:
-            counts[op.name.removeprefix("hlo.")] += 1
+            key = (op.name.removeprefix("hlo."), collective_axes(op))
+            counts[key] = counts.get(key, 0) + 1
+        elif op.name in CONTROL_FLOW:
+            for c in body_collectives(op.name, op.params):
+                key = (c.kind, c.axes)
+                counts[key] = counts.get(key, 0) + ((c.times or 1) if executed else 1)
     return counts
 
 

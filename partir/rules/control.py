@@ -22,6 +22,7 @@ collectives. Dimensions of no group are need-replication factors.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax._src import source_info_util
 from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 from jax.extend import core as jcore
 
@@ -232,15 +234,20 @@ class _Analysis:
                     bad.setdefault(r, "the body has it in two dimensions of one value")
         return bad
 
-    def flow(self, g: Node, seeded: set[int]) -> _Flow | str:
+    def flow(self, g: Node, seeded: set[int], early: frozenset[int] = frozenset()
+             ) -> _Flow | str:
         """What the bodies do with group g sliced, given that the `seeded` values are
         partial sums over it; or why it cannot be sliced.
 
         A body op that uses a partial sum other than linearly needs the whole sum: the
         operand is summed over the slices there (a sync point, an all-reduce inside the
-        body), and is the same on every slice after it."""
+        body), and is the same on every slice after it. The reductions making the values
+        in `early` are summed where they are made instead: one sum serves every use."""
         find = self.find
         partial = set(seeded)
+        # per partial sum, the reductions (or seeded values) it is a linear function of
+        sources: dict[int, frozenset[int]] = {v: frozenset((v,)) for v in seeded}
+        needed: set[frozenset[int]] = set()  # the sources of the sums synced at a use
         differ = {v for v, dims in self.dims_of.items() if any(find(n) == g for n in dims)}
         differ |= partial
         syncs: set[Site] = set()
@@ -250,26 +257,39 @@ class _Analysis:
             synced: list[int] = []
             if at and _linear(name, ins, at, differ):
                 partial.update(outs)
+                made = frozenset().union(*(sources[ins[i]] for i in at))
+                sources.update((o, made) for o in outs)
             elif at:
                 synced = at
                 syncs.update((*site, i) for i in at)
+                needed.update(sources[ins[i]] for i in at)
             if any(a is not None and a in differ and i not in synced
                    for i, a in enumerate(ins)):
                 differ.update(outs)
             for n, ks in reduced:
-                if find(n) == g:
-                    partial.update(outs[k] for k in ks)
-                    differ.update(outs[k] for k in ks)
+                if find(n) != g:
+                    continue
+                for k in ks:
+                    if outs[k] in early:  # whole on every slice from here on
+                        syncs.add((*site, -1 - k))
+                        partial.discard(outs[k])
+                        differ.discard(outs[k])
+                    else:
+                        partial.add(outs[k])
+                        differ.add(outs[k])
+                        sources[outs[k]] = frozenset((outs[k],))
         if any(find(n) == g for v in partial for n in self.dims_of[v]):
             return "the body sums over it into a value that also has it"
         if any(v in differ for v in self.predicates):
             # every slice must take the same branch, or stop alike
             return "the loop's predicate depends on it"
-        return _Flow(partial, differ, syncs)
+        single = frozenset(v for made in needed if len(made) == 1 for v in made) - seeded
+        return _Flow(partial, differ, syncs, single)
 
 
 # A place in a body where a partial sum is summed over the slices: (jaxpr, equation,
-# operand) for an equation's operand, (jaxpr, -1, k) for the body's k-th result.
+# operand) for an equation's operand, (jaxpr, equation, -1 - k) for its k-th result,
+# (jaxpr, -1, k) for the body's k-th result.
 Site = tuple[int, int, int]
 
 
@@ -278,6 +298,8 @@ class _Flow:
     partial: set[int]  # values that are partial sums over the group
     differ: set[int]  # values that differ between the group's slices
     syncs: set[Site]
+    # reductions whose every synced use could take one sum where they are made
+    single: frozenset[int] = frozenset()
 
 
 def _linear(name: str, ins: list[int | None], at: list[int], differ: set[int]) -> bool:
@@ -416,6 +438,7 @@ def _analyze(view: OpView) -> _Groups:
     placed: set[Node] = set()
     nodes: dict[int, list[Node]] = {}
     syncs: dict[int, frozenset[Site]] = {}
+    differ: dict[int, set[int]] = {}  # factor -> the values its slices make differ
     why = dict(bad)  # group -> why it is not a factor of the op
     roots = sorted({find(n) for v in (*edges.operands, *edges.results)
                     for n in a.dims_of[v]} - set(bad))
@@ -436,6 +459,9 @@ def _analyze(view: OpView) -> _Groups:
         seeds = {edges.carries[k] for k in edges.zero if k not in results}
         for seeded in ((seeds, set()) if seeds else (set(),)):
             flow = a.flow(g, seeded)
+            if not isinstance(flow, str) and flow.single:
+                # a reduction used whole in several places: summed once, where it is made
+                flow = a.flow(g, seeded, flow.single)
             actions = flow if isinstance(flow, str) else _actions(
                 results, edges, flow, seeded, a.zeros)
             if not isinstance(actions, str):
@@ -448,11 +474,15 @@ def _analyze(view: OpView) -> _Groups:
             f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated)
             if synced:
                 syncs[f] = frozenset(synced)
+            differ[f] = flow.differ
             nodes[f] = [a.dims_of[v][d] for v, d in (
                 *((edges.operands[i], d) for i, d in operands.items()),
                 *((edges.results[k], d) for k, d in results.items()))]
             placed.update(n for v in (*edges.operands, *edges.results)
                           for n in a.dims_of[v] if find(n) == g)
+    for f, g in itertools.combinations(sorted(differ), 2):
+        if differ[f].isdisjoint(differ[g]):
+            b.slice_together(f, g)
     for i, v in enumerate(edges.operands):
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
@@ -542,6 +572,44 @@ def body_axes(params: Any) -> frozenset[str]:
     bodies += list(params.get("branches", ()))
     return frozenset(e.name for b in bodies for e in _jaxpr(b)[0].effects
                      if isinstance(e, NamedAxisEffect))
+
+
+@dataclass(frozen=True)
+class BodyCollective:
+    """A collective inside a control-flow op's bodies (a sync point of a sliced loop)."""
+
+    kind: str  # the PartIR:HLO collective it is: all_reduce
+    axes: tuple[str, ...]
+    times: int | None  # how often one run of the op runs it (None: a while loop's trips)
+    source_info: Any  # of the body equation, for its model line
+
+
+# JAX's collectives a body may hold, by the PartIR:HLO collective each is
+_COLLECTIVES = {"psum": "all_reduce"}
+
+
+def body_collectives(name: str, params: Any, times: int | None = 1) -> list[BodyCollective]:
+    """The collectives inside the bodies of a `name` op, nested loops included: a scan's
+    body runs `length` times per run, a while loop's an unknown number of times, each
+    branch of a cond is counted."""
+    if name == "scan":
+        times, bodies = (None if times is None else times * params["length"]), [params["jaxpr"]]
+    elif name == "while":
+        times, bodies = None, [params["cond_jaxpr"], params["body_jaxpr"]]
+    else:
+        bodies = list(params["branches"])
+    out = []
+    while bodies:
+        for eqn in _jaxpr(bodies.pop(0))[0].eqns:
+            inner = eqn.primitive.name
+            if inner in _COLLECTIVES:
+                axes = tuple(a for a in eqn.params["axes"] if isinstance(a, str))
+                out.append(BodyCollective(_COLLECTIVES[inner], axes, times, eqn.source_info))
+            elif inner in _EDGES:
+                out += body_collectives(inner, eqn.params, times)
+            elif inner in CALLS and CALLS[inner] in eqn.params:
+                bodies.append(eqn.params[CALLS[inner]])
+    return out
 
 
 def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
@@ -640,6 +708,7 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
         env = dict(zip(j.constvars, js_consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
         summed: dict[Any, Any] = {}  # a partial sum is summed once for all its uses
+        made = {v: e.source_info for e in j.eqns for v in e.outvars}  # for a sum's line
 
         def read(x: Any) -> Any:
             return x.val if isinstance(x, jcore.Literal) else env[x]
@@ -649,7 +718,8 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
             if not axes:
                 return read(x)
             if x not in summed:
-                summed[x] = lax.psum(read(x), axes)
+                with _located(made.get(x)):
+                    summed[x] = lax.psum(read(x), axes)
             return summed[x]
 
         for k, eqn in enumerate(j.eqns):
@@ -666,8 +736,13 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
                         name, eqn.params,
                         tuple(TensorType(tuple(x.shape), x.dtype) for x in ins),
                         tuple(local_type(j, v) for v in eqn.outvars)))
-                outs = eqn.primitive.bind(*ins, **params)
-                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                with _located(eqn.source_info):
+                    outs = eqn.primitive.bind(*ins, **params)
+                    outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                    for r in range(len(outs)):
+                        axes = syncs.get((id(j), k, -1 - r))
+                        if axes:
+                            outs[r] = lax.psum(outs[r], axes)
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read_whole(x, (id(j), -1, k)) for k, x in enumerate(j.outvars)]
 
@@ -676,6 +751,14 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
     named = sorted({x for axes in syncs.values() for x in axes})
     with extend_axis_env_nd([(x, sizes[x]) for x in named]):
         return jax.make_jaxpr(lambda *args: run(jaxpr, consts, args))(*avals)
+
+
+def _located(source_info: Any) -> Any:
+    """Ops traced inside keep the model line of the body equation they come from."""
+    if source_info is None:
+        return contextlib.nullcontext()
+    return source_info_util.user_context(source_info.traceback,
+                                         name_stack=source_info.name_stack)
 
 
 def control_flops(view: OpView, rule: ShardingRule | None) -> float:

@@ -58,6 +58,10 @@ class ShardingRule:
     factors: tuple[Factor, ...]
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
+    # Pairs of factors (f < g) one loop may slice at once, each slice of the loop taking
+    # a slice of both: no value of the op depends on both (independent groups of a loop's
+    # body, such as a layer's attention heads and its MLP's hidden units).
+    together: frozenset[tuple[int, int]] = frozenset()
     # Per factor: the dimension of each operand (result) it is part of, None where absent.
     operand_dims: tuple[tuple[int | None, ...], ...] = field(init=False, repr=False,
                                                               compare=False)
@@ -147,6 +151,7 @@ class RuleBuilder:
 
     def __init__(self, in_ranks: Sequence[int], out_ranks: Sequence[int]) -> None:
         self.factors: list[Factor] = []
+        self.together: set[tuple[int, int]] = set()
         self.operands = [[[] for _ in range(r)] for r in in_ranks]
         self.results = [[[] for _ in range(r)] for r in out_ranks]
 
@@ -168,7 +173,12 @@ class RuleBuilder:
             self.factors[f] = Factor(size, REPLICATION, why=why)
         return f
 
+    def slice_together(self, f: int, g: int) -> None:
+        """Factors f and g may be sliced by one loop (see `ShardingRule.together`)."""
+        self.together.add((min(f, g), max(f, g)))
+
     def build(self) -> ShardingRule:
         return ShardingRule(tuple(self.factors),
                             tuple(tuple(tuple(d) for d in t) for t in self.operands),
-                            tuple(tuple(tuple(d) for d in t) for t in self.results))
+                            tuple(tuple(tuple(d) for d in t) for t in self.results),
+                            frozenset(self.together))

@@ -61,7 +61,6 @@ from partir.errors import PartitionError, UnknownInputError
 from partir.frontend import TracedProgram, trace
 from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
-from partir.hlo.ops import COLLECTIVES
 from partir.ir import Location
 from partir.ir.types import tile_size
 from partir.metadata import TacticMetadata
@@ -373,7 +372,7 @@ class Session:
                     token.check()
                 if state.attribution is None:
                     progress(f"lowering the program after tactic {i}", i, len(states))
-                    state.attribution = _attribute(self._lowered(state))
+                    state.attribution = self._lowered(state).collective_sites()
                 attributions.append(state.attribution)
         result.collectives = [c for c in _introductions(attributions, states)
                               if _concerns(c, name, file, line)]
@@ -460,7 +459,7 @@ class Session:
             lowered = self._lowered(state)
             metadata = tactic_metadata(state.record, core_ir=False, lowered=lowered,
                                        applied=state.applied)
-            attribution = _attribute(lowered)
+            attribution = lowered.collective_sites()
         state.metadata, state.attribution = metadata, attribution
         self.lowerings += 1
 
@@ -878,33 +877,6 @@ def _explain_line(file: str, line: int, states: list[State]) -> list[R.Explained
                                            list(r.type.shape), str(r.type.dtype),
                                            _history(dims, states, r.type.shape)))
     return values
-
-
-def _axes(params: dict[str, Any]) -> tuple[str, ...]:
-    axes = params.get("axes", ())
-    flat: list[str] = []
-    for a in axes:
-        flat += [a] if isinstance(a, str) else list(a)
-    return tuple(flat)
-
-
-def _attribute(lowered: Lowered) -> Counter:
-    """Collectives of the HLO program by (kind, axes, the value they move, model file,
-    line); the value is followed back through chains of collectives to an argument or a
-    named value."""
-    fn = lowered.hlo
-    producer = {r: op for op in fn.ops for r in op.results}
-    counts: Counter = Counter()
-    for op in fn.ops:
-        if op.name not in COLLECTIVES:
-            continue
-        v = op.operands[0] if op.operands else None
-        while v is not None and v in producer and producer[v].name in COLLECTIVES:
-            v = producer[v].operands[0]
-        name = v.name if v is not None else None
-        counts[(op.name.removeprefix("hlo."), _axes(op.params), name, op.loc.file,
-                op.loc.line, op.loc.function)] += 1
-    return counts
 
 
 def _concerns(c: R.AttributedCollective, name: str | None, file: str | None,

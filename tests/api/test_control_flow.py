@@ -10,6 +10,7 @@ sharded through the update.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from jax import lax
 import partir
 from partir.core.materialize import materialize
 from partir.hlo import interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
+from partir.pipeline import lower
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from tests.oracles import assert_tree_close
 
@@ -259,3 +261,17 @@ def test_a_body_value_the_loop_must_keep_whole_is_refused_saying_why():
     keep = [partir.ManualPartition({"hidden": partir.REPLICATED}, axis="batch")]
     with pytest.raises(partir.InvalidTacticError, match="inside a loop's body"):
         partir.core_partition(tagged_layers, MESH, keep, X, WS)
+
+
+def test_collectives_inside_a_body_are_counted_per_run_and_placed_at_their_model_line():
+    result, meta = _all_oracles(megatron_layers, {"batch": 2, "model": 2}, BP_MP, X, W1, W2)
+    sites = lower(result.program).collective_sites()
+    # the residual add's partial sum, on "model", once per layer
+    line = inspect.getsource(megatron_layers).splitlines().index(
+        "        return c + jnp.tanh(c @ a) @ b, jnp.sum(c)")
+    body = [(kind, axes, count) for (kind, axes, _, file, at, _), count in sites.items()
+            if file == __file__ and at == megatron_layers.__code__.co_firstlineno + line]
+    assert body == [("all_reduce", ("model",), 1)], sites
+    # run 3 times per call: the executed count has 2 more than the program holds
+    assert meta.executed_collectives["all_reduce"] == meta.collectives["all_reduce"] + 2
+    assert meta.tactics[-1].executed_collectives == meta.executed_collectives

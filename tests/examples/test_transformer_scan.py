@@ -11,6 +11,7 @@ import pytest
 
 import partir
 from examples.transformer import model, schedules
+from partir.pipeline import lower
 from tests.oracles import assert_tree_close
 
 
@@ -43,3 +44,34 @@ def test_the_scanned_step_interprets_equal_to_the_unpartitioned_step(inputs):
     scans = [op for op in result.program.ops if op.name == "scan"]
     assert len(scans) == 2 and all(result.program.nest(op) for op in scans)
     assert_tree_close(result.interpret(*inputs), model.train_step_scanned(*inputs))
+
+
+def _model_axis(program) -> int:
+    """All-reduces over "model" run per step, a loop body's once per layer it runs."""
+    return lower(program).executed_by_axes().get(("all_reduce", ("model",)), 0)
+
+
+@pytest.mark.parametrize("name", ["MP", "BP+MP", "BP+MP+Z3"])
+def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reductions(
+        inputs, name):
+    """Megatron slices every layer's heads and hidden units through the scan (one loop
+    slicing both, which the layer body keeps apart), summing each block's output over
+    "model" inside the body: per step, as many all-reduces over "model" as the unrolled
+    model, and the step runs on 8 devices equal to the unpartitioned one."""
+    schedule = schedules.SCHEDULES[name]
+    fn, meta = partir.jit(model.train_step_scanned, schedules.MESH, schedule)
+    assert_tree_close(fn(*inputs), jax.jit(model.train_step_scanned)(*inputs))
+    mp = next(t for t in meta.tactics if t.name == "MP")
+    assert mp.conflicts == []
+    for leaf, dim in schedules.MEGATRON_DIMS.items():
+        assert mp.shardings[f"params/layers/{leaf}"][dim + 1] == ["model"], leaf
+    scanned = partir.core_partition(model.train_step_scanned, schedules.MESH, schedule,
+                                    *inputs)
+    unrolled = partir.core_partition(model.train_step, schedules.MESH, schedule,
+                                     *model.make_inputs(model.TINY))
+    # forward and backward: one sum per attention block and one per MLP, per layer
+    assert _model_axis(scanned.program) == _model_axis(unrolled.program) == \
+        4 * model.TINY.layers
+    # the program holds one per block of each scan's body
+    assert meta.executed_collectives["all_reduce"] - meta.collectives["all_reduce"] == \
+        4 * (model.TINY.layers - 1)
