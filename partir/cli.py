@@ -44,7 +44,7 @@ from partir import __version__
 from partir.api import CorePartition, tactic_metadata
 from partir.core.program import Sharding
 from partir.errors import PartitionError
-from partir.pipeline import lower
+from partir.pipeline import Lowered, lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
 from partir.sim import DEFAULT_DEVICE, get_device, registered_devices
 from partir.tactics import TacticRecord
@@ -220,8 +220,10 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
               "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
     paddings = []
+    final = lower(result.tactics[-1].program) if result.tactics else None
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
-        meta = tactic_metadata(t, device, core_ir=False)
+        meta = tactic_metadata(t, device, core_ir=False,
+                               lowered=final if i == len(result.tactics) else None)
         # The padding each tactic introduces: that of the dimensions its axis tiles first.
         paddings.append([p for p in meta.padding if p["axes"][0] == t.axis])
         counts, cost = meta.collectives, meta.cost
@@ -264,7 +266,33 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
                 lines += [f"      {n.ljust(width)}  {s}" for n, s in sharded[:MAX_SHOWN]]
             if len(sharded) > MAX_SHOWN:
                 lines.append(f"      ... {len(sharded) - MAX_SHOWN} more")
+    if final is not None:
+        lines += _sites(final)
     return "\n".join(lines)
+
+
+def _sites(final: Lowered) -> list[str]:
+    """The final program's collectives at the model lines they serve, with how often
+    those inside loop bodies run per call."""
+    runs = final.collective_sites(executed=True)
+    by_line: dict[tuple, list[str]] = {}
+    for site, n in sorted(final.collective_sites().items(),
+                          key=lambda kv: (str(kv[0][3]), kv[0][4] or 0, str(kv[0]))):
+        kind, axes, _, file, line, function = site
+        if not line:
+            continue
+        times = runs[site]
+        by_line.setdefault((file, line, function), []).append(
+            f"{kind} {{{', '.join(axes)}}} x{n}" + (f" (runs {times}x per call)"
+                                                    if times != n else ""))
+    if not by_line:
+        return []
+    out = ["", "collectives of the final program by model line:"]
+    for (file, line, function), what in list(by_line.items())[:MAX_SHOWN]:
+        out.append(f"  {os.path.basename(file)}:{line} ({function}): {'; '.join(what)}")
+    if len(by_line) > MAX_SHOWN:
+        out.append(f"  ... {len(by_line) - MAX_SHOWN} more lines")
+    return out
 
 
 def _json(schedule_file: ScheduleFile, result: CorePartition,

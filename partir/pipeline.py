@@ -36,11 +36,12 @@ class Lowered:
     def executed_by_axes(self) -> dict[tuple[str, tuple[str, ...]], int]:
         return collectives_by_axes(self.hlo, executed=True)
 
-    def collective_sites(self) -> Counter:
+    def collective_sites(self, executed: bool = False) -> Counter:
         """The HLO program's collectives by (kind, axes, the value they move, model file,
         line, function): the value is followed back through chains of collectives to an
         argument or a named value; a collective inside a loop's body is at the line of
-        the body equation it serves, moving no named value."""
+        the body equation it serves, moving no named value, and with `executed` counts
+        as many times as its loops run it per call."""
         fn = self.hlo
         producer = {r: op for op in fn.ops for r in op.results}
         counts: Counter = Counter()
@@ -50,7 +51,8 @@ class Lowered:
                     loc = user_location(c.source_info)
                     if not loc.line:
                         loc = op.loc
-                    counts[(c.kind, c.axes, None, loc.file, loc.line, loc.function)] += 1
+                    counts[(c.kind, c.axes, None, loc.file, loc.line, loc.function)] += \
+                        (c.times or 1) if executed else 1
             if op.name not in COLLECTIVES:
                 continue
             v = op.operands[0] if op.operands else None

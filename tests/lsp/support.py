@@ -48,6 +48,17 @@ schedule = [
                            axis="batch", name="Z3"),
 ]
 '''
+# The scan-over-layers variant under BP+MP: the blocks' sums are inside the scan's body.
+TINY_SCAN_BP_MP = '''\
+import model
+from schedules import BP, MESH, MP
+
+import partir
+
+program = partir.Program(model.train_step_scanned, *model.make_scanned_inputs(model.TINY))
+mesh = MESH
+schedule = [BP, MP]
+'''
 
 # A model whose host callback has no tile-mapping rule: propagation of BP stops there.
 BLOCKED_MODEL = '''\
@@ -97,6 +108,7 @@ class Workspace:
         for name in ("model.py", "schedules.py"):
             shutil.copy(ROOT / "examples" / "transformer" / name, root / "transformer" / name)
         (root / "transformer" / "tiny.partir.py").write_text(TINY_BP_MP_Z3)
+        (root / "transformer" / "scan.partir.py").write_text(TINY_SCAN_BP_MP)
         return cls(root, runtime)
 
     def path(self, name: str) -> Path:

@@ -124,6 +124,29 @@ async def test_collective_markers_follow_the_setting(session: Session) -> None:
     session.close(uri)
 
 
+async def test_collectives_inside_a_loop_body_are_marked_at_their_model_line(
+        session: Session) -> None:
+    """The scan-over-layers transformer under BP+MP: the attention block's sum over
+    "model" is in the scan's body, marked at the block's output projection."""
+    uri = session.open("transformer/scan.partir.py")
+    await session.diagnostics_for(uri)
+    model_uri = session.workspace.uri("transformer/model.py")
+    lines = session.workspace.path("transformer/model.py").read_text().splitlines()
+    at = lines.index('    return jnp.einsum("bhsk,hkd->bsd", out, w_o)')
+    session.client.workspace_did_change_configuration(T.DidChangeConfigurationParams(
+        {"partir": {"collectiveMarkersInModel": True, "debounceMs": 50}}))
+    try:
+        (marker,) = await session.wait_until(
+            "a marker at the attention's output projection", lambda: [
+                d for d in getattr(session.latest(model_uri), "diagnostics", ())
+                if d.range.start.line == at])
+        assert "scan.partir.py: all_reduce ×1 over 'model' (tactic 2, MP)" in marker.message
+    finally:
+        session.client.workspace_did_change_configuration(T.DidChangeConfigurationParams(
+            {"partir": {"collectiveMarkersInModel": False}}))
+        session.close(uri)
+
+
 async def test_daemon_that_cannot_start_is_reported() -> None:
     workspace = Workspace.create()
     try:
