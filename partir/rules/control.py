@@ -580,6 +580,7 @@ class BodyCollective:
 
     kind: str  # the PartIR:HLO collective it is: all_reduce
     axes: tuple[str, ...]
+    type: TensorType  # of its (local) operand
     times: int | None  # how often one run of the op runs it (None: a while loop's trips)
     source_info: Any  # of the body equation, for its model line
 
@@ -604,7 +605,8 @@ def body_collectives(name: str, params: Any, times: int | None = 1) -> list[Body
             inner = eqn.primitive.name
             if inner in _COLLECTIVES:
                 axes = tuple(a for a in eqn.params["axes"] if isinstance(a, str))
-                out.append(BodyCollective(_COLLECTIVES[inner], axes, times, eqn.source_info))
+                out.append(BodyCollective(_COLLECTIVES[inner], axes,
+                                          _type(eqn.invars[0].aval), times, eqn.source_info))
             elif inner in _EDGES:
                 out += body_collectives(inner, eqn.params, times)
             elif inner in CALLS and CALLS[inner] in eqn.params:

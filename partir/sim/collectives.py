@@ -86,15 +86,21 @@ def ring_time(full_bytes: float, axes: Sequence[str], mesh: Mapping[str, int],
     return time + latency, latency
 
 
+def all_reduce_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int],
+                    link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
+    """An all_reduce of an operand of `nbytes` over `axes` (an op's, or one inside a
+    loop's body)."""
+    n = math.prod(mesh[a] for a in axes)
+    return CollectiveCost("all_reduce", 2 * (n - 1) / n * nbytes,
+                          *ring_time(nbytes, axes, mesh, link_of, passes=2))
+
+
 def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
                     link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
     """`nbytes`: the bytes of the op's operand. Raises KeyError for non-collectives."""
     name = op.name
     if name == ALL_REDUCE:
-        axes = op.params["axes"]
-        n = math.prod(mesh[a] for a in axes)
-        return CollectiveCost("all_reduce", 2 * (n - 1) / n * nbytes,
-                              *ring_time(nbytes, axes, mesh, link_of, passes=2))
+        return all_reduce_cost(op.params["axes"], nbytes, mesh, link_of)
     if name == ALL_GATHER:
         axes = flat_axes(op.params["axes"])
         n = math.prod(mesh[a] for a in axes)

@@ -30,7 +30,14 @@ import partir.cancel as cancel
 from partir.ir import Function
 from partir.ir.dtypes import dtype_name
 from partir.mesh import split_axis_name
-from partir.sim.collectives import KINDS, Combiner, axis_links, collective_cost
+from partir.rules.control import CONTROL_FLOW, body_collectives
+from partir.sim.collectives import (
+    KINDS,
+    Combiner,
+    all_reduce_cost,
+    axis_links,
+    collective_cost,
+)
 from partir.sim.cost import UNKNOWN_RULE, Kind, lookup_cost
 from partir.sim.devices import DeviceSpec, get_device
 from partir.sim.memory import plan_buffers, size_table
@@ -117,6 +124,11 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                 comm += c.time_s
             continue
         combiner.propagate(op, merged)
+        if op.name in CONTROL_FLOW:
+            for body in body_collectives(op.name, op.params):
+                c = all_reduce_cost(body.axes, sizes(body.type)[1], mesh, link_of)
+                moved[c.kind] += c.bytes_sent * (body.times or 1)
+                comm += c.time_s * (body.times or 1)
         if not plan.live[i]:
             continue
         nbytes = plan.op_bytes[i]

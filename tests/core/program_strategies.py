@@ -628,7 +628,9 @@ def _same_shape(g: _Builder, a: Val) -> Val:
 
 def gen_scan(g: _Builder):
     """A scan over a stack of 2-3 transforms of a value (a scan over layers): the carry
-    and, sometimes, per-step outputs reduced over the carry's first dim."""
+    and, sometimes, per-step outputs reduced over the carry's first dim. The carry may be
+    centred on its mean at each step: sliced, the body sums the slices' partial means
+    before using them (a collective inside the body)."""
     a = g.pick([v for v in g.floats if v.rank >= 1])
     if a is None:
         return None
@@ -636,8 +638,9 @@ def gen_scan(g: _Builder):
     (x, y), _ = _squash([a, b], lambda p, q: 1.0)
     steps = g.draw(st.sampled_from((f"[{y}, -{y}]", f"[{y}, {y} * 0.5, -{y}]")))
     n = steps.count(",") + 1
-    body = ("lambda c, s: (jnp.tanh(c * s + c), jnp.sum(jnp.tanh(c) * jnp.tanh(s), "
-            "axis=0))")
+    update = g.draw(st.sampled_from(("jnp.tanh(c * s + c)",
+                                     "jnp.tanh(c * s - jnp.mean(c * s))")))
+    body = f"lambda c, s: ({update}, jnp.sum(jnp.tanh(c) * jnp.tanh(s), axis=0))"
     if g.draw(st.booleans()):
         return (f"lax.scan({body}, {x}, jnp.stack({steps}))[0]", a.shape, "float32", 1.0,
                 [a, b])

@@ -2,6 +2,7 @@
 partitioned with the paper's full schedule verifies and computes the original results."""
 
 import jax
+import pytest
 
 from examples.transformer import model, schedules
 from partir.core.materialize import materialize
@@ -11,6 +12,7 @@ from tests.examples.test_transformer_core import partition
 from tests.oracles import assert_tree_close
 
 
+@pytest.mark.slow
 def test_bp_mp_z3_emb_lowering_preserves_results():
     res = partition(("BP", "MP", "Z3", "EMB"))
     spmd = lower_core_to_spmd(materialize(res.program), schedules.MESH)
