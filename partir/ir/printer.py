@@ -107,9 +107,25 @@ def format_param(value: Any) -> str:
         return "[" + ", ".join(format_param(v) for v in value) + "]"
     if isinstance(value, str):
         return f'"{value}"'
-    if hasattr(value, "eqns"):  # nested jaxprs are not worth printing inline
-        return "<jaxpr>"
+    if hasattr(value, "eqns"):
+        # Nested jaxprs are not worth printing inline, but the sums across devices inside
+        # them (a loop's sync points) are.
+        sums = [f"psum[{', '.join(map(format_param, axes))}]" for axes in _psums(value)]
+        return f"<jaxpr: {', '.join(sums)}>" if sums else "<jaxpr>"
     return str(value)
+
+
+def _psums(jaxpr: Any) -> list[tuple]:
+    """The named axes of each psum in a jaxpr, those of nested jaxprs included."""
+    out = []
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if eqn.primitive.name == "psum":
+            out.append(tuple(a for a in eqn.params["axes"] if isinstance(a, str)))
+        for v in eqn.params.values():
+            for inner in v if isinstance(v, tuple) else (v,):
+                if hasattr(inner, "eqns"):
+                    out += _psums(inner)
+    return out
 
 
 def format_params(params: dict[str, Any]) -> str:
