@@ -240,3 +240,18 @@ def test_local_shapes_of_padded_values_are_their_tiles() -> None:
     mesh = Mesh({"batch": 4, "model": 2})
     # 6 on 4 devices: tiles of 2 (the last device holds padding), not 6 // 4
     assert _local_shape((6, 8), [["batch"], ["model"]], mesh) == [2, 4]
+
+
+def test_cancelling_a_search_stops_it_and_keeps_the_cached_prefix(ws: Path) -> None:
+    auto = 'partir.AutomaticPartition(axis="model", max_evaluations=400, name="AutoMP")'
+    session = Session(str(ws))
+    analyse(session, ws, text(layers=4))
+    edited = text(second=auto, layers=4)
+    c = Canceller("tactic 2/3: AutoMP: ", 0.01)
+    c.run(lambda progress, token: session.analyse(str(ws / "t.partir.py"), edited,
+                                                  progress, token))
+    assert isinstance(c.error, Cancelled), c.error
+    assert c.latency < 1.0  # between two evaluations of a 4-layer model
+    assert session.cancelled == 1
+    after = analyse(session, ws, text(layers=4))
+    assert after.reused_indexes == [1, 2, 3]  # the manual schedule's states were kept
