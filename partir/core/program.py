@@ -12,16 +12,21 @@ and `atomic` (keep replicated), and `tag` from `partir.tag`.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import operator
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
 from partir.ir.types import tile_size
 from partir.mesh import Mesh
+from partir.rules import CATALOGUE, OpView
+from partir.rules.control import body_factor
 
 IDENTITY_KINDS = ("tile", "atomic")
 
@@ -156,6 +161,9 @@ def sharding_of(nest: Nest, k: int, rank: int) -> Sharding:
     return Sharding(tuple(tuple(d) for d in dims), tuple(partial), tuple(replicated))
 
 
+_order = operator.attrgetter("order")
+
+
 @dataclass(frozen=True)
 class CoreProgram:
     """An immutable snapshot of a Core program (the state after some tactic)."""
@@ -181,6 +189,27 @@ class CoreProgram:
             return Sharding(tuple(() for _ in v.type.shape))
         op, k = p
         return self._users(sharding_of(self.nest(op), k, v.type.rank))
+
+    def body_sharding(self, tag: BodyTag) -> Sharding:
+        """The sharding of a value tagged inside the bodies of a control-flow op (in a
+        scan's step function): per dimension, the axes of the op's loops slicing the
+        factor of the op's rule it belongs to."""
+        # Traced ops keep their position as `order`, whatever tactics inserted.
+        op = self.ops[bisect.bisect_left(self.ops, (tag.op,), key=_order)]
+        jaxpr, var, rank = tag.jaxpr, tag.var, tag.type.rank
+        view = OpView(op.name, op.params, tuple([v.type for v in op.operands]),
+                      tuple([v.type for v in op.results]))
+        rule = CATALOGUE[op.name].rule(view)
+        dims = []
+        for d in range(rank):
+            f = body_factor(view, jaxpr, var, d)
+            if isinstance(f, str):  # a dimension the op keeps whole
+                dims.append(())
+                continue
+            sliced = rule.operand_dims[f]
+            dims.append(tuple(lp.axis for lp in self.nest(op) if any(
+                at is not None and at == sliced[j] for j, at in enumerate(lp.operands))))
+        return self._users(Sharding(tuple(dims)))
 
     def _users(self, s: Sharding) -> Sharding:
         """The sharding in the user's axes: sub-axes an axis was split into are named by

@@ -255,3 +255,49 @@ def test_cancelling_a_search_stops_it_and_keeps_the_cached_prefix(ws: Path) -> N
     assert session.cancelled == 1
     after = analyse(session, ws, text(layers=4))
     assert after.reused_indexes == [1, 2, 3]  # the manual schedule's states were kept
+
+
+SCAN_MODEL = '''\
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import partir
+
+
+def layers(x, ws):
+    def layer(c, w):
+        h = partir.tag(c @ w, "hidden")
+        return jnp.tanh(h), None
+    return jnp.sum(lax.scan(layer, x, ws)[0])
+
+
+X = np.ones((8, 4), np.float32)
+WS = np.ones((3, 4, 4), np.float32)
+'''
+SCAN_SCHEDULE = '''\
+import scan_model
+
+import partir
+
+program = partir.Program(scan_model.layers, scan_model.X, scan_model.WS)
+mesh = {"batch": 4}
+schedule = [partir.ManualPartition({"x": 0}, axis="batch", name="BP")]
+'''
+
+
+def test_a_value_tagged_inside_a_loop_body_is_explained_with_its_sharding(
+        tmp_path: Path) -> None:
+    (tmp_path / "scan_model.py").write_text(SCAN_MODEL)
+    (tmp_path / "s.partir.py").write_text(SCAN_SCHEDULE)
+    session = Session(str(tmp_path))
+    analysis = session.analyse(str(tmp_path / "s.partir.py"))
+    assert analysis.ok, analysis.diagnostics
+    (hidden,) = [v for v in session.values(analysis) if v.name == "hidden"]
+    assert hidden.kind == "tag" and hidden.shape == [8, 4]
+    # the scan runs on each device's rows: the body's value is sliced like them
+    assert hidden.history[-1].sharding == [["batch"], []]
+    assert hidden.history[-1].local_shape == [2, 4]
+    line = SCAN_MODEL.splitlines().index('        h = partir.tag(c @ w, "hidden")') + 1
+    assert [(d.file, d.line) for d in hidden.definitions] == [
+        (str(tmp_path / "scan_model.py"), line)]
