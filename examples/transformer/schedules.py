@@ -45,12 +45,19 @@ def embedding(name: str, shape: tuple[int, ...]) -> int | object:
 
 BP = ManualPartition({"batch": 0}, axis=BATCH, name="BP")
 MP = ManualPartition({"params": megatron, "opt_state": megatron}, axis=MODEL, name="MP")
+def zero(name: str, shape: tuple[int, ...]) -> object:
+    # The first divisible dimension, past the layer dimension of the scan-over-layers
+    # model's stacked parameters (params/layers/w_up: [L, D, F]), which its scan iterates
+    # over: sharded on D, each layer's tensor is gathered when the scan's body takes it.
+    parts = name.split("/")
+    stacked = "layers" in parts[:-1] and not parts[parts.index("layers") + 1].isdigit()
+    return FIRST_DIVISIBLE_DIM.after(0) if stacked else FIRST_DIVISIBLE_DIM
+
+
 # ZeRO stage 2: optimizer state sharded over the data-parallel axis, parameters replicated.
-Z2 = ManualPartition({"params": REPLICATED, "opt_state": FIRST_DIVISIBLE_DIM}, axis=BATCH,
-                     name="Z2")
+Z2 = ManualPartition({"params": REPLICATED, "opt_state": zero}, axis=BATCH, name="Z2")
 # ZeRO stage 3: parameters too.
-Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM},
-                     axis=BATCH, name="Z3")
+Z3 = ManualPartition({"params": zero, "opt_state": zero}, axis=BATCH, name="Z3")
 EMB = ManualPartition({"params": embedding, "opt_state": embedding}, axis=MODEL, name="EMB")
 
 SCHEDULES: dict[str, list[ManualPartition]] = {

@@ -28,7 +28,7 @@ import operator
 from typing import NamedTuple
 
 import partir.cancel as cancel
-from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
 from partir.core.conflicts import (
     AXIS_IN_SCOPE,
     INDIVISIBLE,
@@ -422,6 +422,12 @@ class Propagator:
                 if why:
                     detail += "; cannot pad: " + "; ".join(sorted(why))
             return INDIVISIBLE, tuple(str(m) for m in indivisible), detail
+        requested = [(i, d) for i, d in enumerate(operand_dims) if d is not None]
+        if requested and not any(d is not None for d in result_dims) and all(
+                (i, d) in rule.gatherable and in_shapes[i][d] % n == 0 and i not in pinned
+                for i, d in requested):
+            # The op takes the operands sliced and gathers them where it needs them.
+            return Loop(axis, (ANY,) * len(out_shapes), tuple(operand_dims))
         return _unsliceable(rule, sizes, operand_dims, result_dims)
 
     def _forward(self, op: CoreOp, axis: str,
@@ -471,16 +477,21 @@ class Propagator:
             return False
         rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
                                  tuple([v.type for v in op.results])))
-        if not rule.together:
+        if not rule.together and not rule.gatherable:
             return False
         info = self.m.info[op.uid]
-        sizes = rule.local_sizes(*self._local_shapes(op, info))
+        in_shapes, out_shapes = self._local_shapes(op, info)
+        sizes = rule.local_sizes(in_shapes, out_shapes)
         mappings = dict(factor_mappings(rule, sizes))
         for i, ex in enumerate(operand_ex):
             for axis, d in ex.in_scope if ex else ():
                 lp = info.loops[axis]
-                new = _widened(rule, sizes, mappings, lp, i, d, self.sizes[axis],
-                               self._pinned(operand_ex, axis))
+                pinned = self._pinned(operand_ex, axis)
+                new = _widened(rule, sizes, mappings, lp, i, d, self.sizes[axis], pinned)
+                if new is None and _gathers(rule, in_shapes, lp, i, d, self.sizes[axis],
+                                            pinned):
+                    new = Loop(axis, lp.results, tuple(
+                        d if j == i else at for j, at in enumerate(lp.operands)))
                 if new is not None:
                     self.m.replace_loop(op.uid, lp, new)
                     self.m.conflicts.pop((op.uid, axis), None)
@@ -535,6 +546,14 @@ class Propagator:
                 ex = self._operand_excess(info, k, m.info[uid], uid, i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
+
+
+def _gathers(rule: ShardingRule, in_shapes: tuple, lp: Loop, i: int, d: int, n: int,
+             pinned: set[int]) -> bool:
+    """Whether loop lp may also slice dimension d of operand i for the op to gather it
+    where it needs it whole (`ShardingRule.gatherable`)."""
+    return ((i, d) in rule.gatherable and lp.operands[i] is None and i not in pinned
+            and in_shapes[i][d] % n == 0)
 
 
 def _widened(rule: ShardingRule, sizes: tuple[int, ...], mappings: dict[int, TileMapping],

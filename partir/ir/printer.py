@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from partir.ir.collectives import JAX_COLLECTIVES, named_axes
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
 from partir.ir.values import Value
@@ -110,21 +111,22 @@ def format_param(value: Any) -> str:
     if hasattr(value, "eqns"):
         # Nested jaxprs are not worth printing inline, but the sums across devices inside
         # them (a loop's sync points) are.
-        sums = [f"psum[{', '.join(map(format_param, axes))}]" for axes in _psums(value)]
+        sums = [f"{name}[{', '.join(map(format_param, axes))}]"
+                for name, axes in _collectives(value)]
         return f"<jaxpr: {', '.join(sums)}>" if sums else "<jaxpr>"
     return str(value)
 
 
-def _psums(jaxpr: Any) -> list[tuple]:
-    """The named axes of each psum in a jaxpr, those of nested jaxprs included."""
+def _collectives(jaxpr: Any) -> list[tuple[str, tuple]]:
+    """Each collective in a jaxpr, those of nested jaxprs included, with its named axes."""
     out = []
     for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if eqn.primitive.name == "psum":
-            out.append(tuple(a for a in eqn.params["axes"] if isinstance(a, str)))
+        if eqn.primitive.name in JAX_COLLECTIVES:
+            out.append((eqn.primitive.name, named_axes(eqn)))
         for v in eqn.params.values():
             for inner in v if isinstance(v, tuple) else (v,):
                 if hasattr(inner, "eqns"):
-                    out += _psums(inner)
+                    out += _collectives(inner)
     return out
 
 

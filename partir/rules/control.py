@@ -35,6 +35,7 @@ from jax._src import source_info_util
 from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 from jax.extend import core as jcore
 
+from partir.ir.collectives import JAX_COLLECTIVES, named_axes
 from partir.ir.types import TensorType
 from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, declare
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
@@ -336,6 +337,13 @@ class _Edges:
     # start from zero and end with a partial sum, as a gradient accumulator does
     zero: frozenset[int] = frozenset()
     body: int | None = None  # the jaxpr whose results are the carries' next values
+    # Operands the bodies take as they are, each iteration (consts, a scan's scanned
+    # slices, a cond's operands; not carries): operand -> (body, its argument position,
+    # the operand's first dimension the argument has: 1 for a scanned operand, else 0).
+    entries: dict[int, list[Entry]] = field(default_factory=dict)
+
+
+Entry = tuple[Any, int, int]
 
 
 def _scan(a: _Analysis, view: OpView) -> _Edges:
@@ -361,8 +369,11 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             a.block(a.dims_of[r][:1], "it is the scanned dimension")
             for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
                 a.union(x, y)
+    body = _jaxpr(p["jaxpr"])[0]
+    entries = {i: [(body, i, 0 if i < nc else 1)] for i in range(len(ops))
+               if not nc <= i < nc + nk}
     return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
-                  _zeros(p), id(_jaxpr(p["jaxpr"])[0]))
+                  _zeros(p), id(body), entries)
 
 
 def _while(a: _Analysis, view: OpView) -> _Edges:
@@ -376,8 +387,10 @@ def _while(a: _Analysis, view: OpView) -> _Edges:
     for c, o, r in zip(carries, outs, res, strict=True):
         a.join(c, o)
         a.join(o, r)
+    cond, body = _jaxpr(p["cond_jaxpr"])[0], _jaxpr(p["body_jaxpr"])[0]
+    entries = {i: [(cond, i, 0)] if i < cn else [(body, i - cn, 0)] for i in range(cn + bn)}
     return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p),
-                  id(_jaxpr(p["body_jaxpr"])[0]))
+                  id(body), entries)
 
 
 def _cond(a: _Analysis, view: OpView) -> _Edges:
@@ -388,7 +401,9 @@ def _cond(a: _Analysis, view: OpView) -> _Edges:
         for k, (o, r) in enumerate(zip(a.body(branch, ops[1:]), res, strict=True)):
             a.join(o, r)
             sources[k].append(o)
-    return _Edges(ops, res, sources)
+    branches = [_jaxpr(b)[0] for b in view.params["branches"]]
+    entries = {i: [(b, i - 1, 0) for b in branches] for i in range(1, len(ops))}
+    return _Edges(ops, res, sources, entries=entries)
 
 
 def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
@@ -422,6 +437,7 @@ class _Groups:
     analysis: _Analysis
     why: dict[Node, str]  # group -> why it is not a factor of the op
     syncs: dict[int, frozenset[Site]]  # factor -> where its partial sums are summed
+    entries: dict[int, list[Entry]]  # operand -> where the bodies take it (_Edges)
 
 
 def _key(view: OpView) -> tuple:
@@ -480,18 +496,24 @@ def _analyze(view: OpView) -> _Groups:
                 *((edges.results[k], d) for k, d in results.items()))]
             placed.update(n for v in (*edges.operands, *edges.results)
                           for n in a.dims_of[v] if find(n) == g)
-    for f, g in itertools.combinations(sorted(differ), 2):
-        if differ[f].isdisjoint(differ[g]):
-            b.slice_together(f, g)
     for i, v in enumerate(edges.operands):
+        entry = edges.entries.get(i)
         for d, n in enumerate(a.dims_of[v]):
+            # Sliced, an operand the bodies take as it is can be all-gathered where they
+            # take it (ZeRO-3 through a scan over layers: a layer's parameters gathered
+            # one layer at a time); no result depends on that slicing.
+            if entry and a.sizes[n] > 1 and d >= entry[0][2]:
+                b.gatherable.add((i, d))
             if n not in placed:
                 b.replicated(a.sizes[n], operands={i: d}, why=why.get(find(n), ""))
     for k, v in enumerate(edges.results):
         for d, n in enumerate(a.dims_of[v]):
             if n not in placed:
                 b.replicated(a.sizes[n], results={k: d}, why=why.get(find(n), ""))
-    return _Groups(b.build(), nodes, a, why, syncs)
+    for f, g in itertools.combinations(sorted(differ), 2):
+        if differ[f].isdisjoint(differ[g]):
+            b.slice_together(f, g)
+    return _Groups(b.build(), nodes, a, why, syncs, edges.entries)
 
 
 def _actions(results: dict[int, int], edges: _Edges, flow: _Flow, seeded: set[int],
@@ -578,15 +600,11 @@ def body_axes(params: Any) -> frozenset[str]:
 class BodyCollective:
     """A collective inside a control-flow op's bodies (a sync point of a sliced loop)."""
 
-    kind: str  # the PartIR:HLO collective it is: all_reduce
+    kind: str  # the PartIR:HLO collective it is: all_reduce, all_gather
     axes: tuple[str, ...]
     type: TensorType  # of its (local) operand
     times: int | None  # how often one run of the op runs it (None: a while loop's trips)
     source_info: Any  # of the body equation, for its model line
-
-
-# JAX's collectives a body may hold, by the PartIR:HLO collective each is
-_COLLECTIVES = {"psum": "all_reduce"}
 
 
 def body_collectives(name: str, params: Any, times: int | None = 1) -> list[BodyCollective]:
@@ -603,10 +621,10 @@ def body_collectives(name: str, params: Any, times: int | None = 1) -> list[Body
     while bodies:
         for eqn in _jaxpr(bodies.pop(0))[0].eqns:
             inner = eqn.primitive.name
-            if inner in _COLLECTIVES:
-                axes = tuple(a for a in eqn.params["axes"] if isinstance(a, str))
-                out.append(BodyCollective(_COLLECTIVES[inner], axes,
-                                          _type(eqn.invars[0].aval), times, eqn.source_info))
+            if inner in JAX_COLLECTIVES:
+                out.append(BodyCollective(JAX_COLLECTIVES[inner][0], named_axes(eqn),
+                                          _type(eqn.invars[0].aval), times,
+                                          eqn.source_info))
             elif inner in _EDGES:
                 out += body_collectives(inner, eqn.params, times)
             elif inner in CALLS and CALLS[inner] in eqn.params:
@@ -658,49 +676,88 @@ def _global_view(view: OpView) -> OpView:
 
 def localize(view: OpView) -> dict[str, Any]:
     """The op's parameters on local types: each body traced again with every dimension of
-    a sliced group at its local size, read from the op's local operands and results, and
-    a sliced group's partial sums summed over the axes slicing it where the body needs
-    them whole (`view.slicing` names the axes)."""
-    groups = _groups(_global_view(view))
+    a sliced group at its local size, read from the op's local operands and results, a
+    sliced group's partial sums summed over the axes slicing it where the body needs them
+    whole, and a sliced operand the bodies need whole gathered where they take it
+    (`view.slicing` names the axes)."""
+    whole = _global_view(view)
+    groups = _groups(whole)
     a, rule = groups.analysis, groups.rule
     local: dict[Node, int] = {}
-    syncs: dict[Site, tuple[str, ...]] = {}
-    for f, nodes in groups.nodes.items():
-        i = next(i for i, d in enumerate(rule.operand_dims[f]) if d is not None)
-        dim = rule.operand_dims[f][i]
-        size = view.in_types[i].shape[dim]
-        local[a.find(nodes[0])] = size
-        if f not in groups.syncs or size == a.sizes[a.find(nodes[0])]:
-            continue
+    plan = _Plan()
+
+    def axes_of(i: int, dim: int, what: str) -> tuple[str, ...]:
         if view.slicing is None:
-            raise ValueError(f"{view.name} sums partial results over the axes slicing its "
-                             f"dimension {dim} of operand {i}, but its local view does not "
-                             f"say which axes those are")
+            raise ValueError(f"{view.name} {what} over the axes slicing its dimension {dim} "
+                             f"of operand {i}, but its local view does not say which axes "
+                             f"those are")
+        return view.slicing.operand_axes[i][dim]
+
+    gathered: list[tuple[int, int, int]] = []  # (operand, dim, local size)
+    for f, nodes in groups.nodes.items():
+        # The group's local size is its members' that are not gathered: the largest.
+        members = {(i, d): view.in_types[i].shape[d]
+                   for i, d in enumerate(rule.operand_dims[f]) if d is not None}
+        size = max([*members.values(), *(view.out_types[k].shape[d] for k, d in
+                                         enumerate(rule.result_dims[f]) if d is not None)])
+        g = a.find(nodes[0])
+        local[g] = size
+        gathered += [(i, d, n) for (i, d), n in members.items() if n < size]
+        if f not in groups.syncs or size == a.sizes[g]:
+            continue
+        i, dim = next(m for m, n in members.items() if n == size)
+        axes = axes_of(i, dim, "sums partial results")
         for site in groups.syncs[f]:
-            axes = syncs.get(site, ())
-            syncs[site] = axes + tuple(x for x in view.slicing.operand_axes[i][dim]
-                                       if x not in axes)
-    if not syncs and not any(local[g] != a.sizes[g] for g in local):
+            have = plan.syncs.get(site, ())
+            plan.syncs[site] = have + tuple(x for x in axes if x not in have)
+    for i, d in rule.gatherable:  # sliced dims of no factor: gathered
+        n = view.in_types[i].shape[d]
+        if n < whole.in_types[i].shape[d] and all(
+                rule.factors[x].kind == REPLICATION for x in rule.operands[i][d]):
+            gathered.append((i, d, n))
+    for i, d, n in gathered:
+        if (i, d) not in rule.gatherable:
+            raise ValueError(f"{view.name} takes dimension {d} of operand {i} sliced to {n}, "
+                             f"which its bodies can neither slice nor gather")
+        axes = axes_of(i, d, "gathers an operand")
+        for body, position, first in groups.entries[i]:
+            plan.gathers.setdefault((id(body), position), []).append((d - first, n, axes))
+    if not plan.syncs and not plan.gathers and not any(local[g] != a.sizes[g] for g in local):
         return dict(view.params)
 
     def size(n: Node) -> int:
         return local.get(a.find(n), a.sizes[n])
 
     p = dict(view.params)
-    sizes = view.slicing.sizes if view.slicing is not None else {}
+    plan.sizes = view.slicing.sizes if view.slicing is not None else {}
     for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
         if name in p:
-            p[name] = _retrace(p[name], a, size, syncs, sizes)
+            p[name] = _retrace(p[name], a, size, plan)
     if "branches" in p:
-        p["branches"] = tuple(_retrace(b, a, size, syncs, sizes) for b in p["branches"])
+        p["branches"] = tuple(_retrace(b, a, size, plan) for b in p["branches"])
     return p
 
 
-def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
-             syncs: Mapping[Site, tuple[str, ...]], sizes: Mapping[str, int]) -> Any:
-    """The body as a ClosedJaxpr on local shapes, every op's parameters localized, the
-    partial sums at `syncs` summed over their axes (`sizes` gives the axes' sizes)."""
+@dataclass
+class _Plan:
+    """The collectives a local op's bodies hold, each over the axes slicing its group."""
+
+    syncs: dict[Site, tuple[str, ...]] = field(default_factory=dict)
+    # (body, argument position) -> (the argument's dimension, its local size, axes)
+    gathers: dict[tuple[int, int], list[tuple[int, int, tuple[str, ...]]]] = field(
+        default_factory=dict)
+    sizes: Mapping[str, int] = field(default_factory=dict)  # the axes' sizes
+
+    def axes(self) -> list[str]:
+        return sorted({x for axes in self.syncs.values() for x in axes} |
+                      {x for gs in self.gathers.values() for _, _, axes in gs for x in axes})
+
+
+def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) -> Any:
+    """The body as a ClosedJaxpr on local shapes, every op's parameters localized, with
+    the plan's sums and gathers."""
     jaxpr, consts = _jaxpr(body)
+    syncs = plan.syncs
 
     def local_type(j: Any, var: Any) -> TensorType:
         return TensorType(tuple(size(n) for n in a.dims_of[a.values[(id(j), var)]]),
@@ -748,11 +805,24 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int],
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read_whole(x, (id(j), -1, k)) for k, x in enumerate(j.outvars)]
 
-    avals = [jax.ShapeDtypeStruct(local_type(jaxpr, v).shape, v.aval.dtype)
-             for v in jaxpr.invars]
-    named = sorted({x for axes in syncs.values() for x in axes})
-    with extend_axis_env_nd([(x, sizes[x]) for x in named]):
-        return jax.make_jaxpr(lambda *args: run(jaxpr, consts, args))(*avals)
+    avals = []
+    gathers = [plan.gathers.get((id(jaxpr), p), []) for p in range(len(jaxpr.invars))]
+    for v, gathered in zip(jaxpr.invars, gathers, strict=True):
+        shape = list(local_type(jaxpr, v).shape)
+        for dim, n, _ in gathered:  # the argument arrives sliced
+            shape[dim] = n
+        avals.append(jax.ShapeDtypeStruct(tuple(shape), v.aval.dtype))
+
+    def traced(*args: Any) -> list[Any]:
+        taken = []
+        for x, gathered in zip(args, gathers, strict=True):
+            for dim, _, axes in gathered:
+                x = lax.all_gather(x, axes, axis=dim, tiled=True)
+            taken.append(x)
+        return run(jaxpr, consts, taken)
+
+    with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):
+        return jax.make_jaxpr(traced)(*avals)
 
 
 def _located(source_info: Any) -> Any:

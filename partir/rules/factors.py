@@ -62,6 +62,10 @@ class ShardingRule:
     # a slice of both: no value of the op depends on both (independent groups of a loop's
     # body, such as a layer's attention heads and its MLP's hidden units).
     together: frozenset[tuple[int, int]] = frozenset()
+    # (operand, dim) pairs the op may take sliced whatever their factors are: it gathers
+    # them where it needs them whole, and no result depends on the slicing (a loop's
+    # body taking a parameter: ZeRO-3 through a scan over layers).
+    gatherable: frozenset[tuple[int, int]] = frozenset()
     # Per factor: the dimension of each operand (result) it is part of, None where absent.
     operand_dims: tuple[tuple[int | None, ...], ...] = field(init=False, repr=False,
                                                               compare=False)
@@ -152,6 +156,7 @@ class RuleBuilder:
     def __init__(self, in_ranks: Sequence[int], out_ranks: Sequence[int]) -> None:
         self.factors: list[Factor] = []
         self.together: set[tuple[int, int]] = set()
+        self.gatherable: set[tuple[int, int]] = set()
         self.operands = [[[] for _ in range(r)] for r in in_ranks]
         self.results = [[[] for _ in range(r)] for r in out_ranks]
 
@@ -181,4 +186,4 @@ class RuleBuilder:
         return ShardingRule(tuple(self.factors),
                             tuple(tuple(tuple(d) for d in t) for t in self.operands),
                             tuple(tuple(tuple(d) for d in t) for t in self.results),
-                            frozenset(self.together))
+                            frozenset(self.together), frozenset(self.gatherable))

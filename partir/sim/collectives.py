@@ -95,6 +95,20 @@ def all_reduce_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int],
                           *ring_time(nbytes, axes, mesh, link_of, passes=2))
 
 
+def all_gather_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int],
+                    link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
+    """An all_gather of an operand (a tile) of `nbytes` over `axes`."""
+    n = math.prod(mesh[a] for a in axes)
+    full = nbytes * n
+    return CollectiveCost("all_gather", (n - 1) / n * full,
+                          *ring_time(full, axes, mesh, link_of))
+
+
+# The cost of a collective by kind, from its flat axes and its operand's bytes: the
+# collectives a loop's body may hold (`partir.rules.control.BodyCollective`).
+BODY_COSTS = {"all_reduce": all_reduce_cost, "all_gather": all_gather_cost}
+
+
 def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
                     link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
     """`nbytes`: the bytes of the op's operand. Raises KeyError for non-collectives."""
@@ -102,11 +116,7 @@ def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
     if name == ALL_REDUCE:
         return all_reduce_cost(op.params["axes"], nbytes, mesh, link_of)
     if name == ALL_GATHER:
-        axes = flat_axes(op.params["axes"])
-        n = math.prod(mesh[a] for a in axes)
-        full = nbytes * n
-        return CollectiveCost("all_gather", (n - 1) / n * full,
-                              *ring_time(full, axes, mesh, link_of))
+        return all_gather_cost(flat_axes(op.params["axes"]), nbytes, mesh, link_of)
     if name == REDUCE_SCATTER:
         axes = flat_axes(op.params["axes"])
         n = math.prod(mesh[a] for a in axes)

@@ -32,9 +32,9 @@ from partir.ir.dtypes import dtype_name
 from partir.mesh import split_axis_name
 from partir.rules.control import CONTROL_FLOW, body_collectives
 from partir.sim.collectives import (
+    BODY_COSTS,
     KINDS,
     Combiner,
-    all_reduce_cost,
     axis_links,
     collective_cost,
 )
@@ -126,7 +126,7 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         combiner.propagate(op, merged)
         if op.name in CONTROL_FLOW:
             for body in body_collectives(op.name, op.params):
-                c = all_reduce_cost(body.axes, sizes(body.type)[1], mesh, link_of)
+                c = BODY_COSTS[body.kind](body.axes, sizes(body.type)[1], mesh, link_of)
                 moved[c.kind] += c.bytes_sent * (body.times or 1)
                 comm += c.time_s * (body.times or 1)
         if not plan.live[i]:

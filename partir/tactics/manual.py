@@ -18,7 +18,13 @@ from partir.errors import InvalidTacticError, UnknownInputError
 from partir.frontend.source import is_user_file
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
-from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, _Form
+from partir.tactics.forms import (
+    FIRST_DIVISIBLE_DIM,
+    REPLICATED,
+    UNKNOWN,
+    _FirstDivisible,
+    _Form,
+)
 
 if TYPE_CHECKING:
     from partir.core.module import CoreModule
@@ -121,9 +127,10 @@ def expand(tactic: ManualPartition, module: CoreModule,
             continue
         if form is REPLICATED:
             specs.append(ActionSpec("atomic", name, value, tactic.axis))
-        elif form is FIRST_DIVISIBLE_DIM:
+        elif isinstance(form, _FirstDivisible):
             taken = sharded_dims(module, value)
-            dims = [d for d, s in enumerate(value.type.shape) if d not in taken and s % n == 0]
+            dims = [d for d, s in enumerate(value.type.shape)
+                    if d >= form.start and d not in taken and s % n == 0]
             if dims:
                 specs.append(ActionSpec("tile", name, value, tactic.axis, dims[0]))
             else:

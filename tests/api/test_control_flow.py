@@ -275,3 +275,22 @@ def test_collectives_inside_a_body_are_counted_per_run_and_placed_at_their_model
     # run 3 times per call: the executed count has 2 more than the program holds
     assert meta.executed_collectives["all_reduce"] == meta.collectives["all_reduce"] + 2
     assert meta.tactics[-1].executed_collectives == meta.executed_collectives
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
+def test_zero3_through_a_scan_over_layers_gathers_one_layer_at_a_time(grad):
+    """The stacked weights sharded on a dimension the layers need whole (ZeRO-3 after
+    batch parallelism): the scan takes them sharded and its body all-gathers each
+    layer's slice when it takes it, so they are never gathered whole."""
+    fn = jax.grad(megatron_layers, argnums=(0, 1, 2)) if grad else megatron_layers
+    z3 = [partir.ManualPartition({"x": 0}, axis="batch"),
+          partir.ManualPartition({"w1": 1, "w2": 2}, axis="batch")]
+    result, meta = _all_oracles(fn, MESH, z3, X, W1, W2)
+    assert [t.conflicts for t in result.tactics] == [[], []]
+    shardings = result.program.input_shardings()
+    assert shardings["w1"].dims[1] == ("batch",) and shardings["w2"].dims[2] == ("batch",)
+    scans = len(_control_ops(result.program))
+    # each scan gathers both weights' layer slices, once per layer (3)
+    assert meta.collectives["all_gather"] == 2 * scans
+    assert meta.executed_collectives["all_gather"] == 2 * 3 * scans
+    assert "all_gather[\"batch\"]" in meta.hlo_ir

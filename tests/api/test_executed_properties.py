@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import partir
 from partir.hlo.ops import COLLECTIVES as HLO_COLLECTIVES
+from partir.ir.collectives import JAX_COLLECTIVES
 from partir.mesh import split_axis_name
 from tests.budget import examples
 from tests.core.program_strategies import (
@@ -86,8 +87,8 @@ def _check_metadata(meta: partir.Metadata, pc: PartitionCase, n_outputs: int) ->
     # Each is in the printed program: an op, or a sum inside a loop's body (psum[...]).
     for kind, n in meta.collectives.items():
         printed = len(re.findall(rf"= {kind}(?=[ <])", meta.hlo_ir))
-        if kind == "all_reduce":
-            printed += len(re.findall(r"psum\[", meta.hlo_ir))
+        printed += sum(meta.hlo_ir.count(f"{name}[") for name, (is_kind, _) in
+                       JAX_COLLECTIVES.items() if is_kind == kind)
         assert printed == n, (kind, meta.hlo_ir)
     assert meta.core_ir and meta.spmd_ir and meta.hlo_ir
     # One PartitionSpec per input and output leaf, each of the value's rank.

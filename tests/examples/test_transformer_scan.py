@@ -80,3 +80,25 @@ def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reduction
                                          *model.make_inputs(model.TINY)).cost
         assert meta.cost.bytes_moved["all_reduce"] == \
             pytest.approx(unrolled_cost.bytes_moved["all_reduce"])
+
+
+def test_zero3_keeps_the_stacked_parameters_sharded_gathering_one_layer_at_a_time(inputs):
+    """BP+MP+Z3: ZeRO shards each stacked parameter past its layer dimension
+    (`schedules.zero`); the scans' bodies all-gather a layer's slice when they take it,
+    so no stacked parameter is ever gathered whole."""
+    schedule = schedules.SCHEDULES["BP+MP+Z3"]
+    fn, meta = partir.jit(model.train_step_scanned, schedules.MESH, schedule)
+    assert_tree_close(fn(*inputs), jax.jit(model.train_step_scanned)(*inputs))
+    z3 = meta.tactics[-1]
+    assert z3.shardings["params/layers/w_up"] == [[], ["batch"], ["model"]]
+    assert z3.shardings["opt_state/0/mu/layers/w_up"] == [[], ["batch"], ["model"]]
+    result = partir.core_partition(model.train_step_scanned, schedules.MESH, schedule,
+                                   *inputs)
+    sites = lower(result.program).collective_sites()
+    gathered = {name for (kind, _, name, *_) in sites if kind == "all_gather" and name}
+    assert gathered == {"params/embed"}  # the unstacked embedding only
+    # Per layer, the forward gathers the 8 tensors ZeRO shards (all but b_up, which MP
+    # shards on its one dimension), the backward the 4 weight matrices again (ZeRO-3
+    # gathers for each pass; the unrolled model keeps its forward's gathers: 8 per layer).
+    in_bodies = meta.executed_collectives["all_gather"] - meta.collectives["all_gather"]
+    assert in_bodies == (8 + 4) * (model.TINY.layers - 1)

@@ -1,0 +1,17 @@
+"""JAX's collective primitives that partir puts inside loop bodies (a sliced loop's sync
+points), said once for the stages that find them there: the PartIR:HLO collective each
+is, and the parameter naming its mesh axes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# JAX primitive -> (the PartIR:HLO collective it is, the parameter naming its axes)
+JAX_COLLECTIVES = {"psum": ("all_reduce", "axes"), "all_gather": ("all_gather", "axis_name")}
+
+
+def named_axes(eqn: Any) -> tuple[str, ...]:
+    """The mesh axes a collective equation names (positional axes left out)."""
+    named = eqn.params[JAX_COLLECTIVES[eqn.primitive.name][1]]
+    return tuple(a for a in (named if isinstance(named, tuple) else (named,))
+                 if isinstance(a, str))
