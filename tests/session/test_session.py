@@ -179,14 +179,21 @@ class Canceller:
         return self.ended_at - self.cancelled_at
 
 
+def cancel_analysis(session: Session, ws: Path, source: str, stage: str) -> Canceller:
+    """Analyse `source`, cancelling 10 ms after progress reports `stage`: the analysis
+    must end `Cancelled`."""
+    c = Canceller(stage, 0.01)
+    c.run(lambda progress, token: session.analyse(str(ws / "t.partir.py"), source,
+                                                  progress, token))
+    assert isinstance(c.error, Cancelled), c.error
+    return c
+
+
 def test_cancelling_mid_tactic_keeps_the_cached_prefix(ws: Path) -> None:
     session = Session(str(ws))
     analyse(session, ws, text(layers=8))
     edited = text(third=Z2, layers=8)
-    c = Canceller("tactic 3/3", 0.01)
-    c.run(lambda progress, token: session.analyse(str(ws / "t.partir.py"), edited,
-                                                  progress, token))
-    assert isinstance(c.error, Cancelled), c.error
+    c = cancel_analysis(session, ws, edited, "tactic 3/3")
     assert c.latency < 0.5  # the target is 50 ms: generous for a loaded machine
     assert session.cancelled == 1 and session.tactics_applied == 3  # Z2 never finished
 
@@ -246,11 +253,7 @@ def test_cancelling_a_search_stops_it_and_keeps_the_cached_prefix(ws: Path) -> N
     auto = 'partir.AutomaticPartition(axis="model", max_evaluations=400, name="AutoMP")'
     session = Session(str(ws))
     analyse(session, ws, text(layers=4))
-    edited = text(second=auto, layers=4)
-    c = Canceller("tactic 2/3: AutoMP: ", 0.01)
-    c.run(lambda progress, token: session.analyse(str(ws / "t.partir.py"), edited,
-                                                  progress, token))
-    assert isinstance(c.error, Cancelled), c.error
+    c = cancel_analysis(session, ws, text(second=auto, layers=4), "tactic 2/3: AutoMP: ")
     assert c.latency < 1.0  # between two evaluations of a 4-layer model
     assert session.cancelled == 1
     after = analyse(session, ws, text(layers=4))
