@@ -264,7 +264,10 @@ class _Materializer:
                 slicing = Slicing(tuple([tuple([tuple([lp.axis for lp, at in zip(
                     nest, dims, strict=True) if at == d]) for d in range(v.type.rank)])
                     for v, dims in zip(op.operands, operand_dims, strict=True)]),
-                    self.sizes)
+                    self.sizes, tuple([tuple([tuple([lp.axis for lp in nest
+                                                     if lp.results[k] == Tile(d)])
+                                              for d in range(r.type.rank)])
+                                       for k, r in enumerate(op.results)]))
             params = localized_params(entry, OpView(op.name, op.params, in_types, out_types,
                                                     slicing))
         traced = None

@@ -286,7 +286,7 @@ class Propagator:
                         deeper = deeper or ex.deeper
                         in_scope = in_scope or bool(ex.in_scope)
             if in_scope:
-                if self._widen(op, operand_ex):
+                if self._widen(op, operand_ex, result_ex):
                     continue  # look at the op again with the wider loop
                 self._record_in_scope(op, operand_ex, result_ex)
             for axis in self.axes:
@@ -468,16 +468,20 @@ class Propagator:
         self.sizes = dict(self.m.mesh)
         self._refined = True
 
-    def _widen(self, op: CoreOp, operand_ex: list[_Excess | None]) -> bool:
+    def _widen(self, op: CoreOp, operand_ex: list[_Excess | None],
+               result_ex: list[list[_Excess]]) -> bool:
         """Slice one more factor in a loop the op already has over the axis an operand is
         tiled on, where the op's rule lets one loop slice both (`ShardingRule.together`):
-        each iteration then takes a slice of both factors."""
+        each iteration then takes a slice of both factors. Or slice the operand for the
+        op to gather where it needs it whole (`gatherable`), or tile a result the loop
+        sums, on the dimension its uses slice, for the op to reduce-scatter it where it
+        makes it (`scatterable`)."""
         entry = lookup(op.name)
         if entry is None:
             return False
         rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
                                  tuple([v.type for v in op.results])))
-        if not rule.together and not rule.gatherable:
+        if not rule.together and not rule.gatherable and not rule.scatterable:
             return False
         info = self.m.info[op.uid]
         in_shapes, out_shapes = self._local_shapes(op, info)
@@ -493,11 +497,22 @@ class Propagator:
                     new = Loop(axis, lp.results, tuple(
                         d if j == i else at for j, at in enumerate(lp.operands)))
                 if new is not None:
-                    self.m.replace_loop(op.uid, lp, new)
-                    self.m.conflicts.pop((op.uid, axis), None)
-                    self._wake(op, new)
-                    return True
+                    return self._replace(op, lp, new)
+        for k, uses in enumerate(result_ex):
+            for axis, d in (at for ex in uses for at in ex.in_scope):
+                lp = info.loops[axis]
+                if ((k, d) in rule.scatterable and lp.results[k] == Sum("add")
+                        and out_shapes[k][d] % self.sizes[axis] == 0):
+                    return self._replace(op, lp, Loop(axis, tuple(
+                        Tile(d) if j == k else a for j, a in enumerate(lp.results)),
+                        lp.operands))
         return False
+
+    def _replace(self, op: CoreOp, old: Loop, new: Loop) -> bool:
+        self.m.replace_loop(op.uid, old, new)
+        self.m.conflicts.pop((op.uid, new.axis), None)
+        self._wake(op, new)
+        return True
 
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:

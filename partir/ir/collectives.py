@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 # JAX primitive -> (the PartIR:HLO collective it is, the parameter naming its axes)
-JAX_COLLECTIVES = {"psum": ("all_reduce", "axes"), "all_gather": ("all_gather", "axis_name")}
+JAX_COLLECTIVES = {"psum": ("all_reduce", "axes"), "all_gather": ("all_gather", "axis_name"),
+                   "reduce_scatter": ("reduce_scatter", "axis_name")}
 
 
 def named_axes(eqn: Any) -> tuple[str, ...]:

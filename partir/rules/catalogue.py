@@ -46,6 +46,8 @@ class Slicing:
 
     operand_axes: tuple[tuple[tuple[str, ...], ...], ...]
     sizes: Mapping[str, int]
+    # per result and dimension, the mesh axes tiling it
+    result_axes: tuple[tuple[tuple[str, ...], ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -341,6 +341,10 @@ class _Edges:
     # slices, a cond's operands; not carries): operand -> (body, its argument position,
     # the operand's first dimension the argument has: 1 for a scanned operand, else 0).
     entries: dict[int, list[Entry]] = field(default_factory=dict)
+    # Results the bodies make anew each iteration (a scan's stacked results, a cond's;
+    # not carries): result -> (body, its result position, the result's first dimension
+    # the body's result has).
+    exits: dict[int, list[Entry]] = field(default_factory=dict)
 
 
 Entry = tuple[Any, int, int]
@@ -372,8 +376,9 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
     body = _jaxpr(p["jaxpr"])[0]
     entries = {i: [(body, i, 0 if i < nc else 1)] for i in range(len(ops))
                if not nc <= i < nc + nk}
+    exits = {k: [(body, k, 1)] for k in range(nk, len(res))}
     return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
-                  _zeros(p), id(body), entries)
+                  _zeros(p), id(body), entries, exits)
 
 
 def _while(a: _Analysis, view: OpView) -> _Edges:
@@ -403,7 +408,8 @@ def _cond(a: _Analysis, view: OpView) -> _Edges:
             sources[k].append(o)
     branches = [_jaxpr(b)[0] for b in view.params["branches"]]
     entries = {i: [(b, i - 1, 0) for b in branches] for i in range(1, len(ops))}
-    return _Edges(ops, res, sources, entries=entries)
+    exits = {k: [(b, k, 0) for b in branches] for k in range(len(res))}
+    return _Edges(ops, res, sources, entries=entries, exits=exits)
 
 
 def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
@@ -438,6 +444,8 @@ class _Groups:
     why: dict[Node, str]  # group -> why it is not a factor of the op
     syncs: dict[int, frozenset[Site]]  # factor -> where its partial sums are summed
     entries: dict[int, list[Entry]]  # operand -> where the bodies take it (_Edges)
+    exits: dict[int, list[Entry]]  # result -> where the bodies make it (_Edges)
+    results: list[int]  # the results' values
 
 
 def _key(view: OpView) -> tuple:
@@ -507,13 +515,19 @@ def _analyze(view: OpView) -> _Groups:
             if n not in placed:
                 b.replicated(a.sizes[n], operands={i: d}, why=why.get(find(n), ""))
     for k, v in enumerate(edges.results):
+        exit_ = edges.exits.get(k)
         for d, n in enumerate(a.dims_of[v]):
+            # A sum over a factor the bodies make anew each iteration can be
+            # reduce-scattered where they make it (ZeRO's gradients of a scan over layers).
+            if exit_ and a.sizes[n] > 1 and d >= exit_[0][2]:
+                b.scatterable.add((k, d))
             if n not in placed:
                 b.replicated(a.sizes[n], results={k: d}, why=why.get(find(n), ""))
     for f, g in itertools.combinations(sorted(differ), 2):
         if differ[f].isdisjoint(differ[g]):
             b.slice_together(f, g)
-    return _Groups(b.build(), nodes, a, why, syncs, edges.entries)
+    return _Groups(b.build(), nodes, a, why, syncs, edges.entries, edges.exits,
+                   edges.results)
 
 
 def _actions(results: dict[int, int], edges: _Edges, flow: _Flow, seeded: set[int],
@@ -715,6 +729,17 @@ def localize(view: OpView) -> dict[str, Any]:
         if n < whole.in_types[i].shape[d] and all(
                 rule.factors[x].kind == REPLICATION for x in rule.operands[i][d]):
             gathered.append((i, d, n))
+    for k, d in rule.scatterable:  # a sum tiled where the bodies make it
+        body_size = local.get(a.find(a.dims_of[groups.results[k]][d]),
+                              whole.out_types[k].shape[d])
+        if view.out_types[k].shape[d] < body_size:
+            if view.slicing is None:
+                raise ValueError(f"{view.name} reduce-scatters its result {k} over the axes "
+                                 f"tiling its dimension {d}, but its local view does not "
+                                 f"say which axes those are")
+            axes = view.slicing.result_axes[k][d]
+            for body, position, first in groups.exits[k]:
+                plan.scatters.setdefault((id(body), position), []).append((d - first, axes))
     for i, d, n in gathered:
         if (i, d) not in rule.gatherable:
             raise ValueError(f"{view.name} takes dimension {d} of operand {i} sliced to {n}, "
@@ -722,7 +747,8 @@ def localize(view: OpView) -> dict[str, Any]:
         axes = axes_of(i, d, "gathers an operand")
         for body, position, first in groups.entries[i]:
             plan.gathers.setdefault((id(body), position), []).append((d - first, n, axes))
-    if not plan.syncs and not plan.gathers and not any(local[g] != a.sizes[g] for g in local):
+    if not plan.syncs and not plan.gathers and not plan.scatters and not any(
+            local[g] != a.sizes[g] for g in local):
         return dict(view.params)
 
     def size(n: Node) -> int:
@@ -746,11 +772,15 @@ class _Plan:
     # (body, argument position) -> (the argument's dimension, its local size, axes)
     gathers: dict[tuple[int, int], list[tuple[int, int, tuple[str, ...]]]] = field(
         default_factory=dict)
+    # (body, result position) -> (the result's dimension, axes)
+    scatters: dict[tuple[int, int], list[tuple[int, tuple[str, ...]]]] = field(
+        default_factory=dict)
     sizes: Mapping[str, int] = field(default_factory=dict)  # the axes' sizes
 
     def axes(self) -> list[str]:
         return sorted({x for axes in self.syncs.values() for x in axes} |
-                      {x for gs in self.gathers.values() for _, _, axes in gs for x in axes})
+                      {x for gs in self.gathers.values() for _, _, axes in gs for x in axes} |
+                      {x for ss in self.scatters.values() for _, axes in ss for x in axes})
 
 
 def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) -> Any:
@@ -819,7 +849,11 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) 
             for dim, _, axes in gathered:
                 x = lax.all_gather(x, axes, axis=dim, tiled=True)
             taken.append(x)
-        return run(jaxpr, consts, taken)
+        made = run(jaxpr, consts, taken)
+        for k, x in enumerate(made):
+            for dim, axes in plan.scatters.get((id(jaxpr), k), ()):
+                made[k] = x = lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True)
+        return made
 
     with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):
         return jax.make_jaxpr(traced)(*avals)

@@ -66,6 +66,10 @@ class ShardingRule:
     # them where it needs them whole, and no result depends on the slicing (a loop's
     # body taking a parameter: ZeRO-3 through a scan over layers).
     gatherable: frozenset[tuple[int, int]] = frozenset()
+    # (result, dim) pairs of results that are sums over a factor which the op may instead
+    # reduce-scatter along that dim where it makes them (a scan's stacked gradients,
+    # reduce-scattered one layer at a time for ZeRO).
+    scatterable: frozenset[tuple[int, int]] = frozenset()
     # Per factor: the dimension of each operand (result) it is part of, None where absent.
     operand_dims: tuple[tuple[int | None, ...], ...] = field(init=False, repr=False,
                                                               compare=False)
@@ -157,6 +161,7 @@ class RuleBuilder:
         self.factors: list[Factor] = []
         self.together: set[tuple[int, int]] = set()
         self.gatherable: set[tuple[int, int]] = set()
+        self.scatterable: set[tuple[int, int]] = set()
         self.operands = [[[] for _ in range(r)] for r in in_ranks]
         self.results = [[[] for _ in range(r)] for r in out_ranks]
 
@@ -186,4 +191,5 @@ class RuleBuilder:
         return ShardingRule(tuple(self.factors),
                             tuple(tuple(tuple(d) for d in t) for t in self.operands),
                             tuple(tuple(tuple(d) for d in t) for t in self.results),
-                            frozenset(self.together), frozenset(self.gatherable))
+                            frozenset(self.together), frozenset(self.gatherable),
+                            frozenset(self.scatterable))

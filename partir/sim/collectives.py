@@ -104,9 +104,18 @@ def all_gather_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int],
                           *ring_time(full, axes, mesh, link_of))
 
 
+def reduce_scatter_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int],
+                        link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
+    """A reduce_scatter of an operand (the whole sum's size) of `nbytes` over `axes`."""
+    n = math.prod(mesh[a] for a in axes)
+    return CollectiveCost("reduce_scatter", (n - 1) / n * nbytes,
+                          *ring_time(nbytes, axes, mesh, link_of))
+
+
 # The cost of a collective by kind, from its flat axes and its operand's bytes: the
 # collectives a loop's body may hold (`partir.rules.control.BodyCollective`).
-BODY_COSTS = {"all_reduce": all_reduce_cost, "all_gather": all_gather_cost}
+BODY_COSTS = {"all_reduce": all_reduce_cost, "all_gather": all_gather_cost,
+              "reduce_scatter": reduce_scatter_cost}
 
 
 def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
@@ -118,10 +127,7 @@ def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
     if name == ALL_GATHER:
         return all_gather_cost(flat_axes(op.params["axes"]), nbytes, mesh, link_of)
     if name == REDUCE_SCATTER:
-        axes = flat_axes(op.params["axes"])
-        n = math.prod(mesh[a] for a in axes)
-        return CollectiveCost("reduce_scatter", (n - 1) / n * nbytes,
-                              *ring_time(nbytes, axes, mesh, link_of))
+        return reduce_scatter_cost(flat_axes(op.params["axes"]), nbytes, mesh, link_of)
     if name == ALL_TO_ALL:
         axes = op.params["axes"]
         n = math.prod(mesh[a] for a in axes)

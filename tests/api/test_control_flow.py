@@ -294,3 +294,22 @@ def test_zero3_through_a_scan_over_layers_gathers_one_layer_at_a_time(grad):
     assert meta.collectives["all_gather"] == 2 * scans
     assert meta.executed_collectives["all_gather"] == 2 * 3 * scans
     assert "all_gather[\"batch\"]" in meta.hlo_ir
+
+
+def test_zero3_through_a_scan_reduce_scatters_each_layers_gradients_in_the_body():
+    """An SGD step of the scanned layers under BP then ZeRO-3: the update reads the
+    stacked gradients sharded like the parameters, so the backward scan's body
+    reduce-scatters each layer's gradient (a sum over the batch) as it makes it."""
+    def step(x, w1, w2):
+        grads = jax.grad(megatron_layers, argnums=(1, 2))(x, w1, w2)
+        return w1 - 0.1 * grads[0], w2 - 0.1 * grads[1]
+
+    z3 = [partir.ManualPartition({"x": 0}, axis="batch"),
+          partir.ManualPartition({"w1": 1, "w2": 2}, axis="batch")]
+    result, meta = _all_oracles(step, MESH, z3, X, W1, W2)
+    assert [t.conflicts for t in result.tactics] == [[], []]
+    shardings = result.program.output_shardings()
+    assert [s.dims for s in shardings.values()] == [((), ("batch",), ()), ((), (), ("batch",))]
+    assert meta.collectives["reduce_scatter"] == 2  # in the backward scan's body ...
+    assert meta.executed_collectives["reduce_scatter"] == 2 * 3  # ... once per layer
+    assert 'reduce_scatter["batch"]' in meta.hlo_ir

@@ -102,3 +102,9 @@ def test_zero3_keeps_the_stacked_parameters_sharded_gathering_one_layer_at_a_tim
     # gathers for each pass; the unrolled model keeps its forward's gathers: 8 per layer).
     in_bodies = meta.executed_collectives["all_gather"] - meta.collectives["all_gather"]
     assert in_bodies == (8 + 4) * (model.TINY.layers - 1)
+    # The backward's body reduce-scatters each layer's 8 gradients as it makes them:
+    # per step, as many reduce-scatters as the unrolled model's.
+    unrolled = partir.partition(model.train_step, schedules.MESH, schedule,
+                                *model.make_inputs(model.TINY))
+    assert meta.executed_collectives["reduce_scatter"] == \
+        unrolled.executed_collectives["reduce_scatter"] == 8 * model.TINY.layers + 1
