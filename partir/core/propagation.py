@@ -477,12 +477,12 @@ class Propagator:
         sums, on the dimension its uses slice, for the op to reduce-scatter it where it
         makes it (`scatterable`)."""
         entry = lookup(op.name)
-        if entry is None:
+        # Only ops whose local op holds collectives (loops) slice more in one loop: the
+        # rules of the others, which the tactics' conflicts would build here, need not be.
+        if entry is None or not entry.primitive.syncs:
             return False
         rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
                                  tuple([v.type for v in op.results])))
-        if not rule.together and not rule.gatherable and not rule.scatterable:
-            return False
         info = self.m.info[op.uid]
         in_shapes, out_shapes = self._local_shapes(op, info)
         sizes = rule.local_sizes(in_shapes, out_shapes)
