@@ -128,7 +128,7 @@ def attention(x: jax.Array, p: dict[str, jax.Array], k_cache: jax.Array, v_cache
         scores = jnp.einsum("bshk,bthk->bhst", q, k_cache) / scale
     else:
         scores = jnp.einsum("bshk,btk->bhst", q, k_cache) / scale
-    scores = scores + jnp.where(visible, 0.0, jnp.finfo(x.dtype).min).astype(x.dtype)
+    scores = jnp.where(visible, scores, jnp.finfo(x.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1)
     if v_cache.ndim == 4:
         out = jnp.einsum("bhst,bthk->bshk", probs, v_cache)

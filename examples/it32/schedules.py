@@ -34,29 +34,10 @@ def megatron(name: str, shape: tuple[int, ...]) -> int | object:
     return MEGATRON_DIMS.get(name.rsplit("/", 1)[-1], UNKNOWN)
 
 
-# The first block's attention: the tensors MP0 tiles, before MP tiles the rest.
-FIRST_ATTENTION = ("params/layers/0/w_qkv", "params/layers/0/w_q", "params/layers/0/w_o")
-
-
-def megatron_first_attention(name: str, shape: tuple[int, ...]) -> int | object:
-    return megatron(name, shape) if name in FIRST_ATTENTION else UNKNOWN
-
-
-def megatron_rest(name: str, shape: tuple[int, ...]) -> int | object:
-    return UNKNOWN if name in FIRST_ATTENTION else megatron(name, shape)
-
-
 BP = ManualPartition({"prompt": 0}, axis=BATCH, name="BP")
-# Megatron in two tactics, a workaround (README, "Gaps"): every block's heads and d_ff are
-# independent groups of the decode loop's body, and tiled at once they all match the scan
-# (a `multiple_matches` conflict: the loop stays unsliced on "model"). MP0 tiles one group,
-# the first block's heads, which gives the scan a loop over "model" (slicing that block's
-# caches); MP's tensors then reach a scan that already loops over "model", and propagation
-# widens that loop to slice their groups too.
-MP0 = ManualPartition({"params": megatron_first_attention}, axis=MODEL, name="MP0")
-MP = ManualPartition({"params": megatron_rest}, axis=MODEL, name="MP")
-# Megatron as one tactic, as the paper writes it (and as the T32 example does).
-MP_AT_ONCE = ManualPartition({"params": megatron}, axis=MODEL, name="MP")
+# Megatron: every block's heads and d_ff are independent groups of the decode loop's body,
+# which one loop over "model" slices together.
+MP = ManualPartition({"params": megatron}, axis=MODEL, name="MP")
 # Multi-query sharding (Pope et al., "Efficiently Scaling Transformer Inference"): the KV
 # caches (one head, [B, T, Dh]) split by batch over the axis that shards the heads, so that
 # no device holds (or reads, every step) the whole cache.
@@ -64,15 +45,9 @@ MQ = ManualPartition({"cache": 0}, axis=MODEL, name="MQ")
 
 SCHEDULES: dict[str, list[ManualPartition]] = {
     "BP": [BP],
-    "MP": [MP0, MP],
-    "BP+MP": [BP, MP0, MP],
-    "BP+MP+MQ": [BP, MP0, MP, MQ],
-}
-# The Megatron rows with MP as one tactic: the decode loop stays unsliced on "model".
-AT_ONCE: dict[str, list[ManualPartition]] = {
-    "MP": [MP_AT_ONCE],
-    "BP+MP": [BP, MP_AT_ONCE],
-    "BP+MP+MQ": [BP, MP_AT_ONCE, MQ],
+    "MP": [MP],
+    "BP+MP": [BP, MP],
+    "BP+MP+MQ": [BP, MP, MQ],
 }
 
 

@@ -96,7 +96,10 @@ def operand_excess(producer: NestInfo, k: int, consumer: NestInfo, i: int) -> _E
         lp = loops.get(axis)
         if lp is None:
             adopt[axis] = d
-        elif lp.operands[i] is None and not all(type(a) is AnyAction for a in lp.results):
+        elif lp.operands[i] is None and (
+                not all(type(a) is AnyAction for a in lp.results)
+                or any(at is not None for at in lp.operands)):
+            # (a loop replicating the op, all `any` and slicing nothing, keeps it whole)
             in_scope.append((axis, d))
     pinned = tuple(a for a in replicated if a not in loops) if replicated else ()
     return _excess((adopt, pinned, tuple(in_scope), deeper))
@@ -403,6 +406,10 @@ class Propagator:
                 candidates.append(m)
         if len(candidates) == 1:
             return Loop(axis, candidates[0].results, candidates[0].operands)
+        if len(candidates) + len(contested) > 1 and rule.together:
+            together = _together(rule, sizes, axis, n, operand_dims, pinned, result_dims)
+            if together is not None:
+                return together
         if held and not candidates and not contested:
             return (REPLICATED_OPERAND, tuple(str(m) for m in held),
                     "the mapping would slice an operand kept replicated (atomic) on this axis")
@@ -561,6 +568,44 @@ class Propagator:
                 ex = self._operand_excess(info, k, m.info[uid], uid, i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
+
+
+def _together(rule: ShardingRule, sizes: tuple[int, ...], axis: str, n: int,
+              operand_dims: list[int | None], pinned: set[int],
+              result_dims: list[int | None]) -> Loop | None:
+    """One loop slicing every factor the request names, where the rule lets one loop
+    slice them all (`ShardingRule.together`) and no operand or result is sliced twice;
+    None otherwise."""
+    mappings = dict(factor_mappings(rule, sizes))
+    factors = set()
+    for dims_of, wanted in ((rule.operands, operand_dims), (rule.results, result_dims)):
+        for i, d in enumerate(wanted):
+            if d is None:
+                continue
+            live = [f for f in dims_of[i][d] if sizes[f] != 1]
+            if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
+                return None
+            factors.add(live[0])
+    if any((f, g) not in rule.together for f in factors for g in factors if f < g):
+        return None
+    operands: list[int | None] = [None] * len(operand_dims)
+    results: list = [ANY] * len(result_dims)
+    for f in factors:
+        m = mappings[f]
+        for i, d in enumerate(m.operands):
+            if d is not None:
+                if operands[i] is not None or i in pinned:
+                    return None
+                operands[i] = d
+        for k, a in enumerate(m.results):
+            if type(a) is not AnyAction:
+                if type(results[k]) is not AnyAction:
+                    return None
+                results[k] = a
+    if any(d is not None and operands[i] != d for i, d in enumerate(operand_dims)) or any(
+            d is not None and results[k] != Tile(d) for k, d in enumerate(result_dims)):
+        return None
+    return Loop(axis, tuple(results), tuple(operands))
 
 
 def _gathers(rule: ShardingRule, in_shapes: tuple, lp: Loop, i: int, d: int, n: int,

@@ -88,10 +88,14 @@ class _Analysis:
     eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
     # per equation, (its operands' value ids, its results' value ids) for dependencies
     flows: list[tuple[list[int | None], list[int]]] = field(default_factory=list)
-    sites: list[tuple[int, int]] = field(default_factory=list)  # per equation: (jaxpr, k)
+    sites: list[tuple[int, int]] = field(default_factory=list)  # per equation: (frame, k)
     dims_of: dict[int, list[Node]] = field(default_factory=dict)  # value id -> dims
     predicates: list[int] = field(default_factory=list)  # while predicates' value ids
-    values: dict[tuple[int, Any], int] = field(default_factory=dict)  # (jaxpr, var) -> id
+    # (frame, var) -> value id: a frame is one walk of a body, numbered in walk order (an
+    # inner jaxpr called at two sites of a body is two frames)
+    values: dict[tuple[int, Any], int] = field(default_factory=dict)
+    frames: int = 0  # the frames walked so far
+    tagged: dict[tuple[int, Any], int] = field(default_factory=dict)  # (id(jaxpr), var)
     zeros: set[int] = field(default_factory=set)  # values that are constant zeros
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -137,6 +141,8 @@ class _Analysis:
     def body(self, body: Any, args: Sequence[int]) -> list[int]:
         """Walk a body applied to the values `args`; returns its results' values."""
         jaxpr = _jaxpr(body)[0]
+        frame = self.frames
+        self.frames += 1
         env: dict[Any, int] = {}
         for var in jaxpr.constvars:
             env[var] = self.value(var.aval.shape, blocked="a constant of the body has it")
@@ -144,11 +150,12 @@ class _Analysis:
             env[var] = a
         for k, eqn in enumerate(jaxpr.eqns):
             ins = [env[a] if not isinstance(a, jcore.Literal) else None for a in eqn.invars]
-            outs = self.eqn(eqn, ins, (id(jaxpr), k))
+            outs = self.eqn(eqn, ins, (frame, k))
             for var, o in zip(eqn.outvars, outs, strict=True):
                 env[var] = o
         for var, v in env.items():
-            self.values[(id(jaxpr), var)] = v
+            self.values[(frame, var)] = v
+            self.tagged.setdefault((id(jaxpr), var), v)
         return [env[a] if not isinstance(a, jcore.Literal) else self._literal(a)
                 for a in jaxpr.outvars]
 
@@ -288,9 +295,9 @@ class _Analysis:
         return _Flow(partial, differ, syncs, single)
 
 
-# A place in a body where a partial sum is summed over the slices: (jaxpr, equation,
-# operand) for an equation's operand, (jaxpr, equation, -1 - k) for its k-th result,
-# (jaxpr, -1, k) for the body's k-th result.
+# A place in a body where a partial sum is summed over the slices: (frame, equation,
+# operand) for an equation's operand, (frame, equation, -1 - k) for its k-th result,
+# (frame, -1, k) for the body's k-th result.
 Site = tuple[int, int, int]
 
 
@@ -336,18 +343,20 @@ class _Edges:
     # carries whose initial value is zero (the frontend's `_zero_init`): each slice may
     # start from zero and end with a partial sum, as a gradient accumulator does
     zero: frozenset[int] = frozenset()
-    body: int | None = None  # the jaxpr whose results are the carries' next values
+    body: int | None = None  # the frame whose results are the carries' next values
     # Operands the bodies take as they are, each iteration (consts, a scan's scanned
-    # slices, a cond's operands; not carries): operand -> (body, its argument position,
-    # the operand's first dimension the argument has: 1 for a scanned operand, else 0).
+    # slices, a cond's operands; not carries): operand -> (body frame, its argument
+    # position, the operand's first dimension the argument has: 1 for a scanned operand,
+    # else 0).
     entries: dict[int, list[Entry]] = field(default_factory=dict)
     # Results the bodies make anew each iteration (a scan's stacked results, a cond's;
     # not carries): result -> (body, its result position, the result's first dimension
     # the body's result has).
     exits: dict[int, list[Entry]] = field(default_factory=dict)
+    tops: list[int] = field(default_factory=list)  # the bodies' frames, in params order
 
 
-Entry = tuple[Any, int, int]
+Entry = tuple[int, int, int]
 
 
 def _scan(a: _Analysis, view: OpView) -> _Edges:
@@ -364,6 +373,7 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             args.append(a.value(view.in_types[i].shape[1:]))
             for x, y in zip(a.dims_of[v][1:], a.dims_of[args[-1]], strict=True):
                 a.union(x, y)
+    top = a.frames
     outs = a.body(p["jaxpr"], args)
     for k, (o, r) in enumerate(zip(outs, res, strict=True)):
         if k < nk:
@@ -373,12 +383,11 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             a.block(a.dims_of[r][:1], "it is the scanned dimension")
             for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
                 a.union(x, y)
-    body = _jaxpr(p["jaxpr"])[0]
-    entries = {i: [(body, i, 0 if i < nc else 1)] for i in range(len(ops))
+    entries = {i: [(top, i, 0 if i < nc else 1)] for i in range(len(ops))
                if not nc <= i < nc + nk}
-    exits = {k: [(body, k, 1)] for k in range(nk, len(res))}
+    exits = {k: [(top, k, 1)] for k in range(nk, len(res))}
     return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
-                  _zeros(p), id(body), entries, exits)
+                  _zeros(p), top, entries, exits, [top])
 
 
 def _while(a: _Analysis, view: OpView) -> _Edges:
@@ -387,29 +396,31 @@ def _while(a: _Analysis, view: OpView) -> _Edges:
     ops = [a.value(t.shape) for t in view.in_types]
     res = [a.value(t.shape) for t in view.out_types]
     carries = ops[cn + bn:]
+    cond = a.frames
     a.predicates += a.body(p["cond_jaxpr"], ops[:cn] + carries)
+    body = a.frames
     outs = a.body(p["body_jaxpr"], ops[cn:cn + bn] + carries)
     for c, o, r in zip(carries, outs, res, strict=True):
         a.join(c, o)
         a.join(o, r)
-    cond, body = _jaxpr(p["cond_jaxpr"])[0], _jaxpr(p["body_jaxpr"])[0]
     entries = {i: [(cond, i, 0)] if i < cn else [(body, i - cn, 0)] for i in range(cn + bn)}
     return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p),
-                  id(body), entries)
+                  body, entries, tops=[cond, body])
 
 
 def _cond(a: _Analysis, view: OpView) -> _Edges:
     ops = [a.value(t.shape) for t in view.in_types]
     res = [a.value(t.shape) for t in view.out_types]
     sources: list[list[int]] = [[] for _ in res]
+    branches = []
     for branch in view.params["branches"]:
+        branches.append(a.frames)
         for k, (o, r) in enumerate(zip(a.body(branch, ops[1:]), res, strict=True)):
             a.join(o, r)
             sources[k].append(o)
-    branches = [_jaxpr(b)[0] for b in view.params["branches"]]
     entries = {i: [(b, i - 1, 0) for b in branches] for i in range(1, len(ops))}
     exits = {k: [(b, k, 0) for b in branches] for k in range(len(res))}
-    return _Edges(ops, res, sources, entries=entries, exits=exits)
+    return _Edges(ops, res, sources, entries=entries, exits=exits, tops=branches)
 
 
 def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
@@ -446,6 +457,7 @@ class _Groups:
     entries: dict[int, list[Entry]]  # operand -> where the bodies take it (_Edges)
     exits: dict[int, list[Entry]]  # result -> where the bodies make it (_Edges)
     results: list[int]  # the results' values
+    tops: list[int]  # the bodies' frames (_Edges)
 
 
 def _key(view: OpView) -> tuple:
@@ -527,7 +539,7 @@ def _analyze(view: OpView) -> _Groups:
         if differ[f].isdisjoint(differ[g]):
             b.slice_together(f, g)
     return _Groups(b.build(), nodes, a, why, syncs, edges.entries, edges.exits,
-                   edges.results)
+                   edges.results, edges.tops)
 
 
 def _actions(results: dict[int, int], edges: _Edges, flow: _Flow, seeded: set[int],
@@ -652,7 +664,7 @@ def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
     replicated, as the rule's conflicts give it)."""
     groups = _groups(view)
     a = groups.analysis
-    vid = a.values.get((id(jaxpr), var))
+    vid = a.tagged.get((id(jaxpr), var))
     if vid is None:
         return "it is not a value of the loop's bodies"
     g = a.find(a.dims_of[vid][dim])
@@ -739,14 +751,14 @@ def localize(view: OpView) -> dict[str, Any]:
                                  f"say which axes those are")
             axes = view.slicing.result_axes[k][d]
             for body, position, first in groups.exits[k]:
-                plan.scatters.setdefault((id(body), position), []).append((d - first, axes))
+                plan.scatters.setdefault((body, position), []).append((d - first, axes))
     for i, d, n in gathered:
         if (i, d) not in rule.gatherable:
             raise ValueError(f"{view.name} takes dimension {d} of operand {i} sliced to {n}, "
                              f"which its bodies can neither slice nor gather")
         axes = axes_of(i, d, "gathers an operand")
         for body, position, first in groups.entries[i]:
-            plan.gathers.setdefault((id(body), position), []).append((d - first, n, axes))
+            plan.gathers.setdefault((body, position), []).append((d - first, n, axes))
     if not plan.syncs and not plan.gathers and not plan.scatters and not any(
             local[g] != a.sizes[g] for g in local):
         return dict(view.params)
@@ -756,11 +768,12 @@ def localize(view: OpView) -> dict[str, Any]:
 
     p = dict(view.params)
     plan.sizes = view.slicing.sizes if view.slicing is not None else {}
+    tops = iter(groups.tops)  # the bodies' frames, in the order the analysis walked them
     for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
         if name in p:
-            p[name] = _retrace(p[name], a, size, plan)
+            p[name] = _retrace(p[name], next(tops), a, size, plan)
     if "branches" in p:
-        p["branches"] = tuple(_retrace(b, a, size, plan) for b in p["branches"])
+        p["branches"] = tuple(_retrace(b, next(tops), a, size, plan) for b in p["branches"])
     return p
 
 
@@ -783,17 +796,20 @@ class _Plan:
                       {x for ss in self.scatters.values() for _, axes in ss for x in axes})
 
 
-def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) -> Any:
-    """The body as a ClosedJaxpr on local shapes, every op's parameters localized, with
-    the plan's sums and gathers."""
+def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
+             plan: _Plan) -> Any:
+    """The body (analysed as frame `top`) as a ClosedJaxpr on local shapes, every op's
+    parameters localized, with the plan's sums, gathers and scatters."""
     jaxpr, consts = _jaxpr(body)
     syncs = plan.syncs
+    frames = itertools.count(top)  # numbered as the analysis numbered them: in walk order
 
-    def local_type(j: Any, var: Any) -> TensorType:
-        return TensorType(tuple(size(n) for n in a.dims_of[a.values[(id(j), var)]]),
+    def local_type(frame: int, var: Any) -> TensorType:
+        return TensorType(tuple(size(n) for n in a.dims_of[a.values[(frame, var)]]),
                           var.aval.dtype)
 
     def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        frame = next(frames)
         env = dict(zip(j.constvars, js_consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
         summed: dict[Any, Any] = {}  # a partial sum is summed once for all its uses
@@ -812,7 +828,7 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) 
             return summed[x]
 
         for k, eqn in enumerate(j.eqns):
-            ins = [read_whole(x, (id(j), k, i)) for i, x in enumerate(eqn.invars)]
+            ins = [read_whole(x, (frame, k, i)) for i, x in enumerate(eqn.invars)]
             name = eqn.primitive.name
             if name in CALLS and CALLS[name] in eqn.params:
                 inner, inner_consts = _jaxpr(eqn.params[CALLS[name]])
@@ -822,23 +838,22 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) 
                 prim = CATALOGUE.get(name)
                 if prim is not None and prim.localize is not None:
                     params = prim.localize(OpView(
-                        name, eqn.params,
-                        tuple(TensorType(tuple(x.shape), x.dtype) for x in ins),
-                        tuple(local_type(j, v) for v in eqn.outvars)))
+                        name, eqn.params, tuple(map(_typed, ins)),
+                        tuple(local_type(frame, v) for v in eqn.outvars)))
                 with _located(eqn.source_info):
                     outs = eqn.primitive.bind(*ins, **params)
                     outs = list(outs) if eqn.primitive.multiple_results else [outs]
                     for r in range(len(outs)):
-                        axes = syncs.get((id(j), k, -1 - r))
+                        axes = syncs.get((frame, k, -1 - r))
                         if axes:
                             outs[r] = lax.psum(outs[r], axes)
             env.update(zip(eqn.outvars, outs, strict=True))
-        return [read_whole(x, (id(j), -1, k)) for k, x in enumerate(j.outvars)]
+        return [read_whole(x, (frame, -1, k)) for k, x in enumerate(j.outvars)]
 
     avals = []
-    gathers = [plan.gathers.get((id(jaxpr), p), []) for p in range(len(jaxpr.invars))]
+    gathers = [plan.gathers.get((top, p), []) for p in range(len(jaxpr.invars))]
     for v, gathered in zip(jaxpr.invars, gathers, strict=True):
-        shape = list(local_type(jaxpr, v).shape)
+        shape = list(local_type(top, v).shape)
         for dim, n, _ in gathered:  # the argument arrives sliced
             shape[dim] = n
         avals.append(jax.ShapeDtypeStruct(tuple(shape), v.aval.dtype))
@@ -851,12 +866,18 @@ def _retrace(body: Any, a: _Analysis, size: Callable[[Node], int], plan: _Plan) 
             taken.append(x)
         made = run(jaxpr, consts, taken)
         for k, x in enumerate(made):
-            for dim, axes in plan.scatters.get((id(jaxpr), k), ()):
+            for dim, axes in plan.scatters.get((top, k), ()):
                 made[k] = x = lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True)
         return made
 
     with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):
         return jax.make_jaxpr(traced)(*avals)
+
+
+def _typed(x: Any) -> TensorType:
+    """The type of a traced value or of a literal (a Python scalar has no `.shape`)."""
+    t = jax.typeof(x)
+    return TensorType(tuple(t.shape), t.dtype)
 
 
 def _located(source_info: Any) -> Any:

@@ -313,3 +313,60 @@ def test_zero3_through_a_scan_reduce_scatters_each_layers_gradients_in_the_body(
     assert meta.collectives["reduce_scatter"] == 2  # in the backward scan's body ...
     assert meta.executed_collectives["reduce_scatter"] == 2 * 3  # ... once per layer
     assert 'reduce_scatter["batch"]' in meta.hlo_ir
+
+
+def two_blocks(x, a1, b1, a2, b2):
+    def body(c, _):
+        c = c + jnp.tanh(c @ a1) @ b1
+        c = c + jnp.tanh(c @ a2) @ b2
+        return c, None
+    return lax.scan(body, x, None, length=3)[0]
+
+
+A = jnp.asarray(RNG.normal(size=(4, 8)).astype(np.float32)) / 2
+B = jnp.asarray(RNG.normal(size=(8, 4)).astype(np.float32)) / 2
+BLOCKS = [{"a1": 1, "b1": 0}, {"a2": 1, "b2": 0}]
+
+
+@pytest.mark.parametrize("tactics", [1, 2], ids=["one tactic", "two tactics"])
+def test_independent_groups_of_a_body_are_sliced_by_one_loop(tactics):
+    """Two Megatron blocks in a loop body: the loop slices both hidden dimensions on
+    "model" together, whether one tactic names them all or two tactics name one each."""
+    schedule = ([partir.ManualPartition({**BLOCKS[0], **BLOCKS[1]}, axis="model")]
+                if tactics == 1 else
+                [partir.ManualPartition(block, axis="model") for block in BLOCKS])
+    result, meta = _all_oracles(two_blocks, {"model": 2}, schedule, X, A, B, A, B)
+    assert all(t.conflicts == [] for t in result.tactics)
+    (loop,) = _control_ops(result.program)
+    (lp,) = result.program.nest(loop)
+    # the scan takes the weights as consts, then the carry
+    assert lp.axis == "model" and lp.operands == (1, 0, 1, 0, None)
+    assert meta.collectives["all_gather"] == 0
+    assert meta.executed_collectives["all_reduce"] == 2 * 3  # each block's sum, per step
+
+
+@jax.jit
+def _spread(a):  # one inner jaxpr, called at two sites of a body
+    return jnp.broadcast_to(a[:, None, :], (8, 2, 4)).sum(1)
+
+
+def test_an_inner_call_at_two_sites_of_a_body_is_localized_at_each_sites_shapes():
+    def f(x, y):
+        def body(c, _):
+            x, y = c
+            # x's call is sliced by the batch, y's is not (cumsum needs the whole batch)
+            return (jnp.tanh(_spread(x)), jnp.cumsum(_spread(y), axis=0) / 8), None
+        return lax.scan(body, (x, y), None, length=3)[0]
+
+    result, _ = _all_oracles(f, MESH, BP, X, X * 0.5)
+    (loop,) = _control_ops(result.program)
+    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+
+
+def test_a_python_scalar_passed_to_an_inner_call_in_a_body_is_typed():
+    def f(x):
+        def body(c, pos):
+            return c + jnp.where(jnp.arange(4) <= pos, 0.0, -1.0), None
+        return lax.scan(body, x, jnp.arange(3))[0]
+
+    _all_oracles(f, MESH, BP, X)
