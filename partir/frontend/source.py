@@ -34,13 +34,15 @@ def user_location(source_info: object) -> Location:
     code, lasti = traceback.raw_frames()
     for c, i in zip(code, lasti, strict=True):
         if _outside_jax_and_partir(c.co_filename):
-            return _location(c, i)
+            return _location(c, c.co_filename, i)
     return UNKNOWN_LOCATION
 
 
 # The equations of a model's repeated layers come from a few source lines: each
 # (code, instruction) pair is converted once. Locations are immutable, so they are shared.
+# Code objects compare equal across files (their file name is not compared): the same
+# function in two copies of a module must not share its location, so the key has it.
 @functools.lru_cache(maxsize=4096)
-def _location(code: object, lasti: int) -> Location:
+def _location(code: object, filename: str, lasti: int) -> Location:
     frame = source_info_util.raw_frame_to_frame(code, lasti)
     return Location(frame.file_name, frame.start_line, frame.function_name)

@@ -113,3 +113,23 @@ def test_untraceable_function_is_a_partition_error():
     assert "'f'" in str(e.value)
     assert e.value.loc.file == __file__ and e.value.loc.line == _line_of(f, "x @ x")
     assert f"test_trace.py:{e.value.loc.line}" in str(e.value)
+
+
+def test_two_copies_of_a_module_give_their_own_file_as_locations(tmp_path):
+    """The same source in two files compiles to equal code objects (Python does not
+    compare their file names): each copy's equations are still located in its own file."""
+    import importlib.util
+
+    source = "import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sin(x) * 2.0\n"
+    locations = []
+    for name in ("a", "b"):
+        path = tmp_path / name / "model.py"
+        path.parent.mkdir()
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"copy_{name}.model", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        traced = trace(module.f, np.ones(3, np.float32))
+        locations.append({op.loc.file for op in traced.function.ops if op.loc.line})
+    assert locations == [{str(tmp_path / "a" / "model.py")},
+                         {str(tmp_path / "b" / "model.py")}]
