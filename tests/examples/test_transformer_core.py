@@ -54,6 +54,7 @@ ZERO3 = {"ln1_bias": 0, "ln1_scale": 0, "ln2_bias": 0, "ln2_scale": 0, "w_down":
          "w_qkv": 0, "w_up": 0}
 
 
+@pytest.mark.slow  # about 45 s: the Core interpreter on the tiny model's three tactics
 def test_bp_mp_z3_actions_and_results(tiny_inputs, tiny_expected):
     res = partition(("BP", "MP", "Z3"))
     assert res.unsupported == []
