@@ -93,6 +93,12 @@ class CoreModule:
         self.splits: list[str] = []  # why each axis split into sub-axes was made
         self._seq = 1  # the last part of the next identity op's `order`
         self.info: dict[int, NestInfo] = {}  # every op's nest, indexed
+        # (id(info), id(loop)) -> (info, loop, info.extended(loop)): the ops of repeated
+        # layers start from the same empty nest's index and gain the same Loop objects
+        # (propagation's decisions are shared), so they share one index per nest instead
+        # of each copying it, and propagation can memoise on the indices' identity. The
+        # entry holds both keys' objects, so their ids are not reused while it exists.
+        self._extended: dict[tuple[int, int], tuple[NestInfo, Loop, NestInfo]] = {}
         self._output_index: dict[Value, list[int]] = defaultdict(list)
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
@@ -152,6 +158,7 @@ class CoreModule:
         new.splits = list(self.splits)
         new._seq = self._seq
         new.info = dict(self.info)
+        new._extended = {}  # a memo: the fork rebuilds its own, bounded by its own loops
         new._output_index = defaultdict(list, {v: list(r) for v, r in
                                                self._output_index.items()})
         return new
@@ -182,7 +189,12 @@ class CoreModule:
 
     def add_loop(self, uid: int, loop: Loop) -> None:
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
-        self.info[uid] = self.info[uid].extended(loop)
+        info = self.info[uid]
+        key = (id(info), id(loop))
+        hit = self._extended.get(key)
+        if hit is None:
+            hit = self._extended[key] = (info, loop, info.extended(loop))
+        self.info[uid] = hit[2]
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
