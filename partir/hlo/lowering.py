@@ -150,7 +150,9 @@ class _Lowering:
         results to the clone's."""
         local_types = self.local_types
         operands = [sub[v] for v in op.operands]
-        if self.pending:
+        pending = self.pending
+        # One test in C for all operands: most ops read no deferred gather.
+        if pending and not pending.keys().isdisjoint(operands):
             for v in operands:
                 self.need(v)
         results = []
