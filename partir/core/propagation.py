@@ -310,13 +310,18 @@ class Propagator:
                 return
 
     def _operand_excesses(self, op: CoreOp, info: NestInfo) -> list[_Excess | None]:
-        producers, infos = self.m.producer, self.m.info
+        producers, infos, memo = self.m.producer, self.m.info, self._operand_ex
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
             p = producers.get(v)
             pinfo = infos[p[0]] if p is not None else None
-            out.append(self._operand_excess(pinfo, p[1], info, i)
-                       if pinfo and pinfo.loops else None)
+            if pinfo is None or not pinfo.loops:
+                out.append(None)
+                continue
+            # `_operand_excess` with its memo hit inlined: once per operand per visit.
+            seen = memo.get((id(pinfo), p[1], id(info), i))
+            out.append(seen[2] if seen is not None
+                       else self._operand_excess(pinfo, p[1], info, i))
         return out
 
     def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
@@ -340,9 +345,18 @@ class Propagator:
         return ex
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
-        uses, infos, excess = self.m.uses, self.m.info, self._use_excess
-        return [[excess(info, k, infos[cuid], i) for cuid, i in uses.get(r, ())]
-                for k, r in enumerate(op.results)]
+        uses, infos, memo = self.m.uses, self.m.info, self._use_ex
+        out: list[list[_Excess]] = []
+        me = id(info)
+        for k, r in enumerate(op.results):
+            row = []
+            for cuid, i in uses.get(r, ()):
+                # `_use_excess` with its memo hit inlined: once per use per visit.
+                cinfo = infos[cuid]
+                seen = memo.get((me, k, id(cinfo), i))
+                row.append(seen[2] if seen is not None else self._use_excess(info, k, cinfo, i))
+            out.append(row)
+        return out
 
     def _local_shapes(self, op: CoreOp, info: NestInfo) -> tuple[tuple, tuple]:
         # Indexed rather than zipped: the NestInfo has one entry per operand (result).
