@@ -29,6 +29,7 @@ from partir.rules import CATALOGUE, OpView
 from partir.rules.control import body_factor
 
 IDENTITY_KINDS = ("tile", "atomic")
+_UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +47,9 @@ class CoreOp:
     # program position: (index,) for traced ops; an identity op on a value extends the
     # position of the value's definition, so it sorts after it and before the next op
     order: tuple[int, ...] = (0,)
+    # Not a field: the memoized `signature`, set on the instance once computed. Read from
+    # the class until then, which costs less than the AttributeError of a missing one.
+    _signature = _UNSET
 
     @property
     def is_identity(self) -> bool:
@@ -59,10 +63,9 @@ class CoreOp:
         this); None when the parameters are unhashable (e.g. array-valued constants)."""
         # Not through self.__dict__: reading it makes CPython give the instance a real
         # dict, and every later attribute read of the op (by all the passes) slower.
-        try:
-            return self._signature
-        except AttributeError:
-            pass
+        key = self._signature
+        if key is not _UNSET:
+            return key
         types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
         # hash and compare in C, and the key is hashed for every request.

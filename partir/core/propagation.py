@@ -245,11 +245,19 @@ class Propagator:
         # detail) or nothing (())
         self._decisions: dict[tuple, Loop | _Refine | tuple] = {}
         self._refined = False
-        # (consumer uid, operand) -> (producer's NestInfo, consumer's NestInfo, excess):
-        # `_apply` computes the excess of a new loop's result at each use, and the user's
-        # visit needs it again. NestInfos are never mutated (a new loop or an axis split
-        # makes new ones), so an entry whose two NestInfos are still the ops' is current.
-        self._operand_ex: dict[tuple[int, int], tuple[NestInfo, NestInfo, _Excess]] = {}
+        # (signature, id(NestInfo), request) -> (the NestInfo, decision): see `_choose`.
+        # Local shapes also depend on the axes' sizes, so an axis split clears it.
+        self._by_nest: dict[tuple, tuple[NestInfo, Loop | _Refine | tuple]] = {}
+        # (id(producer's NestInfo), result, id(consumer's NestInfo), operand) ->
+        # (the two NestInfos, excess), for `operand_excess` and `use_excess`: an excess
+        # reads nothing but the two indices, which are never mutated (a new loop or an
+        # axis split makes new ones) and which the ops of repeated layers share
+        # (`CoreModule.add_loop`), so each pair is worked out once per propagation, not
+        # per use and visit. The entry holds the NestInfos, so their ids are not reused.
+        self._operand_ex: dict[tuple[int, int, int, int],
+                               tuple[NestInfo, NestInfo, _Excess]] = {}
+        self._use_ex: dict[tuple[int, int, int, int],
+                           tuple[NestInfo, NestInfo, _Excess]] = {}
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -307,29 +315,53 @@ class Propagator:
                 return
 
     def _operand_excesses(self, op: CoreOp, info: NestInfo) -> list[_Excess | None]:
-        producers, infos = self.m.producer, self.m.info
+        producers, infos, memo = self.m.producer, self.m.info, self._operand_ex
         out: list[_Excess | None] = []
         for i, v in enumerate(op.operands):
             p = producers.get(v)
             pinfo = infos[p[0]] if p is not None else None
-            out.append(self._operand_excess(pinfo, p[1], info, op.uid, i)
-                       if pinfo and pinfo.loops else None)
+            if pinfo is None or not pinfo.loops:
+                out.append(None)
+                continue
+            # `_operand_excess` with its memo hit inlined: once per operand per visit.
+            seen = memo.get((id(pinfo), p[1], id(info), i))
+            out.append(seen[2] if seen is not None
+                       else self._operand_excess(pinfo, p[1], info, i))
         return out
 
-    def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, uid: int,
-                        i: int) -> _Excess:
-        """`operand_excess` of use i of op uid, remembered (see `_operand_ex`)."""
-        seen = self._operand_ex.get((uid, i))
-        if seen is not None and seen[0] is pinfo and seen[1] is info:
+    def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
+        """`operand_excess`, remembered (see `_operand_ex`)."""
+        key = (id(pinfo), k, id(info), i)
+        seen = self._operand_ex.get(key)
+        if seen is not None:
             return seen[2]
         ex = operand_excess(pinfo, k, info, i)
-        self._operand_ex[(uid, i)] = (pinfo, info, ex)
+        self._operand_ex[key] = (pinfo, info, ex)
+        return ex
+
+    def _use_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
+        """`use_excess`, remembered (see `_operand_ex`)."""
+        key = (id(pinfo), k, id(info), i)
+        seen = self._use_ex.get(key)
+        if seen is not None:
+            return seen[2]
+        ex = use_excess(pinfo, k, info, i)
+        self._use_ex[key] = (pinfo, info, ex)
         return ex
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
-        uses, infos = self.m.uses, self.m.info
-        return [[use_excess(info, k, infos[cuid], i) for cuid, i in uses.get(r, ())]
-                for k, r in enumerate(op.results)]
+        uses, infos, memo = self.m.uses, self.m.info, self._use_ex
+        out: list[list[_Excess]] = []
+        me = id(info)
+        for k, r in enumerate(op.results):
+            row = []
+            for cuid, i in uses.get(r, ()):
+                # `_use_excess` with its memo hit inlined: once per use per visit.
+                cinfo = infos[cuid]
+                seen = memo.get((me, k, id(cinfo), i))
+                row.append(seen[2] if seen is not None else self._use_excess(info, k, cinfo, i))
+            out.append(row)
+        return out
 
     def _local_shapes(self, op: CoreOp, info: NestInfo) -> tuple[tuple, tuple]:
         # Indexed rather than zipped: the NestInfo has one entry per operand (result).
@@ -356,20 +388,30 @@ class Propagator:
             self._conflict(op, axis, UNSUPPORTED, (),
                            f"primitive {op.name!r} has no tile-mapping entry")
             return False
-        in_shapes, out_shapes = self._local_shapes(op, self.m.info[op.uid])
+        info = self.m.info[op.uid]
         # Decisions depend only on the op's kind, parameters and types, its local shapes
         # and the request; the layers of a model repeat them, so they are remembered.
         kind = op.signature
-        key = None if kind is None else (
-            kind, in_shapes, out_shapes, tuple(operand_dims),
-            tuple(sorted(pinned)) if pinned else (),
-            tuple(result_dims), axis)
-        decision = self._decisions.get(key) if key is not None else None
-        if decision is None:
-            decision = self._decide(entry, op, in_shapes, out_shapes, axis, operand_dims,
-                                    pinned, result_dims)
-            if key is not None:
-                self._decisions[key] = decision
+        request = (tuple(operand_dims), tuple(sorted(pinned)) if pinned else (),
+                   tuple(result_dims), axis)
+        # The local shapes are those of the types (in `kind`) divided as the nest says,
+        # and the ops of repeated layers share their nests' indices: a decision is first
+        # looked up by the index itself, without dividing the shapes again.
+        by_nest = None if kind is None else (kind, id(info), request)
+        seen = self._by_nest.get(by_nest) if by_nest is not None else None
+        if seen is not None:
+            decision = seen[1]
+        else:
+            in_shapes, out_shapes = self._local_shapes(op, info)
+            key = None if kind is None else (kind, in_shapes, out_shapes, *request)
+            decision = self._decisions.get(key) if key is not None else None
+            if decision is None:
+                decision = self._decide(entry, op, in_shapes, out_shapes, axis, operand_dims,
+                                        pinned, result_dims)
+                if key is not None:
+                    self._decisions[key] = decision
+            if by_nest is not None:
+                self._by_nest[by_nest] = (info, decision)  # info: its id stays its own
         if type(decision) is Loop:
             self._apply(op, decision)
             return True
@@ -473,6 +515,7 @@ class Propagator:
             self.push(uid)
         self.axes = list(self.m.mesh.axis_names)
         self.sizes = dict(self.m.mesh)
+        self._by_nest.clear()
         self._refined = True
 
     def _widen(self, op: CoreOp, operand_ex: list[_Excess | None],
@@ -560,12 +603,12 @@ class Propagator:
             if loop.operands[i] is not None:
                 p = m.producer.get(v)
                 if p is not None:
-                    ex = use_excess(m.info[p[0]], p[1], info, i)
+                    ex = self._use_excess(m.info[p[0]], p[1], info, i)
                     if ex.adopt or ex.in_scope:
                         self.push(p[0])
         for k, r in enumerate(op.results):
             for uid, i in m.uses.get(r, ()):
-                ex = self._operand_excess(info, k, m.info[uid], uid, i)
+                ex = self._operand_excess(info, k, m.info[uid], i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
 

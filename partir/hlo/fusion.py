@@ -595,9 +595,12 @@ def localize_arguments(fn: Function) -> Function:
     rw = _Rewriter(fn, count_uses=False)  # no patterns: nothing reads the use counts
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
     narrowed: dict[Op, AxesPerDim] = {}
+    # A set: `in` on the results list would compare each argument with every result
+    # (a model's parameters and optimizer state are both, by the thousand).
+    results = set(fn.results)
     for i, a in enumerate(fn.args):
         uses = users[a]
-        if not uses or a in fn.results or any(op.name != ALL_SLICE for op in uses):
+        if not uses or a in results or any(op.name != ALL_SLICE for op in uses):
             continue
         prefix = _common_prefixes([op.params["axes"] for op in uses])
         if not any(prefix):

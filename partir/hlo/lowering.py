@@ -100,6 +100,11 @@ class _Lowering:
         self.local_types: dict[Type, Type] = {}
         # With defer_gathers, the gathers not emitted yet, by result.
         self.pending: dict[Value, Op] = {}
+        # (id(src), id(dst)) -> (src, dst, *`_plan(src, dst)`): the SPMD types are shared
+        # objects (`DTensorType.of`, the tile_reduce types), and the redistributions of a
+        # model's layers repeat few pairs of them. Keyed by identity, which costs no
+        # Python-level hash; the entry holds both types, so their ids stay theirs.
+        self.plans: dict[tuple[int, int], tuple] = {}
 
     def run(self) -> Function:
         args = []
@@ -145,7 +150,9 @@ class _Lowering:
         results to the clone's."""
         local_types = self.local_types
         operands = [sub[v] for v in op.operands]
-        if self.pending:
+        pending = self.pending
+        # One test in C for all operands: most ops read no deferred gather.
+        if pending and not pending.keys().isdisjoint(operands):
             for v in operands:
                 self.need(v)
         results = []
@@ -234,23 +241,17 @@ class _Lowering:
 
     def redistribute(self, x: Value, src: DTensorType, dst: DTensorType, name: str | None,
                      loc: Location) -> Value:
-        gather, slice_ = redistribution(src, dst)
+        key = (id(src), id(dst))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = (src, dst, *self._plan(src, dst))
+        _, _, gather, want, slice_ = plan
         if not loc.line:
             loc = self.origin.get(x, loc)
-        if any(gather):
+        if gather is not None:
             op = make_all_gather(x, gather, self.sizes, name, loc)
             x = op.results[0]
-            # Where the gathered axes padded a dimension, the common type's local tensor
-            # is smaller than the gathered one: its padding is sliced off.
-            padded = any(g and n % axes_size(axes, self.sizes)
-                         for (axes, n), g in zip(src.dims, gather, strict=True))
-            if padded:
-                common = DTensorType((), tuple((axes[:len(axes) - len(g)], n)
-                                               for (axes, n), g
-                                               in zip(src.dims, gather, strict=True)),
-                                     src.dtype)
-                want = common.local_type(self.mesh)
-            if padded and want.shape != x.type.shape:
+            if want is not None and want.shape != x.type.shape:
                 self.need(op.operands[0])
                 self.out.append(op)
                 self.pending.pop(x, None)
@@ -259,13 +260,31 @@ class _Lowering:
                 self.pending[x] = op
             else:
                 self.out.append(op)
-        if any(slice_):
+        if slice_ is not None:
             self.need(x)
             x = self.pad_to(x, slice_, loc)
             op = make_all_slice(x, slice_, self.sizes, name, loc)
             self.out.append(op)
             x = op.results[0]
         return x
+
+    def _plan(self, src: DTensorType, dst: DTensorType
+              ) -> tuple[AxesPerDim | None, TensorType | None, AxesPerDim | None]:
+        """What turning src into dst takes, for any value: the axes to gather (None:
+        none), the local type the gathered tensor is cut back to (None: no gathered axis
+        padded a dimension), and the axes to slice then (None: none)."""
+        gather, slice_ = redistribution(src, dst)
+        want = None
+        # Where the gathered axes padded a dimension, the common type's local tensor is
+        # smaller than the gathered one: its padding is sliced off.
+        if any(g and n % axes_size(axes, self.sizes)
+               for (axes, n), g in zip(src.dims, gather, strict=True)):
+            common = DTensorType((), tuple((axes[:len(axes) - len(g)], n)
+                                           for (axes, n), g
+                                           in zip(src.dims, gather, strict=True)),
+                                 src.dtype)
+            want = common.local_type(self.mesh)
+        return (gather if any(gather) else None, want, slice_ if any(slice_) else None)
 
     def pad_to(self, x: Value, axes: AxesPerDim, loc: Location) -> Value:
         """x padded at the end of each dimension to a multiple of its axes' size, for an

@@ -58,11 +58,15 @@ class _Lowering:
         # a mapping added inside a loop body is never looked up outside it.
         self.M: dict[Value, Value] = {}
         self.last_use: dict[Value, int] = {}
-        # L(mu) per type, for the locals of executes: values share few types.
-        self.local_types: dict[Type, Type] = {}
+        # L(mu) per type, for the locals of executes: values share few types, and share
+        # the type objects, so they are keyed by identity (as `reduced_types`).
+        self.local_types: dict[int, tuple[Type, Type]] = {}
         # The type of each (stacked type, axis, action, size) a loop action reduces, for
-        # the tile_reduces of the loops' results: a model's layers repeat them.
-        self.reduced_types: dict[tuple, DTensorType] = {}
+        # the tile_reduces of the loops' results: a model's layers repeat them. Keyed by
+        # the type's and action's identity (both are shared: `DTensorType.of`, the loops'
+        # actions), which costs no Python-level hash of either; the entry holds them, so
+        # their ids stay theirs.
+        self.reduced_types: dict[tuple, tuple[DTensorType, Action, DTensorType]] = {}
         _record_last_uses(fn.ops, fn.results, self.last_use)
 
     def run(self) -> Function:
@@ -115,11 +119,12 @@ class _Lowering:
             ) -> Value:
         """sigma |> z ⇓ mu: apply the loop action with a tile_reduce, coerce to mu."""
         size = mu.dims[action.dim][1] if isinstance(action, Tile) else None
-        key = (z.type, axis, action, size)
-        t = self.reduced_types.get(key)
-        if t is None:
-            t = self.reduced_types[key] = tile_reduce_type(z.type, axis, action, self.mesh,
-                                                           size)
+        key = (id(z.type), axis, id(action), size)
+        seen = self.reduced_types.get(key)
+        if seen is None:
+            seen = self.reduced_types[key] = (
+                z.type, action, tile_reduce_type(z.type, axis, action, self.mesh, size))
+        t = seen[2]
         reduced = Value(t, name=name)
         self.out.append(make_tile_reduce(z, axis, action, self.mesh, reduced))
         if not isinstance(action, Tile):
@@ -173,10 +178,10 @@ class _Lowering:
         local_types = self.local_types
         locals_ = []
         for o in operands:
-            t = local_types.get(o.type)
-            if t is None:
-                t = local_types[o.type] = o.type.local_type(self.mesh)
-            locals_.append(Value(t, name=f"y{o.name}" if o.name else None))
+            seen = local_types.get(id(o.type))
+            if seen is None:
+                seen = local_types[id(o.type)] = (o.type, o.type.local_type(self.mesh))
+            locals_.append(Value(seen[1], name=f"y{o.name}" if o.name else None))
         sub: dict[Value, Value] = dict(zip(zs, locals_, strict=True))
         sub.update((lvl.range, r) for lvl, r in zip(levels, ranges, strict=True))
         # The body is C itself but for the free values and ranges, which the execute
