@@ -25,6 +25,7 @@ import heapq
 import itertools
 import math
 import operator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import partir.cancel as cancel
@@ -331,23 +332,11 @@ class Propagator:
 
     def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
         """`operand_excess`, remembered (see `_operand_ex`)."""
-        key = (id(pinfo), k, id(info), i)
-        seen = self._operand_ex.get(key)
-        if seen is not None:
-            return seen[2]
-        ex = operand_excess(pinfo, k, info, i)
-        self._operand_ex[key] = (pinfo, info, ex)
-        return ex
+        return _remembered(self._operand_ex, operand_excess, pinfo, k, info, i)
 
     def _use_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
         """`use_excess`, remembered (see `_operand_ex`)."""
-        key = (id(pinfo), k, id(info), i)
-        seen = self._use_ex.get(key)
-        if seen is not None:
-            return seen[2]
-        ex = use_excess(pinfo, k, info, i)
-        self._use_ex[key] = (pinfo, info, ex)
-        return ex
+        return _remembered(self._use_ex, use_excess, pinfo, k, info, i)
 
     def _result_excesses(self, op: CoreOp, info: NestInfo) -> list[list[_Excess]]:
         uses, infos, memo = self.m.uses, self.m.info, self._use_ex
@@ -611,6 +600,19 @@ class Propagator:
                 ex = self._operand_excess(info, k, m.info[uid], i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
+
+
+def _remembered(memo: dict, excess: Callable[[NestInfo, int, NestInfo, int], _Excess],
+                pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
+    """excess(pinfo, k, info, i), kept in `memo` by the nest indices' identities (with
+    the indices, so that they stay alive and their ids are not reused)."""
+    key = (id(pinfo), k, id(info), i)
+    seen = memo.get(key)
+    if seen is not None:
+        return seen[2]
+    ex = excess(pinfo, k, info, i)
+    memo[key] = (pinfo, info, ex)
+    return ex
 
 
 def _together(rule: ShardingRule, sizes: tuple[int, ...], axis: str, n: int,
