@@ -208,6 +208,9 @@ def _padding_refusal(entry: Entry, rule: ShardingRule, sizes: tuple[int, ...], f
     every dimension holding it must hold no other factor of size > 1 (a reshape merging
     or splitting a padded dimension would mix the padding into the data)."""
     factor = rule.factors[f]
+    if factor.summed_inside:
+        return (f"{op.name} sums over the factor of size {factor.size} inside its body, "
+                f"where a tile's padding would enter the sums")
     if sizes[f] != factor.size:
         return (f"factor of size {factor.size} is already tiled (to {sizes[f]}); only the "
                 f"first axis of a dimension may pad it")

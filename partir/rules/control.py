@@ -507,7 +507,8 @@ def _analyze(view: OpView) -> _Groups:
         else:
             sums, unrelated, synced = actions
             kind, monoid = (REDUCTION, "add") if sums else (PASS, None)
-            f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated)
+            f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated,
+                         summed_inside=bool(synced))
             if synced:
                 syncs[f] = frozenset(synced)
             differ[f] = flow.differ

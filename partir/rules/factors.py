@@ -43,6 +43,9 @@ class Factor:
     # slice computes them whole, alike (the loop's `any` action).
     unrelated: tuple[int, ...] = ()
     why: str = field(default="", compare=False)  # why a need-replication factor is one
+    # The op sums over the factor's slices inside (a loop body's sync points): a tile
+    # holding padding would add it into the sums, so an axis must divide the factor.
+    summed_inside: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -167,9 +170,11 @@ class RuleBuilder:
 
     def factor(self, size: int, operands: Mapping[int, int] | None = None,
                results: Mapping[int, int] | None = None, kind: str = PASS,
-               monoid: str | None = None, unrelated: Sequence[int] = ()) -> int:
+               monoid: str | None = None, unrelated: Sequence[int] = (),
+               summed_inside: bool = False) -> int:
         f = len(self.factors)
-        self.factors.append(Factor(size, kind, monoid, tuple(unrelated)))
+        self.factors.append(Factor(size, kind, monoid, tuple(unrelated),
+                                   summed_inside=summed_inside))
         for i, d in (operands or {}).items():
             self.operands[i][d].append(f)
         for k, d in (results or {}).items():

@@ -370,3 +370,21 @@ def test_a_python_scalar_passed_to_an_inner_call_in_a_body_is_typed():
         return lax.scan(body, x, jnp.arange(3))[0]
 
     _all_oracles(f, MESH, BP, X)
+
+
+def test_a_loop_summing_over_a_dimension_inside_its_body_does_not_pad_it():
+    """Found by the padding property tests: with padding allowed, 3 rows on an axis of 2
+    would give tiles of 2, one holding a row of padding, which the body's sum for the
+    predicate would add in. The loop is kept whole on that dimension instead."""
+    def f(x):
+        return lax.while_loop(lambda c: jnp.sum(jnp.abs(c)) < 20.0,
+                              lambda c: c * 1.5 + 0.25, jnp.tanh(x))
+
+    x = jnp.asarray(RNG.integers(-3, 4, (3, 3)).astype(np.float32))
+    padded = [partir.ManualPartition({"x": 0}, axis="a", pad=True)]
+    result = partir.core_partition(f, {"a": 2}, padded, x)
+    (conflict,) = [c for c in result.tactics[0].conflicts if c.op == "while"]
+    assert conflict.kind == "indivisible" and "padding would enter the sums" in conflict.detail
+    assert_tree_close(result.interpret(x), f(x))
+    jitted, _ = partir.jit(f, {"a": 2}, padded)
+    assert_tree_close(jitted(x), f(x))
