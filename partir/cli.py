@@ -272,19 +272,22 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
 
 
 def _sites(final: Lowered) -> list[str]:
-    """The final program's collectives at the model lines they serve, with how often
-    those inside loop bodies run per call."""
-    runs = final.collective_sites(executed=True)
+    """The final program's collectives at the model lines they serve (whatever values
+    they move), with how often those inside loop bodies run per call."""
+    held: Counter = Counter()
+    runs: Counter = Counter()
+    for counts, executed in ((held, False), (runs, True)):
+        for (kind, axes, _, file, line, function), n in final.collective_sites(
+                executed).items():
+            if line:
+                counts[(file, line, function, kind, axes)] += n
     by_line: dict[tuple, list[str]] = {}
-    for site, n in sorted(final.collective_sites().items(),
-                          key=lambda kv: (str(kv[0][3]), kv[0][4] or 0, str(kv[0]))):
-        kind, axes, _, file, line, function = site
-        if not line:
-            continue
-        times = runs[site]
+    for key, n in sorted(held.items(), key=lambda kv: (str(kv[0][0]), kv[0][1],
+                                                          str(kv[0][2:]))):
+        file, line, function, kind, axes = key
         by_line.setdefault((file, line, function), []).append(
-            f"{kind} {{{', '.join(axes)}}} x{n}" + (f" (runs {times}x per call)"
-                                                    if times != n else ""))
+            f"{kind} {{{', '.join(axes)}}} x{n}" + (f" (runs {runs[key]}x per call)"
+                                                    if runs[key] != n else ""))
     if not by_line:
         return []
     out = ["", "collectives of the final program by model line:"]

@@ -194,3 +194,11 @@ def test_collectives_are_listed_at_their_model_lines_with_loop_bodies_per_run(ca
     assert "model.py:83 (mlp): all_reduce {model} x2 (runs 8x per call)" in listed
     # outside the loops: the loss's sum over the batch, run once
     assert "model.py:109 (loss_fn): all_reduce {batch} x1\n" in listed
+
+
+def test_collectives_moving_different_values_on_one_line_are_counted_together(capsys):
+    # BP+MP+Z3 of the matmul chain: Z3 gathers both weights for the chain's line
+    code, out, _ = run(capsys, "partition", BP_MP_Z3)
+    assert code == 0
+    listed = out[out.index("collectives of the final program by model line:"):]
+    assert "model.py:17 (mlp): all_gather {batch} x2; all_reduce {model} x1" in listed
