@@ -630,30 +630,55 @@ def _together(rule: ShardingRule, sizes: tuple[int, ...], axis: str, n: int,
         for i, d in enumerate(wanted):
             if d is None:
                 continue
-            live = [f for f in dims_of[i][d] if sizes[f] != 1]
-            if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
+            f = _sliceable(dims_of[i][d], sizes, mappings, n)
+            if f is None:
                 return None
-            factors.add(live[0])
-    if any((f, g) not in rule.together for f in factors for g in factors if f < g):
+            factors.add(f)
+    if not all(_slice_together(rule, f, g) for f in factors for g in factors if f < g):
         return None
-    operands: list[int | None] = [None] * len(operand_dims)
-    results: list = [ANY] * len(result_dims)
+    merged: tuple[tuple, tuple] | None = ((None,) * len(operand_dims),
+                                          (ANY,) * len(result_dims))
     for f in factors:
-        m = mappings[f]
-        for i, d in enumerate(m.operands):
-            if d is not None:
-                if operands[i] is not None or i in pinned:
-                    return None
-                operands[i] = d
-        for k, a in enumerate(m.results):
-            if type(a) is not AnyAction:
-                if type(results[k]) is not AnyAction:
-                    return None
-                results[k] = a
+        merged = _merged(*merged, mappings[f], pinned)
+        if merged is None:
+            return None
+    operands, results = merged
     if any(d is not None and operands[i] != d for i, d in enumerate(operand_dims)) or any(
             d is not None and results[k] != Tile(d) for k, d in enumerate(result_dims)):
         return None
-    return Loop(axis, tuple(results), tuple(operands))
+    return Loop(axis, results, operands)
+
+
+def _sliceable(dims: tuple[int, ...], sizes: tuple[int, ...],
+               mappings: dict[int, TileMapping], n: int) -> int | None:
+    """The one factor of a dimension (made of the factors `dims`) that a loop over an
+    axis of size n can slice, or None."""
+    live = [f for f in dims if sizes[f] != 1]
+    if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
+        return None
+    return live[0]
+
+
+def _slice_together(rule: ShardingRule, f: int, g: int) -> bool:
+    return (min(f, g), max(f, g)) in rule.together
+
+
+def _merged(operands: tuple, results: tuple, m: TileMapping, pinned: set[int]
+            ) -> tuple[tuple, tuple] | None:
+    """A loop's operand dims and result actions, also slicing what mapping m slices; None
+    where an operand or a result would be sliced twice, or an operand kept replicated
+    would be sliced."""
+    out_operands = []
+    for j, (a, b) in enumerate(zip(operands, m.operands, strict=True)):
+        if b is not None and (a is not None or j in pinned):
+            return None
+        out_operands.append(a if b is None else b)
+    out_results = []
+    for a, b in zip(results, m.results, strict=True):
+        if type(a) is not AnyAction and type(b) is not AnyAction:
+            return None
+        out_results.append(b if type(a) is AnyAction else a)
+    return tuple(out_operands), tuple(out_results)
 
 
 def _gathers(rule: ShardingRule, in_shapes: tuple, lp: Loop, i: int, d: int, n: int,
@@ -669,26 +694,15 @@ def _widened(rule: ShardingRule, sizes: tuple[int, ...], mappings: dict[int, Til
     """Loop lp also slicing the factor of dimension d of operand i, when the rule lets it
     slice that factor with those it slices, the axis size n divides it, and no operand or
     result would be sliced twice (or an operand kept replicated be sliced)."""
-    live = [f for f in rule.operands[i][d] if sizes[f] != 1]
-    if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
+    g = _sliceable(rule.operands[i][d], sizes, mappings, n)
+    if g is None:
         return None
-    g = live[0]
     sliced = {f for j, dj in enumerate(lp.operands) if dj is not None
               for f in rule.operands[j][dj]}
-    if not sliced or any((min(f, g), max(f, g)) not in rule.together for f in sliced):
+    if not sliced or not all(_slice_together(rule, f, g) for f in sliced):
         return None
-    m = mappings[g]
-    operands = []
-    for j, (a, b) in enumerate(zip(lp.operands, m.operands, strict=True)):
-        if (a is not None and b is not None) or (b is not None and j in pinned):
-            return None
-        operands.append(a if b is None else b)
-    results = []
-    for a, b in zip(lp.results, m.results, strict=True):
-        if type(a) is not AnyAction and type(b) is not AnyAction:
-            return None
-        results.append(b if type(a) is AnyAction else a)
-    return Loop(lp.axis, tuple(results), tuple(operands))
+    merged = _merged(lp.operands, lp.results, mappings[g], pinned)
+    return None if merged is None else Loop(lp.axis, merged[1], merged[0])
 
 
 def propagate(module: CoreModule, seeds, pad: bool = False) -> None:

@@ -11,6 +11,12 @@ JAX_COLLECTIVES = {"psum": ("all_reduce", "axes"), "all_gather": ("all_gather", 
                    "reduce_scatter": ("reduce_scatter", "axis_name")}
 
 
+def jaxprs_in(param: Any) -> list[Any]:
+    """The jaxprs an op parameter holds (a loop's body, a cond's tuple of branches)."""
+    return [x for x in (param if isinstance(param, tuple) else (param,))
+            if hasattr(x, "eqns")]
+
+
 def named_axes(eqn: Any) -> tuple[str, ...]:
     """The mesh axes a collective equation names (positional axes left out)."""
     named = eqn.params[JAX_COLLECTIVES[eqn.primitive.name][1]]

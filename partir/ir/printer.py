@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from partir.ir.collectives import JAX_COLLECTIVES, named_axes
+from partir.ir.collectives import JAX_COLLECTIVES, jaxprs_in, named_axes
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
 from partir.ir.values import Value
@@ -124,9 +124,8 @@ def _collectives(jaxpr: Any) -> list[tuple[str, tuple]]:
         if eqn.primitive.name in JAX_COLLECTIVES:
             out.append((eqn.primitive.name, named_axes(eqn)))
         for v in eqn.params.values():
-            for inner in v if isinstance(v, tuple) else (v,):
-                if hasattr(inner, "eqns"):
-                    out += _collectives(inner)
+            for inner in jaxprs_in(v):
+                out += _collectives(inner)
     return out
 
 

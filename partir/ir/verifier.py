@@ -11,6 +11,7 @@ from collections.abc import Callable
 import jax
 from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 
+from partir.ir.collectives import jaxprs_in
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
 from partir.ir.types import TensorType
@@ -31,20 +32,13 @@ def register_type_rule(name: str) -> Callable:
     return deco
 
 
-def _bodies(param: object) -> list:
-    """The jaxprs a parameter holds (a loop's body, a cond's branches)."""
-    items = param if isinstance(param, tuple) else (param,)
-    return [x for x in items if hasattr(x, "effects") and (hasattr(x, "eqns")
-                                                         or hasattr(x, "jaxpr"))]
-
-
 def _check_primitive(op: Op) -> str | None:
     if not all(isinstance(v.type, TensorType) for v in op.operands + op.results):
         return None  # ops on distributed types are checked by their dialect's rules
     avals = [jax.ShapeDtypeStruct(v.type.shape, v.type.dtype) for v in op.operands]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
     # Collectives inside a loop's bodies name mesh axes: their sizes do not change shapes.
-    named = sorted({e.name for v in params.values() for body in _bodies(v)
+    named = sorted({e.name for v in params.values() for body in jaxprs_in(v)
                     for e in body.effects if isinstance(e, NamedAxisEffect)})
     try:
         with extend_axis_env_nd([(a, 1) for a in named]):

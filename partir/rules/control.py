@@ -601,8 +601,7 @@ def body_eqns(params: Any) -> list[tuple[Any, Any]]:
     """(jaxpr, equation) of every equation of a control-flow op's bodies, through the
     calls they make (the values the rule's groups are made of): where tactics find tags
     inside bodies."""
-    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
-    bodies += list(params.get("branches", ()))
+    bodies = _bodies(params)
     out = []
     while bodies:
         jaxpr = _jaxpr(bodies.pop(0))[0]
@@ -617,10 +616,14 @@ def body_eqns(params: Any) -> list[tuple[Any, Any]]:
 def body_axes(params: Any) -> frozenset[str]:
     """The mesh axes the collectives inside a control-flow op's bodies name (its sync
     points once sliced): the devices along them run the op in lockstep."""
-    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
-    bodies += list(params.get("branches", ()))
-    return frozenset(e.name for b in bodies for e in _jaxpr(b)[0].effects
+    return frozenset(e.name for b in _bodies(params) for e in _jaxpr(b)[0].effects
                      if isinstance(e, NamedAxisEffect))
+
+
+def _bodies(params: Any) -> list[Any]:
+    """A control-flow op's bodies, in the order the analysis walks them."""
+    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
+    return bodies + list(params.get("branches", ()))
 
 
 @dataclass(frozen=True)
@@ -713,12 +716,12 @@ def localize(view: OpView) -> dict[str, Any]:
     local: dict[Node, int] = {}
     plan = _Plan()
 
-    def axes_of(i: int, dim: int, what: str) -> tuple[str, ...]:
+    def axes_of(i: int, dim: int, what: str, result: bool = False) -> tuple[str, ...]:
         if view.slicing is None:
             raise ValueError(f"{view.name} {what} over the axes slicing its dimension {dim} "
-                             f"of operand {i}, but its local view does not say which axes "
-                             f"those are")
-        return view.slicing.operand_axes[i][dim]
+                             f"of {'result' if result else 'operand'} {i}, but its local "
+                             f"view does not say which axes those are")
+        return (view.slicing.result_axes if result else view.slicing.operand_axes)[i][dim]
 
     gathered: list[tuple[int, int, int]] = []  # (operand, dim, local size)
     for f, nodes in groups.nodes.items():
@@ -746,11 +749,7 @@ def localize(view: OpView) -> dict[str, Any]:
         body_size = local.get(a.find(a.dims_of[groups.results[k]][d]),
                               whole.out_types[k].shape[d])
         if view.out_types[k].shape[d] < body_size:
-            if view.slicing is None:
-                raise ValueError(f"{view.name} reduce-scatters its result {k} over the axes "
-                                 f"tiling its dimension {d}, but its local view does not "
-                                 f"say which axes those are")
-            axes = view.slicing.result_axes[k][d]
+            axes = axes_of(k, d, "reduce-scatters a result", result=True)
             for body, position, first in groups.exits[k]:
                 plan.scatters.setdefault((body, position), []).append((d - first, axes))
     for i, d, n in gathered:
