@@ -185,13 +185,16 @@ def test_a_reader_that_stops_early_is_not_an_error():
 
 def test_collectives_are_listed_at_their_model_lines_with_loop_bodies_per_run(capsys):
     """The scan-over-layers transformer under BP+MP: each block's sum over "model" is in
-    the scan's body, at the block's line, run once per layer (4 in model.TINY)."""
+    the scan's body, at the block's line, run once per layer (4 in model.TINY), and so
+    is the sum over "batch" of each layer's weight gradients."""
     scan = str(ROOT / "examples" / "transformer" / "scan_bp_mp.partir.py")
     code, out, _ = run(capsys, "partition", scan)
     assert code == 0
     listed = out[out.index("collectives of the final program by model line:"):]
-    assert "model.py:79 (attention): all_reduce {model} x1 (runs 4x per call)" in listed
-    assert "model.py:83 (mlp): all_reduce {model} x2 (runs 8x per call)" in listed
+    assert ("model.py:79 (attention): all_reduce {batch} x1 (runs 4x per call); "
+            "all_reduce {model} x1 (runs 4x per call)\n") in listed
+    assert ("model.py:83 (mlp): all_reduce {batch} x3 (runs 12x per call); "
+            "all_reduce {model} x2 (runs 8x per call)\n") in listed
     # outside the loops: the loss's sum over the batch, run once
     assert "model.py:109 (loss_fn): all_reduce {batch} x1\n" in listed
 

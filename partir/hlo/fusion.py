@@ -20,7 +20,10 @@ concatenating axis sequences:
   reduce_scatter on other dimensions;
 - all_reduce(a) + all_reduce(b) = all_reduce(a + b) for the reduction's own monoid, and
   likewise for reduce_scatter (XLA's AllReduceReassociate): gradients a weight receives
-  from two uses (a tied embedding) are reduced once.
+  from two uses (a tied embedding) are reduced once;
+- all_reduce(y) of a scan's stacked result y = the scan summing each slice of y in its
+  body where it makes it (the sum is elementwise): a scan over layers then reduces each
+  layer's gradient as the layer's backward makes it, as the unrolled model does.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from partir.hlo.ops import (
 )
 from partir.ir import Function, Op, Value
 from partir.ir.monoids import BY_ELEMENTWISE
+from partir.rules.control import sum_stacked_results
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -659,6 +663,39 @@ def dce(fn: Function) -> Function:
     return replace(fn, ops=kept[::-1])
 
 
+def sum_in_loop_bodies(fn: Function) -> Function:
+    """A scan's stacked result whose only use is an all_reduce (of sums) is summed by the
+    scan's body slice by slice instead, and the all_reduce dropped: the body's sum
+    overlaps with the next iterations' work, where one sum after the scan waits for all
+    of them (XLA's scheduler cannot move a collective into a loop)."""
+    uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
+    uses.update(fn.results)
+    stacked = {r: (op, k) for op in fn.ops if op.name == "scan"
+               for k, r in enumerate(op.results) if k >= op.params["num_carry"]}
+    sums: dict[Op, dict[int, Op]] = {}  # scan -> its stacked result -> the all_reduce
+    for op in fn.ops:
+        if op.name == ALL_REDUCE and op.params["monoid"] == "add":
+            made = stacked.get(op.operands[0])
+            if made is not None and uses[op.operands[0]] == 1:
+                sums.setdefault(made[0], {})[made[1]] = op
+    if not sums:
+        return fn
+    dropped = {ar for ars in sums.values() for ar in ars.values()}
+    ops = []
+    for op in fn.ops:
+        ars = sums.get(op)
+        if ars is not None:
+            params = sum_stacked_results(
+                op.params, {k: ar.params["axes"] for k, ar in ars.items()},
+                fn.attributes["mesh"])
+            op = Op(op.name, op.operands, [ars[k].results[0] if k in ars else r
+                                           for k, r in enumerate(op.results)],
+                    params, op.regions, op.loc, op.prim)
+        if op not in dropped:
+            ops.append(op)
+    return replace(fn, ops=ops)
+
+
 def schedule_by_demand(fn: Function) -> Function:
     """Order the ops depth first from the results: each op comes right before the first op
     that needs it, operands in order. A gathered parameter is then gathered just before
@@ -710,4 +747,4 @@ def optimize(fn: Function) -> Function:
         # dce last: the gathers localize_results bypasses die in this round, not the next
         fn = dce(localize_results(localize_arguments(_sweep(cse(fn), LOCAL_PATTERNS))))
         if fn is start:
-            return schedule_by_demand(fn)
+            return schedule_by_demand(sum_in_loop_bodies(fn))

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax import lax
 from jax._src import source_info_util
-from jax._src.core import NamedAxisEffect, extend_axis_env_nd
+from jax._src.core import NamedAxisEffect, eval_jaxpr, extend_axis_env_nd
 from jax.extend import core as jcore
 
 from partir.ir.collectives import JAX_COLLECTIVES, named_axes
@@ -872,6 +872,29 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
 
     with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):
         return jax.make_jaxpr(traced)(*avals)
+
+
+def sum_stacked_results(params: Any, sums: Mapping[int, tuple[str, ...]],
+                        sizes: Mapping[str, int]) -> dict[str, Any]:
+    """A local scan's parameters with its body summing each stacked result `k` of `sums`
+    over the devices of the axes `sums[k]` as it makes each slice: a sum of the stacked
+    result is the stack of the slices' sums, one per iteration, as the unrolled loop
+    would sum each layer's gradient where it makes it."""
+    jaxpr, consts = _jaxpr(params["jaxpr"])
+    made = {v: e.source_info for e in jaxpr.eqns for v in e.outvars}
+
+    def traced(*args: Any) -> list[Any]:
+        outs = eval_jaxpr(jaxpr, consts, *args)
+        for k, axes in sums.items():
+            with _located(made.get(jaxpr.outvars[k])):
+                outs[k] = lax.psum(outs[k], axes)
+        return outs
+
+    axes = body_axes(params) | {x for named in sums.values() for x in named}
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+             for v in jaxpr.invars]
+    with extend_axis_env_nd([(x, sizes[x]) for x in sorted(axes)]):
+        return {**params, "jaxpr": jax.make_jaxpr(traced)(*avals)}
 
 
 def _typed(x: Any) -> TensorType:

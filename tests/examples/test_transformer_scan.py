@@ -1,8 +1,8 @@
 """The scan-over-layers transformer (`model.train_step_scanned`, the layers' parameters
 stacked and the blocks run by `lax.scan`): batch parallelism goes through the scan, and
 its backward, with no gathering, runs on 8 CPU devices equal to the unpartitioned step,
-and all-reduces each stacked gradient once: per layer, the same bytes as the unrolled
-model's per-layer all-reduces."""
+and runs per step the unrolled model's collectives: each layer's gradients are
+all-reduced by the backward scan's body as it makes them."""
 
 from __future__ import annotations
 
@@ -25,14 +25,16 @@ def test_batch_parallelism_goes_through_the_layer_scan(inputs):
     expected = jax.jit(model.train_step_scanned)(*inputs)
     assert_tree_close(fn(*inputs), expected)
     assert meta.tactics[0].conflicts == []
-    # no activation (or anything else) is gathered; each gradient is all-reduced once:
-    # the 9 stacked layer parameters, the embedding, and the loss
+    # no activation (or anything else) is gathered; the program all-reduces the 9
+    # stacked layer gradients in the backward scan's body, the embedding's and the loss
     assert meta.collectives["all_gather"] == 0
     assert meta.collectives["all_reduce"] == len(model.LAYER_PARAMS) + 2
     unrolled = partir.partition(model.train_step, schedules.MESH, [schedules.BP],
                                 *model.make_inputs(model.TINY))
-    # the unrolled model all-reduces each layer's 9 gradients: the same bytes in total
-    assert unrolled.collectives["all_reduce"] == \
+    # per step, each layer's 9 gradients are all-reduced, as in the unrolled model, with
+    # the same bytes
+    assert meta.executed_collectives["all_reduce"] == \
+        unrolled.executed_collectives["all_reduce"] == \
         model.TINY.layers * len(model.LAYER_PARAMS) + 2
     assert unrolled.cost.bytes_moved["all_reduce"] == \
         pytest.approx(meta.cost.bytes_moved["all_reduce"])
@@ -46,9 +48,9 @@ def test_the_scanned_step_interprets_equal_to_the_unpartitioned_step(inputs):
     assert_tree_close(result.interpret(*inputs), model.train_step_scanned(*inputs))
 
 
-def _model_axis(program) -> int:
-    """All-reduces over "model" run per step, a loop body's once per layer it runs."""
-    return lower(program).executed_by_axes().get(("all_reduce", ("model",)), 0)
+def _per_step(program) -> dict[tuple[str, tuple[str, ...]], int]:
+    """The collectives run per step by kind and axes, a loop body's once per layer."""
+    return lower(program).executed_by_axes()
 
 
 @pytest.mark.parametrize("name", ["MP", "BP+MP", "BP+MP+Z3"])
@@ -65,16 +67,22 @@ def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reduction
     assert mp.conflicts == []
     for leaf, dim in schedules.MEGATRON_DIMS.items():
         assert mp.shardings[f"params/layers/{leaf}"][dim + 1] == ["model"], leaf
-    scanned = partir.core_partition(model.train_step_scanned, schedules.MESH, schedule,
-                                    *inputs)
-    unrolled = partir.core_partition(model.train_step, schedules.MESH, schedule,
-                                     *model.make_inputs(model.TINY))
+    scanned = _per_step(partir.core_partition(model.train_step_scanned, schedules.MESH,
+                                              schedule, *inputs).program)
+    unrolled = _per_step(partir.core_partition(model.train_step, schedules.MESH, schedule,
+                                               *model.make_inputs(model.TINY)).program)
     # forward and backward: one sum per attention block and one per MLP, per layer
-    assert _model_axis(scanned.program) == _model_axis(unrolled.program) == \
-        4 * model.TINY.layers
+    assert scanned[("all_reduce", ("model",))] == 4 * model.TINY.layers
+    # Per step, every collective runs as often as in the unrolled model: the gradients'
+    # all-reduces (and ZeRO's reduce-scatters) over "batch" too. Except ZeRO-3's
+    # all-gathers (test below): the scanned backward gathers its weights again.
+    scanned.pop(("all_gather", ("batch",)), None)
+    unrolled.pop(("all_gather", ("batch",)), None)
+    assert scanned == unrolled
     # the program holds one per block of each scan's body
-    assert meta.executed_collectives["all_reduce"] - meta.collectives["all_reduce"] == \
-        4 * (model.TINY.layers - 1)
+    in_bodies = meta.executed_collectives["all_reduce"] - meta.collectives["all_reduce"]
+    gradients = {"MP": 0, "BP+MP": len(model.LAYER_PARAMS), "BP+MP+Z3": 1}[name]
+    assert in_bodies == (4 + gradients) * (model.TINY.layers - 1)
     if "Z3" not in name:  # and the simulator has them send the unrolled model's bytes
         unrolled_cost = partir.partition(model.train_step, schedules.MESH, schedule,
                                          *model.make_inputs(model.TINY)).cost

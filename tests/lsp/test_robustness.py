@@ -127,7 +127,8 @@ async def test_collective_markers_follow_the_setting(session: Session) -> None:
 async def test_collectives_inside_a_loop_body_are_marked_at_their_model_line(
         session: Session) -> None:
     """The scan-over-layers transformer under BP+MP: the attention block's sum over
-    "model" is in the scan's body, marked at the block's output projection."""
+    "model" is in the scan's body, marked at the block's output projection, and so is
+    the sum over "batch" of the projection's weight gradient."""
     uri = session.open("transformer/scan.partir.py")
     await session.diagnostics_for(uri)
     model_uri = session.workspace.uri("transformer/model.py")
@@ -140,7 +141,8 @@ async def test_collectives_inside_a_loop_body_are_marked_at_their_model_line(
             "a marker at the attention's output projection", lambda: [
                 d for d in getattr(session.latest(model_uri), "diagnostics", ())
                 if d.range.start.line == at])
-        assert "scan.partir.py: all_reduce ×1 over 'model' (tactic 2, MP)" in marker.message
+        assert ("scan.partir.py: all_reduce ×1 over 'batch' (tactic 1, BP); all_reduce ×1 "
+                "over 'model' (tactic 2, MP)") in marker.message
     finally:
         session.client.workspace_did_change_configuration(T.DidChangeConfigurationParams(
             {"partir": {"collectiveMarkersInModel": False}}))
