@@ -96,6 +96,10 @@ class _Analysis:
     values: dict[tuple[int, Any], int] = field(default_factory=dict)
     frames: int = 0  # the frames walked so far
     tagged: dict[tuple[int, Any], int] = field(default_factory=dict)  # (id(jaxpr), var)
+    # (id(jaxpr), var) of a value in the bodies of a control-flow op inside a body -> per
+    # dimension, the node of the inner op's operand or result dimension its factor is
+    # (slicing that slices it), or why the inner op keeps it whole
+    nested: dict[tuple[int, Any], list[Node | str]] = field(default_factory=dict)
     zeros: set[int] = field(default_factory=set)  # values that are constant zeros
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -188,10 +192,35 @@ class _Analysis:
             view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
                           tuple(_type(v.aval) for v in eqn.outvars))
             reduced = self._factors(name, prim.rule(view), in_dims, out_dims)
+            if name in _EDGES:
+                self._nest(_groups(view), in_dims, out_dims)
         self.eqns.append((name, reduced))
         self.flows.append((ins, outs))
         self.sites.append(site)
         return outs
+
+    def _nest(self, inner: _Groups, in_dims: list[list[Node] | None],
+              out_dims: list[list[Node]]) -> None:
+        """Record the values of an inner control-flow op's bodies (for the tags in them)
+        by the dims of the op in this body their factors are."""
+        rule = inner.rule
+
+        def outer(n: Node | str) -> Node | str:
+            f = n if isinstance(n, str) else _factor_of(inner, n)
+            if isinstance(f, str):
+                return f
+            for dims, placed in ((rule.operand_dims[f], in_dims),
+                                 (rule.result_dims[f], out_dims)):
+                for t, d in enumerate(dims):
+                    if d is not None and placed[t] is not None:
+                        return placed[t][d]
+            return "the loop's operands and results do not carry it"
+
+        a = inner.analysis
+        for key, vid in a.tagged.items():
+            self.nested.setdefault(key, [outer(n) for n in a.dims_of[vid]])
+        for key, dims in a.nested.items():
+            self.nested.setdefault(key, [outer(n) for n in dims])
 
     def _factors(self, name: str, rule: ShardingRule, in_dims: list[list[Node] | None],
                  out_dims: list[list[Node]]) -> list[tuple[Node, list[int]]]:
@@ -599,8 +628,8 @@ def control_rule(view: OpView) -> ShardingRule:
 
 def body_eqns(params: Any) -> list[tuple[Any, Any]]:
     """(jaxpr, equation) of every equation of a control-flow op's bodies, through the
-    calls they make (the values the rule's groups are made of): where tactics find tags
-    inside bodies."""
+    calls they make and into the bodies of the control flow inside them: where tactics
+    find tags inside bodies."""
     bodies = _bodies(params)
     out = []
     while bodies:
@@ -610,6 +639,8 @@ def body_eqns(params: Any) -> list[tuple[Any, Any]]:
                 bodies.append(eqn.params[CALLS[eqn.primitive.name]])
             else:
                 out.append((jaxpr, eqn))
+                if eqn.primitive.name in _EDGES:  # a loop inside a body: its bodies too
+                    bodies += _bodies(eqn.params)
     return out
 
 
@@ -669,9 +700,19 @@ def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
     groups = _groups(view)
     a = groups.analysis
     vid = a.tagged.get((id(jaxpr), var))
-    if vid is None:
+    if vid is not None:
+        return _factor_of(groups, a.dims_of[vid][dim])
+    nested = a.nested.get((id(jaxpr), var))
+    if nested is None:
         return "it is not a value of the loop's bodies"
-    g = a.find(a.dims_of[vid][dim])
+    n = nested[dim]
+    return n if isinstance(n, str) else _factor_of(groups, n)
+
+
+def _factor_of(groups: _Groups, n: Node) -> int | str:
+    """The factor of the op's rule whose group node n is in, or why it has none."""
+    a = groups.analysis
+    g = a.find(n)
     for f, nodes in groups.nodes.items():
         if a.find(nodes[0]) == g:
             return f

@@ -251,6 +251,45 @@ def test_a_tag_inside_a_loop_body_is_named_by_tactics(grad):
     assert meta.collectives["all_gather"] == 0, meta.hlo_ir
 
 
+WSS = jnp.asarray(RNG.normal(size=(2, 3, 4, 4)).astype(np.float32)) / 2
+
+
+def nested_layers(x, wss):
+    """Blocks of layers: a scan over blocks whose body scans over the block's layers."""
+    def block(c, ws):
+        def layer(c2, w):
+            h = partir.tag(c2 @ w, "hidden")
+            return jnp.tanh(h), None
+        return lax.scan(layer, c, ws)[0], jnp.sum(c)
+    c, sums = lax.scan(block, x, wss)
+    return jnp.sum(c) + jnp.sum(sums ** 2)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
+def test_a_tag_inside_a_loop_nested_in_a_body_is_named_by_tactics(grad):
+    """A value tagged in the body of a scan inside a scan's body: tiling it slices the
+    outer scan on the factor the inner scan's dimension is, the batch, as tiling the
+    input would; its sharding reads back through both loops."""
+    fn = jax.grad(nested_layers, argnums=(0, 1)) if grad else nested_layers
+    by_tag = [partir.ManualPartition({"hidden": 0}, axis="batch")]
+    result, meta = _all_oracles(fn, MESH, by_tag, X, WSS)
+    assert result.tactics[0].conflicts == []
+    assert result.tactics[0].actions[0] == 'tile<%hidden,0,"batch">'
+    by_input = partir.core_partition(fn, MESH, BP, X, WSS)
+    assert result.program.input_shardings() == by_input.program.input_shardings()
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+    (tag,) = result.traced.body_tags["hidden"]
+    assert result.program.body_sharding(tag).dims == (("batch",), ())
+
+
+def test_a_nested_body_value_the_inner_loop_keeps_whole_is_refused_saying_why():
+    tile = [partir.ManualPartition({"hidden": 1}, axis="batch")]
+    with pytest.raises(partir.NotShardableError, match=r"body value 'hidden' dimension 1.*"
+                       r"the scan at .*test_control_flow.py:\d+ keeps it whole, as the "
+                       r"body has it in two dimensions of one value"):
+        partir.core_partition(nested_layers, MESH, tile, X, WSS)
+
+
 def test_a_body_value_the_loop_must_keep_whole_is_refused_saying_why():
     # hidden's dimension 1 is contracted with the next layer's weights in the body: the
     # body would need whole sums of it (a collective inside the body)
