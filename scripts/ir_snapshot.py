@@ -6,7 +6,8 @@ commits can be byte-compared (`cmp`) when a refactoring must not change the outp
 Covers every `examples/**/*.partir.py` file (each tactic's Core text, the final Core,
 SPMD and HLO texts, the StableHLO module, collectives, shardings, conflicts and cost) and
 the transformer's T32 shapes with 2 layers (abstract inputs) under each cumulative prefix
-of BP, MP, Z3, EMB.
+of BP, MP, Z3, EMB. Wall-clock readings and the checkout's path are masked: two runs of
+one commit, in any checkout, give the same file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import dataclasses
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -28,14 +30,23 @@ from partir.schedule_file import load_schedule_file  # noqa: E402
 
 
 def _texts(meta: partir.Metadata) -> dict:
+    """The texts and the metadata, without what differs between runs of one commit (the
+    wall-clock readings: times, the automatic search's) or between checkouts (their
+    path)."""
     record = meta.to_json()
     for tactic in record["tactics"]:
         tactic.pop("elapsed_s", None)
+        search = tactic.get("search")
+        if search:
+            search.pop("elapsed_s", None)
+            search["history"] = [entry[1:] for entry in search["history"]]
+        tactic["notes"] = [re.sub(r" in [0-9.]+ s ", " in - s ", n) for n in tactic["notes"]]
     record.pop("elapsed_s", None)
-    return {"core": meta.core_ir, "spmd": meta.spmd_ir, "hlo": meta.hlo_ir,
-            "stablehlo": meta.stablehlo,
-            "tactic_core": [t.core_ir for t in meta.tactics],
-            "json": json.dumps(record, default=str, sort_keys=True)}
+    texts = {"core": meta.core_ir, "spmd": meta.spmd_ir, "hlo": meta.hlo_ir,
+             "stablehlo": meta.stablehlo,
+             "tactic_core": [t.core_ir for t in meta.tactics],
+             "json": json.dumps(record, default=str, sort_keys=True)}
+    return json.loads(json.dumps(texts).replace(json.dumps(str(ROOT))[1:-1], "<root>"))
 
 
 def snapshot() -> dict[str, dict]:

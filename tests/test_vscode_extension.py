@@ -54,6 +54,7 @@ def installed() -> None:
     _npm("ci", "--no-audit", "--no-fund")
 
 
+@pytest.mark.slow
 def test_extension_typechecks_builds_tests_and_packages(installed: None) -> None:
     _npm("run", "typecheck")
     _npm("run", "build")
@@ -79,6 +80,7 @@ def test_extension_typechecks_builds_tests_and_packages(installed: None) -> None
                    for n in names), sorted(names)
 
 
+@pytest.mark.slow
 def test_protocol_against_the_python_language_server(installed: None,
                                                      tmp_path: Path) -> None:
     if not (ROOT / "lsp" / "partir_lsp" / "__main__.py").is_file():

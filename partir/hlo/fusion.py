@@ -668,10 +668,12 @@ def sum_in_loop_bodies(fn: Function) -> Function:
     scan's body slice by slice instead, and the all_reduce dropped: the body's sum
     overlaps with the next iterations' work, where one sum after the scan waits for all
     of them (XLA's scheduler cannot move a collective into a loop)."""
-    uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
-    uses.update(fn.results)
     stacked = {r: (op, k) for op in fn.ops if op.name == "scan"
                for k, r in enumerate(op.results) if k >= op.params["num_carry"]}
+    if not stacked:
+        return fn
+    uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
+    uses.update(fn.results)
     sums: dict[Op, dict[int, Op]] = {}  # scan -> its stacked result -> the all_reduce
     for op in fn.ops:
         if op.name == ALL_REDUCE and op.params["monoid"] == "add":

@@ -81,6 +81,7 @@ RUNS = [(name, grad) for name in CASES for grad in (False, True)
         if not (grad and name == "while")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "grad"), RUNS,
                          ids=[f"{n}-{'gradient' if g else 'forward'}" for n, g in RUNS])
 def test_batch_parallelism_goes_through_the_bodies(name, grad):
@@ -165,6 +166,7 @@ BP_MP = [partir.ManualPartition({"x": 0}, axis="batch"),
          partir.ManualPartition({"w1": 2, "w2": 1}, axis="model")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
 def test_megatron_through_a_scan_over_layers_sums_inside_the_body(grad):
     """The hidden dimension of every layer is sliced on "model": the second matmul's
@@ -318,6 +320,7 @@ def test_collectives_inside_a_body_are_counted_per_run_and_placed_at_their_model
     assert meta.tactics[-1].executed_collectives == meta.executed_collectives
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
 def test_zero3_through_a_scan_over_layers_gathers_one_layer_at_a_time(grad):
     """The stacked weights sharded on a dimension the layers need whole (ZeRO-3 after
@@ -337,6 +340,7 @@ def test_zero3_through_a_scan_over_layers_gathers_one_layer_at_a_time(grad):
     assert "all_gather[\"batch\"]" in meta.hlo_ir
 
 
+@pytest.mark.slow
 def test_zero3_through_a_scan_reduce_scatters_each_layers_gradients_in_the_body():
     """An SGD step of the scanned layers under BP then ZeRO-3: the update reads the
     stacked gradients sharded like the parameters, so the backward scan's body

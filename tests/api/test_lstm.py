@@ -64,6 +64,7 @@ SCHEDULES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_lstm_training_step(name):
     args = inputs()

@@ -46,6 +46,7 @@ def _check(fn, mesh, schedule, *args):
 
 # --- batch of 6 on a 4-device axis: an MLP train step with a mean loss ---------------------
 
+@pytest.mark.slow
 def test_batch_of_6_on_4_devices_train_step():
     mesh = partir.Mesh({"batch": 4, "model": 2})
     schedule = [partir.ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP"),
@@ -65,6 +66,7 @@ def test_batch_of_6_on_4_devices_train_step():
 
 # --- vocabulary of 50 on an 8-device axis: embedding, logits, softmax cross-entropy -------
 
+@pytest.mark.slow
 def test_vocabulary_of_50_on_8_devices():
     params, ids, labels = model.lm_inputs()
     mesh = partir.Mesh({"vocab": 8})
@@ -243,6 +245,7 @@ OPS_ON_A_PADDED_DIM = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OPS_ON_A_PADDED_DIM))
 def test_ops_over_a_padded_dim(name):
     f, dim = OPS_ON_A_PADDED_DIM[name]

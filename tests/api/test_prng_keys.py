@@ -52,6 +52,7 @@ def _check(fn, args, schedule):
     return meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KEYS)
 @pytest.mark.parametrize("fn", [dropout, noisy_step, rewrapped])
 def test_one_key_under_batch_parallelism(fn, kind):
@@ -63,6 +64,7 @@ def test_one_key_under_batch_parallelism(fn, kind):
     assert sum(meta.collectives.values()) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KEYS)
 def test_a_batch_of_keys_is_tiled_with_the_batch(kind):
     keys = jax.random.split(KEYS[kind](5), X.shape[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 
+import pytest
 from hypothesis import HealthCheck, event, given, note, reject, settings
 from hypothesis import strategies as st
 
@@ -70,6 +71,7 @@ def _partition(pc: PartitionCase):
     return res
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=EXAMPLES)
 @given(pc=padded_cases())
 def test_core_interpreter_with_padding(pc: PartitionCase):
@@ -82,6 +84,7 @@ def test_core_interpreter_with_padding(pc: PartitionCase):
         assert_same(res.interpret(*pc.program.args, after=i), expected, f"after tactic {i}")
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=EXAMPLES)
 @given(pc=padded_cases())
 def test_spmd_interpreter_with_padding(pc: PartitionCase):
@@ -94,6 +97,7 @@ def test_spmd_interpreter_with_padding(pc: PartitionCase):
     assert_same(tuple(outs), tuple(pc.program.expected()), "SPMD interpreter")
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=EXAMPLES)
 @given(pc=padded_cases(local=True))
 def test_jit_executes_with_padding(pc: PartitionCase):

@@ -172,6 +172,7 @@ def reshape_cases(draw) -> PartitionCase:
     return PartitionCase(case, mesh, tuple(schedule))
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=EXAMPLES)
 @given(pc=reshape_cases())
 def test_reshape_chains_on_sharded_dims_match_both_oracles(pc: PartitionCase):

@@ -56,6 +56,7 @@ def other_runtime():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_second_daemon_in_another_runtime_dir_is_refused_and_the_job_unharmed(
         env, other_runtime):
     client = env.connect()
@@ -98,6 +99,7 @@ def test_a_second_daemon_in_another_runtime_dir_is_refused_and_the_job_unharmed(
     assert all(r["state"] in P.FINAL_JOB_STATES for r in _records(env).values())
 
 
+@pytest.mark.slow
 def test_a_stale_lock_and_identity_are_taken_over(env):
     client = env.connect()
     assert client.partition(SCHEDULE).ok
@@ -127,6 +129,7 @@ def test_a_stale_lock_and_identity_are_taken_over(env):
         sleeper.wait()
 
 
+@pytest.mark.slow
 def test_a_daemon_killed_mid_job_takes_its_job_along_and_the_next_spares_strangers(env):
     client = env.connect()
     job = client.run(SCHEDULE, steps=LONG)
@@ -167,6 +170,7 @@ STAGES = ["loading the schedule file", "tracing", "tactic 2/3",
           "collectives after tactic 1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES, ids=["load", "trace", "tactic", "lower"])
 def test_a_compiler_killed_at_a_stage_is_a_clear_error_then_recovers(
         env, monkeypatch, tmp_path, stage):
@@ -210,6 +214,7 @@ def _job_with_a_setsid_grandchild(env, name: str):
     return client, job, marker
 
 
+@pytest.mark.slow
 def test_cancelling_a_job_ends_its_setsid_grandchild(env):
     client, job, marker = _job_with_a_setsid_grandchild(env, "setsid.partir.py")
     result = client.cancel(job.id)
@@ -219,6 +224,7 @@ def test_cancelling_a_job_ends_its_setsid_grandchild(env):
     assert _records(env)[job.id]["state"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_a_daemon_killed_mid_job_takes_the_jobs_setsid_grandchild_along(env):
     client, job, marker = _job_with_a_setsid_grandchild(env, "orphan.partir.py")
     os.kill(client.status().pid, signal.SIGKILL)

@@ -26,6 +26,7 @@ def _running(client, job_id: str) -> bool:
     return job.state == "running" and job.steps_done > 0
 
 
+@pytest.mark.slow
 def test_a_job_runs_to_completion_on_8_cpu_devices(shared):
     progress = []
     client = shared.connect(on_progress=progress.append)
@@ -74,6 +75,7 @@ def test_a_crashing_job_is_reported_as_crashed(shared):
     assert not pid_alive(done.pid)
 
 
+@pytest.mark.slow
 def test_a_job_past_its_timeout_is_killed(shared):
     client = shared.connect()
     job = client.run(SCHEDULE, steps=LONG, timeout_s=4)
@@ -89,6 +91,7 @@ def test_a_job_of_a_broken_schedule_fails_with_its_diagnostic(shared):
     assert job.state == "failed" and "w9" in job.error and "broken.partir.py:10" in job.error
 
 
+@pytest.mark.slow
 def test_killing_the_daemon_mid_job_leaves_an_interrupted_record(env):
     client = env.connect()
     job = client.run(SCHEDULE, steps=LONG)
@@ -106,6 +109,7 @@ def test_killing_the_daemon_mid_job_leaves_an_interrupted_record(env):
     assert _record(info)["state"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_shutdown_stops_running_jobs(env):
     client = env.connect()
     job = client.run(SCHEDULE, steps=LONG)

@@ -39,6 +39,7 @@ def test_the_socket_and_status_file(env):
     assert status.workspace == str(env.workspace)
 
 
+@pytest.mark.slow
 def test_a_second_daemon_refuses_and_points_at_the_first(env):
     # Started directly, not through the client: its stdout must stay empty.
     cmd = [sys.executable, "-m", "partir_daemon.server", "--workspace", str(env.workspace),
@@ -77,6 +78,7 @@ def test_sigterm_shuts_down_cleanly(env):
     assert "signal SIGTERM" in env.paths.log.read_text()
 
 
+@pytest.mark.slow
 def test_the_idle_timeout(env):
     env.config = P.DaemonConfig(idle_timeout_s=1.0, load_timeout_s=2.0)
     client = env.connect()

@@ -54,6 +54,7 @@ def test_a_looping_file_delays_no_other_file(env):
     assert len(client.cache_stats().worker_pids) == 2
 
 
+@pytest.mark.slow
 def test_a_path_stays_with_the_process_holding_its_caches(shared):
     client = shared.connect()
     good, other = _spread(shared, client)
@@ -103,6 +104,7 @@ def test_a_changed_dependency_of_a_failed_load_is_announced(shared):
     assert client.partition(path).ok
 
 
+@pytest.mark.slow
 def test_a_new_version_interrupts_its_own_looping_predecessor(env):
     """The user removes the loop: the new version cancels the old one mid-execution
     instead of waiting for its load timeout."""

@@ -129,6 +129,7 @@ if os.environ.get("PARTIR_JOB_ID"):
 ''' + BP_MP_Z3
 
 
+@pytest.mark.slow
 def test_requests_while_shutting_down_get_an_error(env):
     client = env.connect()
     path = env.write("stubborn.partir.py", STUBBORN)

@@ -37,6 +37,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_schedule_files_give_diagnostics_and_the_daemon_keeps_serving(shared, case):
     name, text, kind, line, words = case
@@ -113,6 +114,7 @@ def test_malformed_requests_get_json_rpc_errors(shared, line, code):
         assert read_reply(sock)["result"]["pid"] == shared.daemon_pid()
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_in_an_imported_model_module(shared):
     client = shared.connect()
     (shared.workspace / "mlp" / "loopmodel.py").write_text(

@@ -31,6 +31,7 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask022", "umask000"])
 def test_job_directories_and_files_are_private_whatever_the_umask(umask):
     old = os.umask(umask)
@@ -57,6 +58,7 @@ def test_job_directories_and_files_are_private_whatever_the_umask(umask):
 SHADOWING = ("random", "logging", "queue")
 
 
+@pytest.mark.slow
 def test_a_workspace_shadowing_standard_modules_breaks_neither_daemon_nor_compiler():
     import partir
     from examples.mlp.model import example_args, mlp
@@ -155,6 +157,7 @@ def _impostor(path: Path, answer: bytes | None) -> tuple[socket.socket, threadin
     return listener, thread
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", [
     None, b"HTTP/1.1 400 Bad Request\r\n\r\n", b'{"jsonrpc": "2.0", "id": 7, "result": 1}\n',
     b'{"jsonrpc": "2.0", "id": "partir-client-handshake", "result": {"x": 1}}\n',

@@ -32,6 +32,7 @@ def inputs():
     return model.make_inputs()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_schedules_run_equal_to_the_unpartitioned_step(name, inputs):
     fn, meta = partir.jit(model.train_step, schedules.MESH, SCHEDULES[name])

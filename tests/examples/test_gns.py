@@ -112,6 +112,7 @@ def test_full_size_model_structure():
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(opt_state))
 
 
+@pytest.mark.slow
 def test_tiny_train_step_decreases_loss():
     (params, opt_state, graph), _ = _tiny()
     step = jax.jit(model.train_step)
@@ -124,6 +125,7 @@ def test_tiny_train_step_decreases_loss():
 # --- (a) execution ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [{"batch": 8}, {"batch": 4, "model": 2}])
 def test_es_on_8_devices_equals_the_unpartitioned_step(mesh):
     inputs, want = _tiny()
@@ -137,6 +139,7 @@ def test_es_on_8_devices_equals_the_unpartitioned_step(mesh):
 # --- (b) Table 2 -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_full_size_es_counts():
     _, meta = _full()
     assert meta.collectives == expected(GNS)
@@ -146,11 +149,13 @@ def test_full_size_es_counts():
     assert _table(meta.collectives)[0::2] == PAPER_ES[0::2]  # no AG, RS or A2A either
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 2, 24])
 def test_counts_follow_the_model_structure(steps):
     assert _collectives(steps) == expected(with_steps(steps))
 
 
+@pytest.mark.slow
 def test_counts_without_layer_norm_and_on_a_2d_mesh():
     # P = 10 tensors per edge MLP: 25 x 10 + 4 x 24 - 1 = 345. The "model" axis is unused
     # by ES and adds nothing.
@@ -221,6 +226,7 @@ def test_edge_computations_run_on_local_edge_tiles():
     assert set(rows) == {str(local)}
 
 
+@pytest.mark.slow
 def test_schedule_file_loads_and_partitions():
     sf = load_schedule_file(EXAMPLES / "es.partir.py")
     assert sf.mesh == partir.Mesh({"batch": 8})

@@ -117,6 +117,7 @@ def _tiny(multi_query: bool):
     return fn, args, jax.jit(fn)(*args)
 
 
+@pytest.mark.slow
 def test_the_tiny_model_really_generates():
     _, (params, prompt), (tokens, logits) = _tiny(False)
     cfg = model.TINY
@@ -132,6 +133,7 @@ def test_the_tiny_model_really_generates():
     assert_tree_close(again, logits[:, 1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_partitioned_serving_equals_the_unpartitioned_function(name):
     fn, args, expected_out = _tiny(name.endswith("MQ"))
@@ -142,6 +144,7 @@ def test_partitioned_serving_equals_the_unpartitioned_function(name):
     assert meta.collectives == expected(name, tiny.layers, tiny.decode_steps, False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["MP", "BP+MP+MQ"])
 def test_the_core_interpreter_equals_the_unpartitioned_function(name):
     fn, args, expected_out = _tiny(name.endswith("MQ"))
@@ -159,6 +162,7 @@ def test_the_full_size_model_serves_1536_passes_through_32_layers():
     assert PAPER["MP"][1] == MEGATRON_SUMS * IT32.layers * IT32.passes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["BP", "MP", "BP+MP"])
 def test_rows_equal_to_the_paper(name):
     lowered = _lowered(name, IT32.layers, IT32.decode_steps)
@@ -185,6 +189,7 @@ def test_megatron_sums_inside_the_decode_loop(name):
     assert lowered.collectives["all_gather"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers,steps", [(1, 1), (1, 2), (2, 1), (2, 2),
                                           (IT32.layers, IT32.decode_steps)])
 @pytest.mark.parametrize("name", sorted(SCHEDULES))

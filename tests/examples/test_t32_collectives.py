@@ -151,6 +151,7 @@ def test_rows_equal_to_the_paper(name):
     assert _collectives(name, T32) == expected(name, T32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers", [1, 2, T32])
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_counts_follow_the_model_structure(name, layers):

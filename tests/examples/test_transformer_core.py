@@ -38,6 +38,7 @@ def test_t32_has_289_parameter_tensors():
     assert batch["tokens"].shape == (48, model.T32.seq)
 
 
+@pytest.mark.slow
 def test_tiny_train_step_decreases_loss(tiny_inputs):
     params, opt_state, batch = tiny_inputs
     step = jax.jit(model.train_step)
@@ -87,6 +88,7 @@ def test_bp_mp_z3_actions_and_results(tiny_inputs, tiny_expected):
         assert_tree_close(res.interpret(*tiny_inputs, after=after), tiny_expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_named_schedule_preserves_results(name, tiny_inputs, tiny_expected):
     res = partition(tuple(name.split("+")))

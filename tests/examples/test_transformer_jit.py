@@ -10,6 +10,7 @@ from examples.transformer import model, schedules
 from tests.oracles import assert_tree_close
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))
 def test_schedule_on_batch4_model2(name, tiny_inputs, tiny_expected):
     fn, meta = partir.jit(model.train_step, schedules.mesh(), schedules.SCHEDULES[name])
@@ -17,6 +18,7 @@ def test_schedule_on_batch4_model2(name, tiny_inputs, tiny_expected):
     assert len(meta.tactics) == len(schedules.SCHEDULES[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["BP", "BP+Z2", "BP+Z3"])
 def test_batch_only_schedules_on_batch8(name, tiny_inputs, tiny_expected):
     tactics = {"BP": schedules.BP, "Z2": schedules.Z2, "Z3": schedules.Z3}

@@ -20,6 +20,7 @@ def inputs():
     return model.make_scanned_inputs(model.TINY)
 
 
+@pytest.mark.slow
 def test_batch_parallelism_goes_through_the_layer_scan(inputs):
     fn, meta = partir.jit(model.train_step_scanned, schedules.MESH, [schedules.BP])
     expected = jax.jit(model.train_step_scanned)(*inputs)
@@ -40,6 +41,7 @@ def test_batch_parallelism_goes_through_the_layer_scan(inputs):
         pytest.approx(meta.cost.bytes_moved["all_reduce"])
 
 
+@pytest.mark.slow
 def test_the_scanned_step_interprets_equal_to_the_unpartitioned_step(inputs):
     result = partir.core_partition(model.train_step_scanned, schedules.MESH, [schedules.BP],
                                    *inputs)
@@ -53,6 +55,7 @@ def _per_step(program) -> dict[tuple[str, tuple[str, ...]], int]:
     return lower(program).executed_by_axes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["MP", "BP+MP", "BP+MP+Z3"])
 def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reductions(
         inputs, name):
@@ -90,6 +93,7 @@ def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reduction
             pytest.approx(unrolled_cost.bytes_moved["all_reduce"])
 
 
+@pytest.mark.slow
 def test_zero3_keeps_the_stacked_parameters_sharded_gathering_one_layer_at_a_time(inputs):
     """BP+MP+Z3: ZeRO shards each stacked parameter past its layer dimension
     (`schedules.zero`); the scans' bodies all-gather a layer's slice when they take it,

@@ -119,6 +119,7 @@ def test_param_count_formula(cfg):
     assert len(jax.tree.leaves(_args(cfg)[0])) == n_params(cfg)
 
 
+@pytest.mark.slow
 def test_tiny_train_step_decreases_loss():
     params, opt_state, batch = model.make_inputs(model.TINY)
     step = jax.jit(model.train_step)
@@ -131,10 +132,12 @@ def test_tiny_train_step_decreases_loss():
 # --- Table 2 -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bp_equals_the_paper():
     assert _table(_collectives("BP", model.FULL)) == PAPER["BP"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["BP+Z2", "BP+Z3"])
 def test_zero_reduce_scatters_and_all_reduces_equal_the_paper(name):
     ours = _table(_collectives(name, model.FULL))
@@ -143,6 +146,7 @@ def test_zero_reduce_scatters_and_all_reduces_equal_the_paper(name):
     assert ours[0] == {"BP+Z2": 501, "BP+Z3": 604}[name] < PAPER[name][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", VARIANTS.values(), ids=VARIANTS.keys())
 @pytest.mark.parametrize("name", ["BP", "BP+Z2", "BP+Z3"])
 def test_counts_follow_the_model_structure(name, cfg):
@@ -204,6 +208,7 @@ def _unpartitioned(name: str):
     return jax.jit(sf.program.fn)(*sf.program.args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FILES)
 def test_schedule_file_runs_and_equals_unpartitioned(name):
     sf = _schedule_file(name)

@@ -36,6 +36,7 @@ def hlo(schedule: str) -> tuple[partir.CorePartition, Function]:
     return res, fn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(schedules.SCHEDULES))
 def test_schedule_computes_the_training_step(name, tiny_inputs, tiny_expected):
     res, fn = hlo(name)
@@ -72,6 +73,7 @@ def test_zero_turns_the_sharded_gradients_reductions_into_reduce_scatters(zero):
     assert ag + (sharded_params if zero == "Z2" else 0) == ZERO_SHARDED
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, counts", [("BP", (0, 290, 0, 0)), ("MP", (0, 128, 0, 0)),
                                           ("BP+MP", (0, 418, 0, 0))])
 def test_t32_counts_match_the_paper(name, counts):
@@ -85,6 +87,7 @@ def test_t32_counts_match_the_paper(name, counts):
     assert (c["all_gather"], c["all_reduce"], c["reduce_scatter"], c["all_to_all"]) == counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(schedules.SCHEDULES))
 def test_deferred_gathers_give_the_same_optimized_program(name, tiny_inputs, tiny_expected):
     # What `partir.pipeline.lower` does: gathers that the next loop slices back are never

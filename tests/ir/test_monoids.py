@@ -49,6 +49,7 @@ def test_names_are_the_paper_order_and_the_actions_read_them():
         Sum("prod")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "dtype"), _cases(), ids=lambda x: getattr(x, "__name__", x))
 def test_combine_agrees_with_numpy(name, dtype):
     rng = np.random.default_rng(0)
@@ -61,6 +62,7 @@ def test_combine_agrees_with_numpy(name, dtype):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "dtype"), _cases(), ids=lambda x: getattr(x, "__name__", x))
 def test_identity_is_neutral(name, dtype):
     m = MONOIDS[name]

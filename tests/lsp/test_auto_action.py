@@ -37,6 +37,7 @@ def partitioned(path) -> partir.Metadata:
     return partir.partition(sf.program.fn, sf.mesh, sf.schedule, *sf.program.args)
 
 
+@pytest.mark.slow
 async def test_replace_with_the_manual_tactics_found(session: Session) -> None:
     uri = session.open(AUTO, TEXT)
     await analysed(session, uri)

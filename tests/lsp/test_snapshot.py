@@ -66,6 +66,7 @@ def errors(diags: list[T.Diagnostic]) -> list[T.Diagnostic]:
     return [d for d in diags if d.severity == T.DiagnosticSeverity.Error]
 
 
+@pytest.mark.slow
 async def test_requests_answer_from_the_last_analysis_while_one_runs(
         session: Session) -> None:
     uri = await open_analysed(session, "mlp/bp_mp_z3.partir.py")

@@ -55,6 +55,7 @@ def test_nhwc_conv_factors():
     assert CATALOGUE["conv_general_dilated"].flops(view, rule) == 2 * 8 * 6 * 6 * 8 * 4 * 9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dn, x, w, kw", [
     (NHWC, (8, 6, 6, 4), (3, 3, 4, 8), {}),
     (NCHW, (8, 4, 6, 6), (8, 4, 3, 3), {}),
@@ -104,6 +105,7 @@ def test_batch_groups():
     assert check_entry(_conv(NHWC, batch_groups=4), x, w, rtol=1e-4, atol=1e-4) >= 12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dn, x, w, kw", [
     (NHWC, (8, 6, 6, 4), (3, 3, 4, 8), {}),
     (NCHW, (8, 4, 9, 9), (8, 4, 3, 3), {"strides": (2, 2), "padding": "VALID"}),

@@ -26,6 +26,7 @@ def _mappings(fn, name, *args):
     return [str(m) for m in lookup(op.name).mappings(view)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, kept", [
     (lambda a: tuple(lax.approx_max_k(a, 3)), (0, 1)),
     (lambda a: tuple(lax.approx_min_k(a, 3, reduction_dimension=1)), (0, 2)),

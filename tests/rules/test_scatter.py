@@ -64,6 +64,7 @@ def test_embedding_mappings(name):
         *sum_, "(#tile<1>, ⊥, #tile<1>) -> #tile<1>", "(#tile<0>, ⊥, ⊥) -> #tile<0>"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", SCATTERS)
 def test_embedding_scatter(name, mode):
@@ -76,12 +77,14 @@ def test_embedding_scatter(name, mode):
                        upd) >= minimum
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["scatter-min", "scatter-max"])
 def test_min_max_of_integers(name):
     table, upd = _table(name, (32, 8), np.int32), _table(name, (16, 8), np.int32)
     assert check_entry(_fn(name, EMBED, "clip"), table, _rows("clip", 16), upd) >= 18
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCATTERS)
 def test_batching_dims(name):
     # x.at[b, labels[b]] op= u[b], with batching dims as vmap makes them.
@@ -101,6 +104,7 @@ def test_batching_dims(name):
     assert check_entry(fn, x, idx, upd) >= 18
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCATTERS)
 def test_indexed_whole_window(name):
     x = _table(name, (16, 8))

@@ -69,6 +69,7 @@ def test_dilated_and_padded_dims_are_whole():
     assert check_op(op, X) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, x", [(avg_pool, X), (max_pool, X), (min_pool_nchw, XC)],
                          ids=["avg", "max", "min_nchw"])
 def test_pooling_gradients(fn, x):

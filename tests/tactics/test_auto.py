@@ -40,6 +40,7 @@ def shardings(meta: partir.Metadata) -> dict:
     return meta.tactics[-1].shardings
 
 
+@pytest.mark.slow
 def test_found_strategy_runs_equal_to_the_unpartitioned_step(small_inputs):
     import jax
 
@@ -57,6 +58,7 @@ def test_found_strategy_runs_equal_to_the_unpartitioned_step(small_inputs):
     assert json.dumps(meta.to_json()["tactics"][-1]["search"])
 
 
+@pytest.mark.slow
 def test_all_auto_on_both_axes_runs_equal(small_inputs):
     import jax
 
@@ -67,6 +69,7 @@ def test_all_auto_on_both_axes_runs_equal(small_inputs):
     assert meta.tactics[0].axis == "batch,model"
 
 
+@pytest.mark.slow
 def test_deterministic_for_a_seed():
     args = model.abstract_inputs(T2)
 
@@ -167,6 +170,7 @@ schedule = [
 """
 
 
+@pytest.mark.slow
 def test_schedule_file_with_partir_partition(capsys, tmp_path):
     path = tmp_path / "auto.partir.py"
     path.write_text(SCHEDULE_FILE)

@@ -55,6 +55,7 @@ def test_unet_bp_then_auto_mp_runs_equal():
     assert meta.tactics[-1].shardings["batch/images"][0][:1] == ["batch"]
 
 
+@pytest.mark.slow
 def test_gns_es_then_auto_bp_runs_equal():
     schedule = [gns_schedules.ES, auto("batch", objective="memory", max_evaluations=12)]
     meta = run_equal(gns.train_step, gns_schedules.MESH, schedule, gns.make_inputs(gns.TINY))
@@ -65,6 +66,7 @@ def test_gns_es_then_auto_bp_runs_equal():
                                             "graph/receivers")) for d in decisions(meta))
 
 
+@pytest.mark.slow
 def test_gns_search_is_deterministic_for_a_seed():
     args = gns.abstract_inputs(gns.TINY)
 
@@ -110,6 +112,7 @@ def _carried(step, full_inputs, schedule, small_inputs, n_manual: int) -> tuple:
     return found, meta
 
 
+@pytest.mark.slow
 def test_t32_all_auto_found_on_two_full_width_layers_runs_equal_on_a_small_t32():
     full = dataclasses.replace(transformer.T32, layers=2)
     small = dataclasses.replace(transformer.TINY, layers=2)

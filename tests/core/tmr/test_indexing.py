@@ -57,6 +57,7 @@ def test_gather_embedding_mappings():
         "(⊥, #tile<0>) -> #tile<0>", "(#tile<1>, ⊥) -> #tile<1>", "(#tile<0>, ⊥) -> #sum"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_gather_embedding_lookup(mode):
     table = rng.normal(size=(32, 8)).astype(np.float32)
@@ -64,6 +65,7 @@ def test_gather_embedding_lookup(mode):
                        table, _rows(mode, 8)) >= 24
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.bool_])
 def test_gather_fill_of_non_float_tables_counts_once(dtype):
     table = rng.integers(0, 2 if dtype == np.bool_ else 100, size=(32, 8)).astype(dtype)
@@ -74,6 +76,7 @@ def test_gather_fill_of_non_float_tables_counts_once(dtype):
     assert check_entry(fn, table, _rows("fill", 8)) >= 24
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["clip", "fill"])
 def test_gather_two_indexed_dims(mode):
     x = rng.normal(size=(8, 16, 4)).astype(np.float32)
@@ -85,6 +88,7 @@ def test_gather_two_indexed_dims(mode):
     assert check_entry(lambda a, i: lax.gather(a, i, dn, (1, 1, 4), mode=mode), x, idx) >= 36
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_gather_indexed_whole_window(mode):
     # Dim 1 is indexed but taken whole: only start 0 is in bounds, which every chunk sees.
@@ -100,6 +104,7 @@ def test_gather_indexed_whole_window(mode):
     assert check_entry(fn, x, idx) >= 24
 
 
+@pytest.mark.slow
 def test_take_along_axis_batching_dims():
     lp = rng.normal(size=(4, 8, 32)).astype(np.float32)
     labels = rng.integers(0, 32, size=(4, 8)).astype(np.int32)
@@ -138,6 +143,7 @@ def test_scatter_add_embedding_gradient_mappings():
         "(#tile<0>, ⊥, ⊥) -> #tile<0>"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_scatter_add_embedding_gradient(mode):
     # A nonzero operand checks that it is added once under #sum.
@@ -147,6 +153,7 @@ def test_scatter_add_embedding_gradient(mode):
                        table, _rows(mode, 16), upd) >= 24
 
 
+@pytest.mark.slow
 def test_scatter_add_take_along_axis_gradient():
     lp = rng.normal(size=(4, 8, 32)).astype(np.float32)
     labels = rng.integers(0, 32, size=(4, 8)).astype(np.int32)
@@ -165,6 +172,7 @@ def test_scatter_add_take_along_axis_gradient():
     assert check_entry(fn, lp, idx, upd) >= 18
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_scatter_add_indexed_whole_window(mode):
     x = rng.normal(size=(16, 8)).astype(np.float32)
@@ -180,6 +188,7 @@ def test_scatter_add_indexed_whole_window(mode):
     assert check_entry(fn, x, idx, upd) >= 24
 
 
+@pytest.mark.slow
 def test_scatter_add_two_indexed_dims():
     x = rng.normal(size=(8, 16, 4)).astype(np.float32)
     idx = np.array([[0, 0], [7, 15], [3, 9], [4, 2], [-1, 3], [5, 16], [2, 20], [7, 15]],

@@ -27,11 +27,9 @@ def _mappings(op):
     return list(lookup(op.name).mappings(view))
 
 
-# uint8 and uint64 (x64 on) take about a minute each: the 16- and 32-bit ones are the fast
-# loop's.
-@pytest.mark.parametrize("width", [
-    pytest.param(jnp.uint8, marks=pytest.mark.slow), jnp.uint16, jnp.uint32,
-    pytest.param(jnp.uint64, marks=pytest.mark.slow)])
+# 10 s to a minute per width (uint64 with x64 on): in CI, not in the fast loop.
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64])
 def test_threefry_bits_of_one_key_tile_the_drawn_dims_at_their_offsets(width):
     with jax.enable_x64(width == jnp.uint64):
         bits = lambda k: jax.random.bits(k, (8, 4, 2), width)  # noqa: E731
@@ -49,12 +47,14 @@ def test_bits_drawn_by_other_implementations_offer_no_tile():
         assert _mappings(op) == []
 
 
+@pytest.mark.slow
 def test_random_split_tiles_its_keys_not_the_new_dims():
     split = jax.vmap(lambda k: jax.random.split(k, 2))
     assert check_entry(split, _keys(8)) >= 2
     assert len(_mappings(_op(split, _keys(8)))) == 1
 
 
+@pytest.mark.slow
 def test_random_fold_in_per_key_and_broadcast_message():
     assert check_entry(lambda k, m: jax.vmap(jax.random.fold_in)(k, m), _keys(8),
                        jnp.arange(8, dtype=jnp.uint32)) >= 2
@@ -74,6 +74,7 @@ def test_random_seed_per_seed():
     assert check_entry(jax.vmap(jax.random.key), jnp.arange(8, dtype=jnp.int32)) >= 2
 
 
+@pytest.mark.slow
 def test_random_gamma_tiles_the_key_dims_only():
     gamma = jax.vmap(lambda k, a: jax.random.gamma(k, a))
     a = jnp.linspace(0.5, 3.0, 24, dtype=jnp.float32).reshape(8, 3)
@@ -81,12 +82,14 @@ def test_random_gamma_tiles_the_key_dims_only():
     assert len(_mappings(_op(gamma, _keys(8), a))) == 1
 
 
+@pytest.mark.slow
 def test_threefry2x32_is_elementwise():
     x = jnp.arange(32, dtype=jnp.uint32).reshape(8, 4)
     assert check_entry(lambda a, b, c, d: threefry2x32_p.bind(a, b, c, d),
                        x, x + 1, x * 3, x ^ 5) >= 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src,dst", [(jnp.float32, jnp.uint8), (jnp.uint8, jnp.float32),
                                      (jnp.uint32, jnp.float32)])
 def test_bitcast_convert_type_keeps_the_width_dim_whole(src, dst):

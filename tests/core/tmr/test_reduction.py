@@ -22,6 +22,7 @@ def _mappings(name, params, in_shapes, out_shapes, dtype=np.float32, out_dtype=N
     return list(lookup(name).mappings(view))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, x, minimum", [
     (lambda a: jnp.sum(a, axis=1), X, 23),
     (lambda a: jnp.sum(a, axis=(0, 2)), X, 23),
@@ -34,6 +35,7 @@ def test_reductions_with_monoid(fn, x, minimum):
     assert check_entry(fn, x) >= minimum
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, x, minimum", [
     (lambda a: jnp.prod(a, axis=1), P, 11),
     (lambda a: lax.reduce_xor_p.bind(a, axes=(1,)), I, 11),
@@ -62,12 +64,14 @@ def test_argreduce_offers_nothing_on_its_reduced_dim(name):
     assert ms == [TileMapping((0,), (Tile(0),)), TileMapping((2,), (Tile(1),))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", [lambda a: jnp.argmax(a, axis=1),
                                 lambda a: jnp.argmin(a, axis=0)], ids=["argmax", "argmin"])
 def test_argreductions(fn):
     assert check_entry(fn, X) >= 11
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn, x", [
     (lambda a: lax.cumsum(a, axis=1), X),
     (lambda a: lax.cumprod(a, axis=2, reverse=True), P),
@@ -94,6 +98,7 @@ def test_sort_multiple_operands_with_ties():
                        keys, X) >= 11
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [0, 2])
 def test_top_k(axis):
     assert check_entry(lambda a: lax.top_k(a, 3, axis=axis), X) >= 11

@@ -29,6 +29,7 @@ def _reshape_mappings(in_shape, out_shape):
     return list(lookup("reshape").mappings(view))
 
 
+@pytest.mark.slow
 def test_broadcast_in_dim():
     x = _x(8, 1, 4)
     # result dims: new 0, operand 0, operand 1 broadcast from 1, operand 2
@@ -46,6 +47,7 @@ def test_broadcast_size_one_dim_is_not_tiled_on_the_operand():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_shape,out_shape,min_checked", [
     ((4, 8, 6), (32, 6), 6),
     ((32, 6), (4, 8, 6), 6),
@@ -124,6 +126,7 @@ def test_split():
     assert check_entry(fn, _x(4, 8, 8)) >= 11
 
 
+@pytest.mark.slow
 def test_iota():
     assert check_entry(lambda: lax.broadcasted_iota(jnp.int32, (4, 8), 1)) >= 11
     assert check_entry(lambda: lax.broadcasted_iota(jnp.float32, (8, 4), 0)) >= 11
