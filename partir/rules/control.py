@@ -927,7 +927,8 @@ def sum_stacked_results(params: Any, sums: Mapping[int, tuple[str, ...]],
     def traced(*args: Any) -> list[Any]:
         outs = eval_jaxpr(jaxpr, consts, *args)
         for k, axes in sums.items():
-            with _located(made.get(jaxpr.outvars[k])):
+            x = jaxpr.outvars[k]  # a literal (unhashable) has no line of its own
+            with _located(made.get(x) if isinstance(x, jcore.Var) else None):
                 outs[k] = lax.psum(outs[k], axes)
         return outs
 

@@ -186,6 +186,21 @@ def test_megatron_through_a_scan_over_layers_sums_inside_the_body(grad):
     assert not any("all_gather" in line for line in lines[:last_scan]), meta.hlo_ir
 
 
+def test_a_scans_stacked_partial_sums_are_summed_by_its_body_per_iteration():
+    """Each step's column sums of a batch-sliced carry are partial sums over "batch": the
+    body all-reduces each one as it makes it (one per step, as an unrolled loop would),
+    and no all-reduce of the stacked result follows the scan."""
+    def f(x, ws):
+        return lax.scan(lambda c, w: (jnp.tanh(c * w), jnp.sum(c * w, axis=0)), x, ws)[1]
+
+    result, meta = _all_oracles(f, MESH, BP, X, WS[:, 0])
+    assert result.tactics[0].conflicts == []
+    hlo = lower(result.program).hlo
+    assert [op.name for op in hlo.ops if op.name.startswith("hlo.")] == []
+    assert meta.collectives["all_reduce"] == 1  # in the body
+    assert meta.executed_collectives["all_reduce"] == len(WS)
+
+
 def test_a_carry_ending_as_a_partial_sum_is_summed_before_the_next_iteration():
     def f(s, ws):
         return lax.scan(lambda c, w: (jnp.sum(jnp.tanh(w * c)), None), s, ws)[0]
