@@ -29,7 +29,22 @@ def user_location(source_info: object) -> Location:
     traceback = getattr(source_info, "traceback", None)
     if traceback is None:
         return UNKNOWN_LOCATION
-    return _traceback_location(traceback)
+    loc = _traceback_location(traceback)
+    if loc.line and _in_backward(source_info.name_stack):
+        return _backward(loc)
+    return loc
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_backward(name_stack: source_info_util.NameStack) -> bool:
+    """Whether JAX made the equation by transposing (the backward pass of a gradient)."""
+    return any(isinstance(e, source_info_util.Transform) and e.name == "transpose"
+               for e in name_stack.stack)
+
+
+@functools.lru_cache(maxsize=4096)
+def _backward(loc: Location) -> Location:
+    return Location(loc.file, loc.line, loc.function, backward=True)
 
 
 # Tracebacks hash and compare by their frames' code objects and instructions (in C), and

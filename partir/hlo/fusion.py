@@ -698,6 +698,46 @@ def sum_in_loop_bodies(fn: Function) -> Function:
     return replace(fn, ops=ops)
 
 
+def regather_for_backward(fn: Function) -> Function:
+    """ZeRO-3: an argument all-gathered for ops of both passes of a gradient is gathered
+    again for the backward pass's ops, as DeepSpeed's ZeRO-3 and FSDP do (the paper's
+    "two AllGather per parameter tensor"): the gathered parameter then dies with its last
+    forward use instead of living through the backward pass, which is ZeRO-3's memory
+    saving (`Location.backward` says which pass an op is in)."""
+    args = set(fn.args)
+    gathers = {op.results[0]: op for op in fn.ops
+               if op.name == ALL_GATHER and op.operands[0] in args}
+    if not gathers:
+        return fn
+    passes: dict[Value, set[bool]] = {}  # gathered value -> the passes reading it
+    for op in fn.ops:
+        for v in op.operands:
+            if v in gathers:
+                passes.setdefault(v, set()).add(op.loc.backward)
+    both = {v for v, seen in passes.items() if len(seen) == 2}
+    if not both:
+        return fn
+    again: dict[Value, Value] = {}
+    ops = []
+    mesh = fn.attributes["mesh"]
+    for op in fn.ops:
+        if op.loc.backward and not both.isdisjoint(op.operands):
+            operands = []
+            for v in op.operands:
+                if v in both:
+                    if v not in again:
+                        first = gathers[v]
+                        gather = make_all_gather(first.operands[0], first.params["axes"], mesh,
+                                                 v.name, op.loc)
+                        ops.append(gather)
+                        again[v] = gather.results[0]
+                    v = again[v]
+                operands.append(v)
+            op = Op(op.name, operands, op.results, op.params, op.regions, op.loc, op.prim)
+        ops.append(op)
+    return replace(fn, ops=ops)
+
+
 def schedule_by_demand(fn: Function) -> Function:
     """Order the ops depth first from the results: each op comes right before the first op
     that needs it, operands in order. A gathered parameter is then gathered just before
@@ -749,4 +789,4 @@ def optimize(fn: Function) -> Function:
         # dce last: the gathers localize_results bypasses die in this round, not the next
         fn = dce(localize_results(localize_arguments(_sweep(cse(fn), LOCAL_PATTERNS))))
         if fn is start:
-            return schedule_by_demand(sum_in_loop_bodies(fn))
+            return schedule_by_demand(regather_for_backward(sum_in_loop_bodies(fn)))

@@ -77,10 +77,8 @@ def test_megatron_goes_through_the_layer_scan_with_the_unrolled_models_reduction
     # forward and backward: one sum per attention block and one per MLP, per layer
     assert scanned[("all_reduce", ("model",))] == 4 * model.TINY.layers
     # Per step, every collective runs as often as in the unrolled model: the gradients'
-    # all-reduces (and ZeRO's reduce-scatters) over "batch" too. Except ZeRO-3's
-    # all-gathers (test below): the scanned backward gathers its weights again.
-    scanned.pop(("all_gather", ("batch",)), None)
-    unrolled.pop(("all_gather", ("batch",)), None)
+    # all-reduces over "batch" too, and ZeRO's reduce-scatters and all-gathers (each pass
+    # gathering the weights it reads: test below).
     assert scanned == unrolled
     # the program holds one per block of each scan's body
     in_bodies = meta.executed_collectives["all_reduce"] - meta.collectives["all_reduce"]
@@ -111,7 +109,7 @@ def test_zero3_keeps_the_stacked_parameters_sharded_gathering_one_layer_at_a_tim
     assert gathered == {"params/embed"}  # the unstacked embedding only
     # Per layer, the forward gathers the 8 tensors ZeRO shards (all but b_up, which MP
     # shards on its one dimension), the backward the 4 weight matrices again (ZeRO-3
-    # gathers for each pass; the unrolled model keeps its forward's gathers: 8 per layer).
+    # gathers for each pass), as the unrolled model does.
     in_bodies = meta.executed_collectives["all_gather"] - meta.collectives["all_gather"]
     assert in_bodies == (8 + 4) * (model.TINY.layers - 1)
     # The backward's body reduce-scatters each layer's 8 gradients as it makes them:
@@ -120,3 +118,6 @@ def test_zero3_keeps_the_stacked_parameters_sharded_gathering_one_layer_at_a_tim
                                 *model.make_inputs(model.TINY))
     assert meta.executed_collectives["reduce_scatter"] == \
         unrolled.executed_collectives["reduce_scatter"] == 8 * model.TINY.layers + 1
+    # and the embedding, outside the scans, is gathered for each pass too
+    assert meta.executed_collectives["all_gather"] == \
+        unrolled.executed_collectives["all_gather"] == 12 * model.TINY.layers + 2
