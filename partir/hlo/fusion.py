@@ -201,8 +201,8 @@ class Pattern:
     rewrite: Rewrite
 
 
-def _sweep(fn: Function, patterns: Sequence[Pattern]) -> Function:
-    rw = _Rewriter(fn, patterns)
+def _sweep(fn: Function, patterns: Sequence[Pattern], count_uses: bool = True) -> Function:
+    rw = _Rewriter(fn, patterns, count_uses)
     kinds = rw.rewrites
     changed = False
     # `current` and `append` inlined: this loop runs once per op per sweep.
@@ -507,7 +507,9 @@ _CSE = Pattern((*COLLECTIVES, AXIS_INDEX), _cse)
 def cse(fn: Function) -> Function:
     """One op for identical HLO ops (same kind, operands and parameters): collectives
     and axis indices are pure, and the lowering emits one per execute."""
-    return _sweep(fn, (_CSE,))
+    # Without use counts: a repeat's operands are its first's, which stays and keeps
+    # using them, so dropping a repeat never leaves a producer without uses to kill.
+    return _sweep(fn, (_CSE,), count_uses=False)
 
 
 def _is_end_padding(op: Op) -> bool:
