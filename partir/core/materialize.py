@@ -83,6 +83,13 @@ class _Materializer:
         self.alias: dict[Value, Value] = {}
         # TMR entries by op name, looked up once per name rather than once per op.
         self.entries: dict[str, Entry] = {}
+        # (ids of an op's result types, ids of its nest's loops) -> (the results' tile
+        # types, whether a loop sums): they depend on nothing else, and the ops of repeated
+        # layers share both (a type per shape from the frontend, the loops of
+        # propagation's shared decisions), so each is worked out once per layer's op, not
+        # per op. Types and loops are distinct objects, so the ids cannot be confused; the
+        # program keeps them all alive for the run, so their ids stay theirs.
+        self.tiles: dict[tuple, tuple[tuple[TensorType, ...], bool]] = {}
         if elide_identities:
             self._elide_identities()
 
@@ -241,15 +248,20 @@ class _Materializer:
                   sizes: list[int], operands: list[Value], ranges: list[Value],
                   indices: list[Value | None], body: list[Op]) -> list[Value]:
         """Append op's local computation to `body`; its results."""
-        # result_local_type (and operand_local_type below), from the dims the caller gathered
-        out_types = []
-        for k, r in enumerate(op.results):
-            out_types.append(divided_type(r.type, tile_dims(nest, k), sizes))
-        out_types = tuple(out_types)
+        # The results' tile types (result_local_type, and operand_local_type below, from
+        # the dims the caller gathered) and whether a loop sums, remembered (see `tiles`).
+        key = (*[id(r.type) for r in op.results], *[id(lp) for lp in nest])
+        tiles = self.tiles.get(key)
+        if tiles is None:
+            tiles = self.tiles[key] = (
+                tuple([divided_type(r.type, tile_dims(nest, k), sizes)
+                       for k, r in enumerate(op.results)]),
+                any(type(a) is Sum for lp in nest for a in lp.results))
+        out_types, sums = tiles
         entry = self.entries.get(op.name)
         if entry is None:
             entry = self.entries[op.name] = lookup(op.name)
-        if any(type(a) is Sum for lp in nest for a in lp.results):
+        if sums:
             operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
                                           indices, body)
         if entry.localize is None:
