@@ -95,6 +95,7 @@ class CoreModule:
         # of each copying it, and propagation can memoise on the indices' identity. The
         # entry holds both keys' objects, so their ids are not reused while it exists.
         self._extended: dict[tuple[int, int], tuple[NestInfo, Loop, NestInfo]] = {}
+        self._indices: dict[tuple[Nest, int, int], NestInfo] = {}  # see `_indexed`
         self._output_index: dict[Value, list[int]] = defaultdict(list)
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
@@ -112,12 +113,24 @@ class CoreModule:
         self.by_uid[op.uid] = op
         if op.uid not in self.info:
             nest = self.nests.get(op.uid, ())
-            self.info[op.uid] = NestInfo(nest, len(op.operands), len(op.results)) if nest \
+            self.info[op.uid] = self._indexed(nest, op) if nest \
                 else _unlooped(len(op.operands), len(op.results))
         for k, r in enumerate(op.results):
             self.producer[r] = (op.uid, k)
         for i, v in enumerate(op.operands):
             self.uses[v].append((op.uid, i))
+
+    def _indexed(self, nest: Nest, op: CoreOp) -> NestInfo:
+        """The index of a nest made whole (by an action, a widened loop or an axis split)
+        for op: one per distinct nest and numbers of operands and results, shared like
+        those `add_loop` extends, so that the memos on their identities (propagation's,
+        and `add_loop`'s own) serve every op with that nest: the values of repeated
+        layers get equal actions, each made of new Loops."""
+        key = (nest, len(op.operands), len(op.results))
+        info = self._indices.get(key)
+        if info is None:
+            info = self._indices[key] = NestInfo(nest, len(op.operands), len(op.results))
+        return info
 
     # -- queries -------------------------------------------------------------------------
     def nest(self, uid: int) -> Nest:
@@ -160,6 +173,7 @@ class CoreModule:
         new._seq = self._seq
         new.info = dict(self.info)
         new._extended = {}  # a memo: the fork rebuilds its own, bounded by its own loops
+        new._indices = {}  # likewise
         new._output_index = defaultdict(list, {v: list(r) for v, r in
                                                self._output_index.items()})
         return new
@@ -179,8 +193,7 @@ class CoreModule:
                             ((Loop(a, lp.results, lp.operands) for a in parts)
                              if lp.axis == axis else (lp,)))
                 self.nests[uid] = new
-                op = self.by_uid[uid]
-                self.info[uid] = NestInfo(new, len(op.operands), len(op.results))
+                self.info[uid] = self._indexed(new, self.by_uid[uid])
         self.acted = {(v, a): what for (v, ax), what in self.acted.items()
                       for a in (parts if ax == axis else (ax,))}
         dropped = [uid for uid, ax in self.conflicts if ax == axis]
@@ -200,8 +213,7 @@ class CoreModule:
     def replace_loop(self, uid: int, old: Loop, new: Loop) -> None:
         """Make the op's loop `old` the loop `new` over the same axis, in its place."""
         nest = self.nests[uid] = tuple(new if lp is old else lp for lp in self.nests[uid])
-        op = self.by_uid[uid]
-        self.info[uid] = NestInfo(nest, len(op.operands), len(op.results))
+        self.info[uid] = self._indexed(nest, self.by_uid[uid])
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
