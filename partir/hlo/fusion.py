@@ -526,10 +526,17 @@ def localize_padded_arguments(fn: Function) -> Function:
     argument with."""
     if not any(op.name == "pad" for op in fn.ops):  # most programs pad nothing
         return fn
-    users: dict[Value, list[Op]] = {}
+    # The uses of the arguments and of the pads reading them (what is looked at below),
+    # not of every value: the ops reading none are skipped with one test in C.
+    users: dict[Value, list[Op]] = {a: [] for a in fn.args}
     for op in fn.ops:
+        if users.keys().isdisjoint(op.operands):
+            continue
         for v in op.operands:
-            users.setdefault(v, []).append(op)
+            if v in users:
+                users[v].append(op)
+        if op.name == "pad":
+            users[op.results[0]] = []
     results = set(fn.results)
     rw = _Rewriter(fn, count_uses=False)
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
