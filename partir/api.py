@@ -112,7 +112,15 @@ def _specs(shardings: Sequence, tree: Any, mesh: Mesh) -> tuple:
     """The PartitionSpecs of the user's mesh: sub-axes an axis was split into are named
     by that axis where a dimension has all of them in order (else by their Shardy names,
     which are axes of the executable's `jax_mesh`)."""
-    specs = [partition_spec(tuple(mesh.coalesce(a) for a in s)) for s in shardings]
+    # One spec per distinct sharding: a model's parameters and optimizer state, by the
+    # thousand, share a few (the specs are immutable, so the leaves may share them).
+    made: dict[tuple, jax.sharding.PartitionSpec] = {}
+    specs = []
+    for s in shardings:
+        spec = made.get(s)
+        if spec is None:
+            spec = made[s] = partition_spec(tuple(mesh.coalesce(a) for a in s))
+        specs.append(spec)
     out = jax.tree_util.tree_unflatten(tree, specs)
     return out if isinstance(out, tuple) else (out,)
 
@@ -185,9 +193,10 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
         final = lower(result.program)
         cost = simulate(final.hlo, device)
         tactics = [tactic_metadata(record, device, defer=True) for record in result.tactics]
+        # Counted once (each count walks the program) for both records, as `cost` is.
+        collectives, executed = final.collectives, final.executed_collectives
         if tactics:  # the last tactic's program is the final one
-            vars(tactics[-1]).update(collectives=final.collectives,
-                                     executed_collectives=final.executed_collectives,
+            vars(tactics[-1]).update(collectives=collectives, executed_collectives=executed,
                                      cost=cost)
         meta = Metadata(
             tactics=tactics,
@@ -198,8 +207,7 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             core_ir=Deferred(lambda: final.text("core")),
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),
-            collectives=final.collectives,
-            executed_collectives=final.executed_collectives, cost=cost,
+            collectives=collectives, executed_collectives=executed, cost=cost,
             padding=Deferred(lambda: padding_report(result.program)))
     return result, meta, final
 

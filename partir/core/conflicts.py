@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from partir.ir import Location
 
@@ -40,7 +40,8 @@ class Conflict:
         return text
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["loc"] = {"file": self.loc.file, "line": self.loc.line}
-        d["choices"] = list(self.choices)
-        return d
+        # The fields in order, built directly: `asdict` deep-copies field by field, and a
+        # model's tactics report hundreds of conflicts with every partition.
+        return {"kind": self.kind, "op": self.op,
+                "loc": {"file": self.loc.file, "line": self.loc.line}, "axis": self.axis,
+                "choices": list(self.choices), "detail": self.detail}

@@ -83,6 +83,13 @@ class _Materializer:
         self.alias: dict[Value, Value] = {}
         # TMR entries by op name, looked up once per name rather than once per op.
         self.entries: dict[str, Entry] = {}
+        # (ids of an op's result types, ids of its nest's loops) -> `_local_types`: they
+        # depend on nothing else, and the ops of repeated layers share both (a type per
+        # shape from the frontend, the loops of propagation's shared decisions), so each
+        # is worked out once per layer's op, not per op. Types and loops are distinct
+        # objects, so the ids cannot be confused; the program keeps them all alive for
+        # the run, so their ids stay theirs.
+        self.local_types: dict[tuple, _LocalTypes] = {}
         if elide_identities:
             self._elide_identities()
 
@@ -190,11 +197,14 @@ class _Materializer:
         sliced: dict[tuple[Value, tuple], Value] = {}
         indices: list[Value | None] = [None] * depth  # per level, its `index` once made
         body: list[Op] = []
+        local_types = self.local_types
         for op in g.ops:
-            nest = nests.get(op.uid, ())
-            # Per operand, the dimension each level slices (None: whole), all at once.
-            operand_dims = (list(zip(*[lp.operands for lp in nest], strict=True)) if nest
-                            else [()] * len(op.operands))
+            nest = nests[op.uid]  # in a group over axes, every op has its loops
+            key = (*[id(r.type) for r in op.results], *[id(lp) for lp in nest])
+            local = local_types.get(key)
+            if local is None:
+                local = local_types[key] = _local_types(op, nest, sizes)
+            operand_dims = local[0]
             operands = []
             for i, v in enumerate(op.operands):
                 while v in alias:
@@ -217,9 +227,8 @@ class _Materializer:
             if op.is_identity:
                 inner[op.results[0]] = operands[0]
                 continue
-            local = self._local_op(op, nest, operand_dims, sizes, operands, ranges, indices,
-                                   body)
-            for r, lr in zip(op.results, local, strict=True):
+            results = self._local_op(op, nest, local, sizes, operands, ranges, indices, body)
+            for r, lr in zip(op.results, results, strict=True):
                 inner[r] = lr
         # build the nest from the innermost loop outwards
         yields = [inner[v] for v in escaping]
@@ -237,19 +246,15 @@ class _Materializer:
             body, yields = [loop], results
         return body[0]
 
-    def _local_op(self, op: CoreOp, nest: Nest, operand_dims: list[tuple[int | None, ...]],
-                  sizes: list[int], operands: list[Value], ranges: list[Value],
-                  indices: list[Value | None], body: list[Op]) -> list[Value]:
+    def _local_op(self, op: CoreOp, nest: Nest, local: _LocalTypes, sizes: list[int],
+                  operands: list[Value], ranges: list[Value], indices: list[Value | None],
+                  body: list[Op]) -> list[Value]:
         """Append op's local computation to `body`; its results."""
-        # result_local_type (and operand_local_type below), from the dims the caller gathered
-        out_types = []
-        for k, r in enumerate(op.results):
-            out_types.append(divided_type(r.type, tile_dims(nest, k), sizes))
-        out_types = tuple(out_types)
+        operand_dims, out_types, sums = local
         entry = self.entries.get(op.name)
         if entry is None:
             entry = self.entries[op.name] = lookup(op.name)
-        if any(type(a) is Sum for lp in nest for a in lp.results):
+        if sums:
             operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
                                           indices, body)
         if entry.localize is None:
@@ -304,7 +309,8 @@ class _Materializer:
                     v.name = o.name
         return results
 
-    def _mask_padding(self, op: CoreOp, nest: Nest, operand_dims: list[tuple[int | None, ...]],
+    def _mask_padding(self, op: CoreOp, nest: Nest,
+                      operand_dims: Sequence[tuple[int | None, ...]],
                       sizes: list[int], operands: list[Value], ranges: list[Value],
                       indices: list[Value | None], body: list[Op]) -> list[Value]:
         """The operands, with the padding of every dimension a `#sum` loop of the nest
@@ -372,6 +378,18 @@ class _Materializer:
                 _TRACES.clear()
             _TRACES[key] = traced
         return traced
+
+
+# Per operand, the dimension each loop level slices (None: whole); the results' tile types
+# (result_local_type, from those of each level); whether a loop sums.
+_LocalTypes = tuple[tuple[tuple[int | None, ...], ...], tuple[TensorType, ...], bool]
+
+
+def _local_types(op: CoreOp, nest: Nest, sizes: list[int]) -> _LocalTypes:
+    return (tuple(zip(*[lp.operands for lp in nest], strict=True)),
+            tuple([divided_type(r.type, tile_dims(nest, k), sizes)
+                   for k, r in enumerate(op.results)]),
+            any(type(a) is Sum for lp in nest for a in lp.results))
 
 
 # Traced local computations of index-dependent ops, shared by the repeated layers of a model

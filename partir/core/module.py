@@ -95,6 +95,7 @@ class CoreModule:
         # of each copying it, and propagation can memoise on the indices' identity. The
         # entry holds both keys' objects, so their ids are not reused while it exists.
         self._extended: dict[tuple[int, int], tuple[NestInfo, Loop, NestInfo]] = {}
+        self._shared_nests: dict[tuple[Nest, int, int], tuple[Nest, NestInfo]] = {}
         self._output_index: dict[Value, list[int]] = defaultdict(list)
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
@@ -110,14 +111,27 @@ class CoreModule:
 
     def _index(self, op: CoreOp) -> None:
         self.by_uid[op.uid] = op
-        if op.uid not in self.info:
-            nest = self.nests.get(op.uid, ())
-            self.info[op.uid] = NestInfo(nest, len(op.operands), len(op.results)) if nest \
-                else _unlooped(len(op.operands), len(op.results))
+        if op.uid not in self.info:  # (an inserted op has its nest's: `_set_nest`)
+            self.info[op.uid] = _unlooped(len(op.operands), len(op.results))
         for k, r in enumerate(op.results):
             self.producer[r] = (op.uid, k)
         for i, v in enumerate(op.operands):
             self.uses[v].append((op.uid, i))
+
+    def _set_nest(self, op: CoreOp, nest: Nest) -> None:
+        """Give op a nest made whole (by an action, a widened loop or an axis split) and
+        its index, both shared by every op given an equal nest (Loops compare by value)
+        with as many operands and results, as `add_loop` shares those it extends: the
+        values of repeated layers get equal actions, each made of new Loops, and the
+        memos on the indices' and loops' identities (propagation's, materialize's,
+        `add_loop`'s) then serve them all. An op's nest holds its index's very Loops, so
+        that a loop of the index is one of the nest (`replace_loop`)."""
+        key = (nest, len(op.operands), len(op.results))
+        shared = self._shared_nests.get(key)
+        if shared is None:
+            shared = self._shared_nests[key] = (
+                nest, NestInfo(nest, len(op.operands), len(op.results)))
+        self.nests[op.uid], self.info[op.uid] = shared
 
     # -- queries -------------------------------------------------------------------------
     def nest(self, uid: int) -> Nest:
@@ -160,6 +174,7 @@ class CoreModule:
         new._seq = self._seq
         new.info = dict(self.info)
         new._extended = {}  # a memo: the fork rebuilds its own, bounded by its own loops
+        new._shared_nests = {}  # likewise (see `_set_nest`)
         new._output_index = defaultdict(list, {v: list(r) for v, r in
                                                self._output_index.items()})
         return new
@@ -178,9 +193,7 @@ class CoreModule:
                 new = tuple(sub for lp in nest for sub in
                             ((Loop(a, lp.results, lp.operands) for a in parts)
                              if lp.axis == axis else (lp,)))
-                self.nests[uid] = new
-                op = self.by_uid[uid]
-                self.info[uid] = NestInfo(new, len(op.operands), len(op.results))
+                self._set_nest(self.by_uid[uid], new)
         self.acted = {(v, a): what for (v, ax), what in self.acted.items()
                       for a in (parts if ax == axis else (ax,))}
         dropped = [uid for uid, ax in self.conflicts if ax == axis]
@@ -199,9 +212,8 @@ class CoreModule:
 
     def replace_loop(self, uid: int, old: Loop, new: Loop) -> None:
         """Make the op's loop `old` the loop `new` over the same axis, in its place."""
-        nest = self.nests[uid] = tuple(new if lp is old else lp for lp in self.nests[uid])
-        op = self.by_uid[uid]
-        self.info[uid] = NestInfo(nest, len(op.operands), len(op.results))
+        self._set_nest(self.by_uid[uid],
+                       tuple(new if lp is old else lp for lp in self.nests[uid]))
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],
@@ -218,7 +230,7 @@ class CoreModule:
         pos = bisect.bisect_right(self._orders, op.order)
         self.ops.insert(pos, op)
         self._orders.insert(pos, op.order)
-        self.nests[op.uid] = nest
+        self._set_nest(op, nest)
         self._index(op)
         for uid, i in uses:
             self._set_operand(uid, i, result)

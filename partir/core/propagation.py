@@ -262,6 +262,15 @@ class Propagator:
                                tuple[NestInfo, NestInfo, _Excess]] = {}
         self._use_ex: dict[tuple[int, int, int, int],
                            tuple[NestInfo, NestInfo, _Excess]] = {}
+        # `_step_key` -> `_step`'s outcome: a look at an op reads nothing but its
+        # signature, its nest's index and its neighbours', and the ops of repeated layers
+        # meet the same ones, so a look that recorded no conflict (whose text names the
+        # op) is replayed: its loop added and the neighbours it woke woken again, without
+        # working out the excesses, the choice and the wake-ups again. An axis split
+        # changes the choices (as for `_by_nest`), so it clears them.
+        self._steps: dict[tuple, tuple] = {}
+        self._conflicts_made = 0  # conflicts recorded so far (a look's are not replayed)
+        self._woken: tuple = ((), ())  # the last `_apply`'s `_wake`, for `_step`
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -282,41 +291,89 @@ class Propagator:
 
     # -- one op --------------------------------------------------------------------------
     def _visit(self, uid: int) -> None:
+        m = self.m
         while True:
-            op = self.m.by_uid[uid]
-            info = self.m.info[uid]
-            operand_ex = self._operand_excesses(op, info)
-            result_ex = self._result_excesses(op, info)
-            candidates: set[str] = set()
-            deeper = in_scope = False
-            for ex in operand_ex:
-                if ex is not None:
+            op = m.by_uid[uid]
+            info = m.info[uid]
+            key = self._step_key(op, info)
+            seen = self._steps.get(key) if key is not None else None
+            if seen is not None:
+                loop, woken, again = seen
+                if loop is not None:
+                    self._apply(op, loop, woken)
+            else:
+                conflicts = self._conflicts_made
+                step = self._step(op, info)
+                if step is None:
+                    continue  # look at the op again with the wider loop or the split axis
+                if key is not None and self._conflicts_made == conflicts:
+                    self._steps[key] = step
+                again = step[2]
+            if not again:
+                return
+
+    def _step_key(self, op: CoreOp, info: NestInfo) -> tuple | None:
+        """What a look at the op depends on (see `_steps`): its signature, its nest's
+        index and its neighbours' (each operand's producer and result, each result's uses
+        and their operand), by position. None without a signature."""
+        sig = op.signature
+        if sig is None:
+            return None
+        producers, infos, uses = self.m.producer, self.m.info, self.m.uses
+        # Flat (a tuple of tuples hashes each of them): per operand its producer's index
+        # and result (None, None without one), per result the number of its uses, then
+        # each use's index and operand. The op's index has one entry per operand and per
+        # result, so the layout of two keys with one index is the same. NestInfos hash
+        # and compare by identity, and the key holds them, so their ids are not reused.
+        key: list = [sig, info]
+        for v in op.operands:
+            p = producers.get(v)
+            if p is None:
+                key += (None, None)
+            else:
+                key += (infos[p[0]], p[1])
+        for r in op.results:
+            used = uses.get(r, ())
+            key.append(len(used))
+            for cuid, i in used:
+                key += (infos[cuid], i)
+        return tuple(key)
+
+    def _step(self, op: CoreOp, info: NestInfo) -> tuple | None:
+        """One look at the op: the loop it gained (None: none), the neighbours that woke
+        (`_wake`'s positions) and whether to look again; or None when a loop was widened
+        or the axes split (look again, as it is now)."""
+        operand_ex = self._operand_excesses(op, info)
+        result_ex = self._result_excesses(op, info)
+        candidates: set[str] = set()
+        deeper = in_scope = False
+        for ex in operand_ex:
+            if ex is not None:
+                candidates.update(ex.adopt)
+                deeper = deeper or ex.deeper
+                in_scope = in_scope or bool(ex.in_scope)
+        for uses in result_ex:
+            for ex in uses:
+                if ex is not _NONE:
                     candidates.update(ex.adopt)
                     deeper = deeper or ex.deeper
                     in_scope = in_scope or bool(ex.in_scope)
-            for uses in result_ex:
-                for ex in uses:
-                    if ex is not _NONE:
-                        candidates.update(ex.adopt)
-                        deeper = deeper or ex.deeper
-                        in_scope = in_scope or bool(ex.in_scope)
-            if in_scope:
-                if self._widen(op, operand_ex, result_ex):
-                    continue  # look at the op again with the wider loop
-                self._record_in_scope(op, operand_ex, result_ex)
-            for axis in self.axes:
-                if axis in candidates and (self._forward(op, axis, operand_ex)
-                                           or self._backward(op, axis, operand_ex, result_ex)):
-                    break
-            else:
-                return
-            if self._refined:  # the axes changed: look at the op again under their names
-                self._refined = False
-                continue
-            # A new loop only opens more work here if another axis was on offer or a
-            # value is tiled (sliced) deeper than the axis just adopted.
-            if len(candidates) == 1 and not deeper:
-                return
+        if in_scope:
+            if self._widen(op, operand_ex, result_ex):
+                return None
+            self._record_in_scope(op, operand_ex, result_ex)
+        for axis in self.axes:
+            if axis in candidates and (self._forward(op, axis, operand_ex)
+                                       or self._backward(op, axis, operand_ex, result_ex)):
+                break
+        else:
+            return None, None, False
+        if self._refined:  # the axes changed: look at the op again under their names
+            self._refined = False
+            return None
+        # A new loop only opens more work here if another axis was on offer or a value is
+        # tiled (sliced) deeper than the axis just adopted.
+        return self.m.nests[op.uid][-1], self._woken, len(candidates) > 1 or deeper
 
     def _operand_excesses(self, op: CoreOp, info: NestInfo) -> list[_Excess | None]:
         producers, infos, memo = self.m.producer, self.m.info, self._operand_ex
@@ -508,6 +565,7 @@ class Propagator:
         self.axes = list(self.m.mesh.axis_names)
         self.sizes = dict(self.m.mesh)
         self._by_nest.clear()
+        self._steps.clear()
         self._refined = True
 
     def _widen(self, op: CoreOp, operand_ex: list[_Excess | None],
@@ -577,20 +635,33 @@ class Propagator:
 
     def _conflict(self, op: CoreOp, axis: str, kind: str, choices: tuple[str, ...],
                   detail: str = "") -> None:
+        self._conflicts_made += 1
         self.m.conflicts.setdefault((op.uid, axis),
                                     Conflict(kind, op.name, op.loc, axis, choices, detail))
 
-    def _apply(self, op: CoreOp, loop: Loop) -> None:
+    def _apply(self, op: CoreOp, loop: Loop,
+               woken: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None = None) -> None:
         """Add the loop, then revisit the neighbours for which it changes something: the
-        producers of operands it slices and the users of the results it tiles."""
-        self.m.add_loop(op.uid, loop)
-        self.m.conflicts.pop((op.uid, loop.axis), None)
-        self._wake(op, loop)
+        producers of operands it slices and the users of the results it tiles. A replayed
+        look (`_steps`) passes those its first time found (`_wake`'s positions)."""
+        m = self.m
+        m.add_loop(op.uid, loop)
+        m.conflicts.pop((op.uid, loop.axis), None)
+        if woken is None:
+            self._woken = self._wake(op, loop)
+            return
+        for i in woken[0]:
+            self.push(m.producer[op.operands[i]][0])
+        for k, j in woken[1]:
+            self.push(m.uses[op.results[k]][j][0])
 
-    def _wake(self, op: CoreOp, loop: Loop) -> None:
-        """Revisit the neighbours for which the op's new loop changes something."""
+    def _wake(self, op: CoreOp, loop: Loop
+              ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """Revisit the neighbours for which the op's new loop changes something; which, by
+        position: the operands whose producers, and the (result, use) pairs."""
         m = self.m
         info = m.info[op.uid]
+        operands, uses = [], []
         for i, v in enumerate(op.operands):
             if loop.operands[i] is not None:
                 p = m.producer.get(v)
@@ -598,11 +669,14 @@ class Propagator:
                     ex = self._use_excess(m.info[p[0]], p[1], info, i)
                     if ex.adopt or ex.in_scope:
                         self.push(p[0])
+                        operands.append(i)
         for k, r in enumerate(op.results):
-            for uid, i in m.uses.get(r, ()):
+            for j, (uid, i) in enumerate(m.uses.get(r, ())):
                 ex = self._operand_excess(info, k, m.info[uid], i)
                 if ex.adopt or ex.in_scope or ex.pinned:
                     self.push(uid)
+                    uses.append((k, j))
+        return tuple(operands), tuple(uses)
 
 
 def _remembered(memo: dict, excess: Callable[[NestInfo, int, NestInfo, int], _Excess],

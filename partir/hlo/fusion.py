@@ -205,8 +205,8 @@ class Pattern:
     rewrite: Rewrite
 
 
-def _sweep(fn: Function, patterns: Sequence[Pattern]) -> Function:
-    rw = _Rewriter(fn, patterns)
+def _sweep(fn: Function, patterns: Sequence[Pattern], count_uses: bool = True) -> Function:
+    rw = _Rewriter(fn, patterns, count_uses)
     kinds = rw.rewrites
     changed = False
     # `current` and `append` inlined: this loop runs once per op per sweep.
@@ -511,7 +511,9 @@ _CSE = Pattern((*COLLECTIVES, AXIS_INDEX), _cse)
 def cse(fn: Function) -> Function:
     """One op for identical HLO ops (same kind, operands and parameters): collectives
     and axis indices are pure, and the lowering emits one per execute."""
-    return _sweep(fn, (_CSE,))
+    # Without use counts: a repeat's operands are its first's, which stays and keeps
+    # using them, so dropping a repeat never leaves a producer without uses to kill.
+    return _sweep(fn, (_CSE,), count_uses=False)
 
 
 def _is_end_padding(op: Op) -> bool:
@@ -528,10 +530,17 @@ def localize_padded_arguments(fn: Function) -> Function:
     argument with."""
     if not any(op.name == "pad" for op in fn.ops):  # most programs pad nothing
         return fn
-    users: dict[Value, list[Op]] = {}
+    # The uses of the arguments and of the pads reading them (what is looked at below),
+    # not of every value: the ops reading none are skipped with one test in C.
+    users: dict[Value, list[Op]] = {a: [] for a in fn.args}
     for op in fn.ops:
+        if users.keys().isdisjoint(op.operands):
+            continue
         for v in op.operands:
-            users.setdefault(v, []).append(op)
+            if v in users:
+                users[v].append(op)
+        if op.name == "pad":
+            users[op.results[0]] = []
     results = set(fn.results)
     rw = _Rewriter(fn, count_uses=False)
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])

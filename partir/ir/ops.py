@@ -14,7 +14,8 @@ from partir.ir.location import UNKNOWN_LOCATION, Location
 from partir.ir.values import Value
 
 
-@dataclass(eq=False)
+# Slotted, as `Value` is: every stage of the pipeline builds its program anew.
+@dataclass(eq=False, slots=True)
 class Region:
     """A single-block region: block arguments, ops, and the values it yields."""
 
@@ -23,7 +24,7 @@ class Region:
     yields: list[Value] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # as Region
 class Op:
     name: str
     operands: list[Value]
