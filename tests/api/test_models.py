@@ -6,8 +6,9 @@ unsupported.
 
 The models differ from those covered elsewhere (tests/api/test_cnn.py, test_lstm.py,
 examples/): a CNN with training-mode BatchNorm and max pooling, a ResNet with a strided
-downsample and a projection shortcut, a ViT, a top-2 mixture of experts and a bf16
-mixed-precision MLP. Each one's docstring says which primitives it brings to the
+downsample and a projection shortcut, a ViT, a top-2 mixture of experts, a bf16
+mixed-precision MLP and a GPT whose layers run in a rematerialised `lax.scan` with a tied
+embedding. Each one's docstring says which primitives it brings to the
 partitioner.
 """
 
@@ -286,7 +287,63 @@ BF16_MLP = Model(
     mp_dims={"w1": 1, "b1": 0, "w2": 0},
 )
 
-MODELS = {"bn_cnn": BN_CNN, "resnet": RESNET, "vit": VIT, "moe": MOE, "bf16_mlp": BF16_MLP}
+
+# --- 6. GPT with scan over layers, remat and a tied embedding ------------------------------
+
+GPT_V, GPT_T, GPT_D, GPT_HEADS, GPT_DH, GPT_F, GPT_L = 16, 8, 16, 4, 4, 32, 2
+
+
+def gpt_layer(x, p):
+    """A pre-LN causal decoder layer: the fused QKV projection [D, 3, H, Dh], as in
+    examples/transformer, but its weights are one slice of the stacked layers."""
+    qkv = jnp.einsum("btd,dchk->cbthk", layer_norm(x, *p["ln1"]), p["w_qkv"])
+    scores = jnp.einsum("bthk,bshk->bhts", qkv[0], qkv[1]) / np.sqrt(GPT_DH)
+    causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
+    scores = jnp.where(causal, scores, -1e9)
+    out = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(scores, axis=-1), qkv[2])
+    x = x + jnp.einsum("bthk,hkd->btd", out, p["w_o"])
+    h = jax.nn.gelu(layer_norm(x, *p["ln2"]) @ p["w_up"] + p["b_up"])
+    return x + h @ p["w_down"]
+
+
+def gpt_loss(params, batch):
+    """Next-token prediction: the layers' weights stacked on a leading [L] dimension and
+    run by `lax.scan` over a `jax.checkpoint`ed body (rematerialised in the backward
+    pass), the output projection the transposed input embedding."""
+    tokens, targets = batch["tokens"][:, :-1], batch["tokens"][:, 1:]
+    x = jnp.take(params["embed"], tokens, axis=0) + params["pos"]
+    x, _ = lax.scan(jax.checkpoint(lambda x, p: (gpt_layer(x, p), None)), x,
+                    params["layers"])
+    logits = layer_norm(x, *params["ln_f"]) @ params["embed"].T  # tied embedding
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def gpt_params(rng):
+    L, d, h, k, f = GPT_L, GPT_D, GPT_HEADS, GPT_DH, GPT_F
+    norm = [np.ones((L, d)), np.zeros((L, d))]
+    return {"embed": normal(rng, GPT_V, d, scale=0.5), "pos": normal(rng, GPT_T, d, scale=0.1),
+            "layers": {"ln1": norm, "ln2": norm,
+                       "w_qkv": normal(rng, L, d, 3, h, k, scale=d ** -0.5),
+                       "w_o": normal(rng, L, h, k, d, scale=d ** -0.5),
+                       "w_up": normal(rng, L, d, f, scale=d ** -0.5),
+                       "b_up": np.zeros((L, f)),
+                       "w_down": normal(rng, L, f, d, scale=f ** -0.5)},
+            "ln_f": [np.ones(d), np.zeros(d)]}
+
+
+GPT = Model(
+    loss_fn=gpt_loss,
+    optimizer=optax.adam(1e-3),
+    make_params=gpt_params,
+    make_batch=lambda rng: {
+        "tokens": jnp.asarray(rng.integers(0, GPT_V, (B, GPT_T + 1)), jnp.int32)},
+    # Megatron on the stacked layers (dimension 0 is the layer): heads and d_ff.
+    mp_dims={"w_qkv": 3, "w_o": 1, "w_up": 2, "b_up": 1, "w_down": 1},
+)
+
+MODELS = {"bn_cnn": BN_CNN, "resnet": RESNET, "vit": VIT, "moe": MOE, "bf16_mlp": BF16_MLP,
+          "gpt_scan": GPT}
 
 
 # --- schedules ---------------------------------------------------------------------------------
@@ -299,8 +356,15 @@ def by_leaf(dims: dict[str, int]) -> Callable[[str, tuple[int, ...]], object]:
 
 
 BP = ManualPartition({"batch": 0}, axis="batch", name="BP")
-Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM},
-                     axis="batch", name="Z3")
+
+
+def zero(name: str, shape: tuple[int, ...]) -> object:
+    # Past the layer dimension of stacked layers (params/layers/w_up: [L, D, F]), which the
+    # scan iterates over: each layer's slice is gathered when the body takes it.
+    return FIRST_DIVISIBLE_DIM.after(0) if "/layers/" in name else FIRST_DIVISIBLE_DIM
+
+
+Z3 = ManualPartition({"params": zero, "opt_state": zero}, axis="batch", name="Z3")
 
 
 def schedule(model: Model, name: str) -> list[ManualPartition]:
@@ -361,10 +425,12 @@ def params_on(meta, axis: str, dims: dict[str, int]) -> dict[str, list[int]]:
 def test_training_step(model_name, schedule_name):
     meta = run(model_name, schedule_name)
     model = MODELS[model_name]
-    if schedule_name == "BP" and model_name in ("bn_cnn", "resnet"):
-        # The images are split, not gathered: convs, BatchNorm's statistics, pooling and
-        # their gradients all run on the local examples (only sums are all_reduced).
+    if schedule_name == "BP":
+        # The examples are split, not gathered: convs, BatchNorm's statistics, pooling,
+        # attention, routing, the scan over layers and their gradients all run on the
+        # local examples; only sums (gradients, batch statistics, the loss) are reduced.
         assert meta.collectives["all_gather"] == 0, meta.collectives
+        assert meta.collectives["all_reduce"] > 0, meta.collectives
     if "MP" in schedule_name:
         # Each named parameter is sharded over "model" on exactly the intended dimension.
         on_model = params_on(meta, "model", model.mp_dims)
@@ -384,3 +450,32 @@ def test_training_step(model_name, schedule_name):
                    if any(d % 4 == 0 and not before[n][i] for i, d in enumerate(shape))
                    and not any("batch" in axes for axes in after[n])]
         assert not missing, missing
+
+
+# The primitives each model brings, which BP must split on the batch (forward and backward).
+PRIMITIVES = {
+    "bn_cnn": {"conv_general_dilated", "reduce_window_max", "select_and_scatter_add"},
+    "resnet": {"conv_general_dilated"},
+    "vit": {"conv_general_dilated"},
+    "moe": {"top_k"},
+    "bf16_mlp": {"dot_general"},
+    "gpt_scan": {"scan"},
+}
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_batch_parallelism_splits_each_primitive(model_name):
+    """Without running: under BP no conflict at all, and every op of the model's
+    characteristic primitives runs in a loop over "batch" (on the local examples);
+    BP+MP+Z3 reports no primitive unsupported."""
+    model = MODELS[model_name]
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), model.inputs())
+    result = partir.core_partition(model.step, MESH, schedule(model, "BP"), *args)
+    assert result.conflicts == [], [str(c) for c in result.conflicts]
+    program = result.program
+    ops = [op for op in program.ops if op.name in PRIMITIVES[model_name]]
+    assert {op.name for op in ops} == PRIMITIVES[model_name]
+    unsplit = [op.name for op in ops if not any(lp.axis == "batch" for lp in program.nest(op))]
+    assert not unsplit, unsplit
+    full = partir.core_partition(model.step, MESH, schedule(model, "BP+MP+Z3"), *args)
+    assert full.unsupported == [], [str(c) for c in full.unsupported]
