@@ -479,3 +479,22 @@ def test_batch_parallelism_splits_each_primitive(model_name):
     assert not unsplit, unsplit
     full = partir.core_partition(model.step, MESH, schedule(model, "BP+MP+Z3"), *args)
     assert full.unsupported == [], [str(c) for c in full.unsupported]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim", [0, 1], ids=["vocab", "d_model"])
+def test_gpt_tied_embedding_sharded_over_model(dim):
+    """The tied embedding [V, D] sharded over "model" (with BP): on the vocabulary, the
+    lookup and the output projection are vocabulary-parallel and the log-softmax reduces
+    over the shards, so nothing is gathered and no conflict arises; on d_model, both
+    uses still equal the unpartitioned step."""
+    emb = by_leaf({"embed": dim})
+    tactic = ManualPartition({"params": emb, "opt_state": emb}, axis="model", name="EMB")
+    args = GPT.inputs()
+    fn, meta = partir.jit(GPT.step, MESH, [BP, tactic])
+    assert_tree_close(fn(*args), expected("gpt_scan"))
+    kinds = [c["kind"] for t in meta.tactics for c in t.conflicts]
+    assert "unsupported" not in kinds, kinds
+    assert meta.tactics[-1].shardings["params/embed"][dim] == ["model"]
+    if dim == 0:
+        assert kinds == [] and meta.collectives["all_gather"] == 0, (kinds, meta.collectives)
