@@ -376,8 +376,6 @@ def schedule(model: Model, name: str) -> list[ManualPartition]:
 
 SCHEDULES = ["BP", "BP+MP", "BP+Z3", "BP+MP+Z3"]
 CASES = [(m, s) for m in MODELS for s in SCHEDULES]
-# Known failures (reduced repros in the report of the branch `models`).
-XFAIL: dict[tuple[str, str], str] = {}
 
 
 @functools.cache
@@ -418,10 +416,8 @@ def params_on(meta, axis: str, dims: dict[str, int]) -> dict[str, list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model_name", "schedule_name"),
-    [pytest.param(m, s, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[m, s])]
-                  if (m, s) in XFAIL else [], id=f"{m}-{s}") for m, s in CASES])
+@pytest.mark.parametrize(("model_name", "schedule_name"),
+                         [pytest.param(m, s, id=f"{m}-{s}") for m, s in CASES])
 def test_training_step(model_name, schedule_name):
     meta = run(model_name, schedule_name)
     model = MODELS[model_name]
