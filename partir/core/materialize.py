@@ -330,15 +330,19 @@ class _Materializer:
                 d = operand_dims[i][lvl] if operand_dims[i] else None
                 if d is None:
                     continue
-                # The dimension's size where this level slices it, and the tile sizes of
-                # the levels slicing it (the first may pad it: the rest divide exactly).
+                # The dimension's size where this level slices it (its parent tile's),
+                # and the tile sizes of this level and of those inside it: a position in
+                # the parent tile is their offsets plus an iota. Outer levels only say
+                # which parent tile this is (any level may pad: each #sum level masks
+                # its own padding).
                 size, steps, before = v.type.shape[d], [], None
                 for level, (dim, n) in enumerate(zip(operand_dims[i], sizes, strict=True)):
                     if dim == d:
                         if level == lvl:
                             before = size
                         size = tile_size(size, n)
-                        steps.append((level, size))
+                        if level >= lvl:
+                            steps.append((level, size))
                 if before is None or before % sizes[lvl] == 0:
                     continue
                 closed = _mask_jaxpr(out[i].type, d, before, tuple(s for _, s in steps),
@@ -403,8 +407,9 @@ _MISSING = object()
 def _mask_jaxpr(t: TensorType, dim: int, size: int, steps: tuple[int, ...],
                 identity: Any) -> Any:
     """The closed jaxpr (x, one index per step) -> x with the positions of `dim` at or
-    past `size` set to `identity`; `steps` are the tile sizes of the levels slicing dim,
-    outermost first, so the tile's offset is the sum of index * step."""
+    past `size` set to `identity`; `steps` are the tile sizes of the padded level and of
+    the levels inside it slicing dim, outermost first, so the tile's offset in the padded
+    level's parent tile is the sum of index * step."""
 
     def mask(x: Any, *index: Any) -> Any:
         offset = index[0] * steps[0]

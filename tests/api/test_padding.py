@@ -26,7 +26,7 @@ def _oracles(fn, mesh, schedule, *args):
     program: both must be the unpartitioned function's."""
     res = partir.core_partition(fn, mesh, schedule, *args)
     core = res.interpret(*args)
-    spmd = lower_core_to_spmd(materialize(res.program), res.mesh)
+    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)  # sub-axes too
     outs = interpret_spmd(spmd, *res.flatten_args(*args))
     return core, jax.tree_util.tree_unflatten(res.traced.out_tree, outs)
 
@@ -133,6 +133,22 @@ def test_nested_axes_on_a_padded_dim_whose_tile_the_second_divides():
     _check(f, partir.Mesh({"a": 4, "b": 2}),
            [partir.ManualPartition({"x": 0}, axis="a"),
             partir.ManualPartition({"x": 0}, axis="b")], x)
+
+
+def test_a_sum_over_a_dim_whose_inner_sub_axis_pads_masks_each_tiles_padding():
+    """6 on the axis a (4), split into sub-axes a:(1)2 x a:(2)2 by the reshape of the
+    other input: the outer sub-axis divides 6 exactly (tiles of 3), the inner one pads
+    each 3 to 4. The sum masks the padding of each outer tile, not positions past 3 of
+    the whole dimension (which would drop the second tile)."""
+    def f(x, y):
+        return jnp.sum(x + (np.arange(6, dtype=np.float32) % 5 - 2)), -jnp.reshape(y, (2, 2))
+
+    x = jnp.arange(1, 7, dtype=jnp.float32)
+    y = jnp.arange(4, dtype=jnp.float32)
+    schedule = [partir.ManualPartition({"x": 0, "y": 0}, axis="a")]
+    _check(f, partir.Mesh({"a": 4}), schedule, x, y)
+    program = partir.core_partition(f, partir.Mesh({"a": 4}), schedule, x, y).program
+    assert tuple(program.mesh.axis_names) == ("a:(1)2", "a:(2)2")
 
 
 # --- errors and conflicts ------------------------------------------------------------------
