@@ -115,7 +115,7 @@ def _all_oracles(fn, mesh, schedule, *args):
     result = partir.core_partition(fn, mesh, schedule, *args)
     assert_tree_close(result.interpret(*args), expected)
     flat = result.flatten_args(*args)
-    spmd = lower_core_to_spmd(materialize(result.program), result.mesh)
+    spmd = lower_core_to_spmd(materialize(result.program), result.program.mesh)
     hlo = lower_spmd_to_hlo(spmd)
     verify_hlo(hlo, check_primitives=True)
     unflatten = functools.partial(jax.tree_util.tree_unflatten, result.traced.out_tree)

@@ -26,7 +26,7 @@ def _oracles(fn, mesh, schedule, *args):
     program: both must be the unpartitioned function's."""
     res = partir.core_partition(fn, mesh, schedule, *args)
     core = res.interpret(*args)
-    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)  # sub-axes too
+    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)
     outs = interpret_spmd(spmd, *res.flatten_args(*args))
     return core, jax.tree_util.tree_unflatten(res.traced.out_tree, outs)
 

@@ -90,7 +90,7 @@ def test_core_interpreter_with_padding(pc: PartitionCase):
 def test_spmd_interpreter_with_padding(pc: PartitionCase):
     note(f"reproducer:\n{pc.reproducer()}")
     res = _partition(pc)
-    spmd = lower_core_to_spmd(materialize(res.program), pc.mesh)
+    spmd = lower_core_to_spmd(materialize(res.program), res.program.mesh)
     note(f"SPMD program:\n{print_function(spmd)}")
     verify(spmd)
     outs = interpret_spmd(spmd, *res.flatten_args(*pc.program.args))
