@@ -63,5 +63,7 @@ def test_zero3_gathers_a_weight_again_for_the_backward_pass_that_reads_it():
                      if op.name == ALL_GATHER)
     first, second = _line("h = x @ w1"), _line("return h @ w2")
     assert gathers == [("w1", first, False), ("w2", second, False), ("w2", second, True)]
+    # both oracles: the sequential Core interpreter and the program run on the devices
+    assert_tree_close(result.interpret(*args), step(*args))
     fn, _ = partir.jit(step, {"batch": 4}, schedule)
     assert_tree_close(fn(*args), step(*args))
