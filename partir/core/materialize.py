@@ -180,7 +180,7 @@ class _Materializer:
             if not g.axes:
                 for op in g.ops:
                     ops.append(Op(op.name, [self.resolve(v) for v in op.operands],
-                                  list(op.results), dict(op.params), loc=op.loc, prim=op.prim))
+                                  list(op.results), op.params, loc=op.loc, prim=op.prim))
             else:
                 ops.append(self._loop_nest(g, [v for v in g.produced if v in used_outside]))
         fn = Function(prog.name, list(prog.args), ops, [self.resolve(v) for v in prog.results],
@@ -259,8 +259,8 @@ class _Materializer:
                                           indices, body)
         if entry.localize is None:
             # What localized_params returns then, without building the view it would not
-            # read (most primitives keep their parameters).
-            params = dict(op.params)
+            # read (most primitives keep their parameters), and shared: IR is never mutated.
+            params = op.params
         else:
             in_types = tuple([divided_type(v.type, dims, sizes)
                               for v, dims in zip(op.operands, operand_dims, strict=True)])

@@ -17,7 +17,7 @@ import functools
 import operator
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
@@ -32,7 +32,10 @@ IDENTITY_KINDS = ("tile", "atomic")
 _UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
 
 
-@dataclass(frozen=True, eq=False)
+# Not `frozen`: a frozen dataclass sets each field through `object.__setattr__`, which
+# made building the ops of a large model (and rewiring them) 5x slower. Immutable all the
+# same, by convention: nothing assigns a field but the memo below.
+@dataclass(eq=False, slots=True)
 class CoreOp:
     """An op of a Core program. Immutable: rewiring an operand makes a new CoreOp with the
     same `uid`, so snapshots taken after earlier tactics stay as they were."""
@@ -47,9 +50,8 @@ class CoreOp:
     # program position: (index,) for traced ops; an identity op on a value extends the
     # position of the value's definition, so it sorts after it and before the next op
     order: tuple[int, ...] = (0,)
-    # Not a field: the memoized `signature`, set on the instance once computed. Read from
-    # the class until then, which costs less than the AttributeError of a missing one.
-    _signature = _UNSET
+    # The memoized `signature`, set once computed.
+    _signature: Any = field(default=_UNSET, init=False, repr=False)
 
     @property
     def is_identity(self) -> bool:
@@ -61,21 +63,21 @@ class CoreOp:
         besides local shapes, so they are shared by the ops of repeated layers. Computed
         once per op for all tactics (not a `cached_property`, whose lock costs more than
         this); None when the parameters are unhashable (e.g. array-valued constants)."""
-        # Not through self.__dict__: reading it makes CPython give the instance a real
-        # dict, and every later attribute read of the op (by all the passes) slower.
         key = self._signature
         if key is not _UNSET:
             return key
         types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
-        # hash and compare in C, and the key is hashed for every request.
-        key = (self.name, tuple(sorted(self.params.items())),
+        # hash and compare in C, and the key is hashed for every request. The parameters
+        # in their order, unsorted: a primitive binds them in one order, and two equal
+        # dicts in different orders only miss each other's memo entries.
+        key = (self.name, tuple(self.params.items()),
                tuple([t.shape for t in types]), tuple([t.dtype for t in types]))
         try:
             hash(key)
         except TypeError:
             key = None
-        object.__setattr__(self, "_signature", key)
+        self._signature = key
         return key
 
     def with_operand(self, i: int, value: Value) -> CoreOp:
@@ -88,7 +90,7 @@ class CoreOp:
         new = CoreOp(self.uid, self.name, tuple(operands), self.results, self.params,
                      self.loc, self.prim, self.order)
         if value.type is self.operands[i].type:  # propagation reads it from the uses
-            object.__setattr__(new, "_signature", self.signature)
+            new._signature = self.signature
         return new
 
     def __repr__(self) -> str:

@@ -166,7 +166,8 @@ class _Lowering:
                     t = local_types[r.type] = _dtensor(r.type).local_type(self.mesh)
             new_r = sub[r] = Value(t, r.name)
             results.append(new_r)
-        new = Op(op.name, operands, results, dict(op.params), loc=op.loc, prim=op.prim)
+        # The parameters are shared: IR is never mutated.
+        new = Op(op.name, operands, results, op.params, loc=op.loc, prim=op.prim)
         self.out.append(new)
         if op.loc.line:
             origin = self.origin
