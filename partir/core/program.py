@@ -23,7 +23,7 @@ from typing import Any
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
-from partir.ir.types import tile_size
+from partir.ir.types import tensor_type, tile_size
 from partir.mesh import Mesh
 from partir.rules import CATALOGUE, OpView
 from partir.rules.control import body_factor
@@ -110,7 +110,7 @@ def divided_type(t: TensorType, dims: Sequence[int | None], sizes: Sequence[int]
             if shape is None:
                 shape = list(t.shape)
             shape[d] = tile_size(shape[d], n)
-    return t if shape is None else TensorType(tuple(shape), t.dtype)
+    return t if shape is None else tensor_type(tuple(shape), t.dtype)
 
 
 def operand_local_type(op: CoreOp, nest: Nest, i: int, mesh: Mapping[str, int],

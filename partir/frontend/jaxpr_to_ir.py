@@ -18,6 +18,7 @@ from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
+from partir.ir.types import tensor_type
 from partir.rules.control import CALLS, CONTROL_FLOW, body_eqns, carry_inits
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
@@ -64,7 +65,7 @@ def _tensor_type(aval: Any) -> TensorType:
 # are immutable), instead of converting the shape and dtype for each of the equations.
 @functools.lru_cache(maxsize=4096)
 def _shaped_type(shape: tuple, dtype: Any) -> TensorType:
-    return TensorType(tuple(map(int, shape)), _element_type(dtype))
+    return tensor_type(tuple(map(int, shape)), _element_type(dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,7 +90,7 @@ class _Builder:
             key = (arr.dtype.str, arr.tobytes())
             if key in self.scalar_consts:
                 return self.scalar_consts[key]
-        v = Value(TensorType(arr.shape, arr.dtype))
+        v = Value(tensor_type(arr.shape, arr.dtype))
         self.ops.append(Op("constant", [], [v], {"value": arr}, loc=loc))
         self.producers[v] = self.ops[-1]
         if key is not None:

@@ -28,6 +28,7 @@ import numpy as np
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value, verify
 from partir.ir.monoids import NAMES as MONOIDS
 from partir.ir.printer import Printer, register_op_printer
+from partir.ir.types import tensor_type
 from partir.ir.verifier import VerificationError, register_type_rule
 from partir.rules import Kind, Primitive, declare
 from partir.rules.catalogue import no_flops
@@ -65,14 +66,14 @@ def axes_size(axes: Sequence[str], mesh: Mapping[str, int]) -> int:
 
 def sliced_type(t: TensorType, axes: AxesPerDim, mesh: Mapping[str, int]) -> TensorType:
     """Each dimension divided by the size of its axes."""
-    return TensorType(tuple([n // axes_size(a, mesh) if a else n
-                             for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
+    return tensor_type(tuple([n // axes_size(a, mesh) if a else n
+                              for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
 
 
 def gathered_type(t: TensorType, axes: AxesPerDim, mesh: Mapping[str, int]) -> TensorType:
     """Each dimension multiplied by the size of its axes."""
-    return TensorType(tuple([n * axes_size(a, mesh) if a else n
-                             for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
+    return tensor_type(tuple([n * axes_size(a, mesh) if a else n
+                              for n, a in zip(t.shape, axes, strict=True)]), t.dtype)
 
 
 def flat_axes(axes: AxesPerDim) -> tuple[str, ...]:

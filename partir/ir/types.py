@@ -35,10 +35,20 @@ class TensorType:
         return self.size * itemsize(self.dtype)
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorType:
-        return TensorType(tuple(shape), self.dtype)
+        return tensor_type(tuple(shape), self.dtype)
 
     def __str__(self) -> str:
         return _tensor_text(self.shape, self.dtype)
+
+
+# A model's values have few distinct types: the passes that make them per op (slicing,
+# gathering, dividing by the loops) share one object per type. That costs less than
+# building a frozen dataclass each time, and the identity tests and id-keyed memos of the
+# passes then hit for equal types too.
+@functools.lru_cache(maxsize=1 << 14)
+def tensor_type(shape: tuple[int, ...], dtype: Any) -> TensorType:
+    """The (shared) TensorType of `shape`, a tuple of ints, and `dtype`."""
+    return TensorType(shape, dtype)
 
 
 # Printing a large program names few distinct types many times.

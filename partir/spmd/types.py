@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from partir.ir.types import TensorType, tile_size
+from partir.ir.types import TensorType, tensor_type, tile_size
 
 Dim = tuple[tuple[str, ...], int]  # (axes major to minor, global size)
 
@@ -112,9 +112,9 @@ def _local_type(t: DTensorType, mesh: tuple[tuple[str, int], ...]) -> TensorType
     # Memoized: a program's values share few types, and lowering asks for them per value.
     axis_sizes = dict(mesh)
     t._require(axis_sizes)
-    return TensorType(tuple(tile_size(n, math.prod(axis_sizes[a] for a in axes))
-                            for axes, n in t.dims),
-                      t.dtype)
+    return tensor_type(tuple(tile_size(n, math.prod(axis_sizes[a] for a in axes))
+                             for axes, n in t.dims),
+                       t.dtype)
 
 
 def data_equivalent(t1: DTensorType | TensorType, t2: DTensorType | TensorType) -> bool:
