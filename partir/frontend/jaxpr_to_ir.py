@@ -80,6 +80,7 @@ class _Builder:
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
         self.body_tags: dict[str, list[BodyTag]] = {}
+        # The constants and broadcasts, by result: all `is_zero` looks at.
         self.producers: dict[Value, Op] = {}
 
     def constant(self, value: Any, loc: Location, aval: Any) -> Value:
@@ -136,10 +137,12 @@ class _Builder:
                     outs = self.inline(body, (), operands, loc, user_frames)
             else:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
-                params = dict(eqn.params)
+                # JAX's own dict, shared (IR is never mutated), but where a parameter is
+                # added.
+                params = eqn.params
                 inits = carry_inits(name, params, operands)
                 if inits is not None:
-                    params["_zero_init"] = tuple(self.is_zero(v) for v in inits)
+                    params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
                 if name in CONTROL_FLOW:
                     for body, tagged in body_eqns(params):
                         if tagged.primitive.name == "tag":
@@ -150,7 +153,8 @@ class _Builder:
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
                 self.ops.append(Op(name, operands, outs, params, loc=loc, prim=eqn.primitive))
-                self.producers.update(dict.fromkeys(outs, self.ops[-1]))
+                if name == "broadcast_in_dim":
+                    self.producers[outs[0]] = self.ops[-1]
             for var, v in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(var, jcore.DropVar):
                     env[var] = v
