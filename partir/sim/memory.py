@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from partir.ir import Function, TensorType, Value
 from partir.ir.dtypes import itemsize
 from partir.sim.cost import (
+    COST_RULES,
     FUSIBLE_CONSUMERS,
     FUSIBLE_PRODUCERS,
     UNKNOWN_RULE,
+    CostRule,
     Kind,
-    lookup_cost,
 )
 
 # (elements, bytes) of a value's type.
@@ -72,6 +73,7 @@ def size_table() -> SizesFn:
 class BufferPlan:
     """What the fusion heuristic and the live-range analysis found, per op index."""
 
+    rules: list[CostRule]  # per op: UNKNOWN_RULE where its primitive has none
     kinds: list[Kind]  # per op
     live: list[bool]  # per op: False for dead ops and FREE ops (no kernel)
     kernel: list[bool]  # per op: it launches a kernel (a materialized fusion root)
@@ -94,7 +96,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     sizes = sizes or size_table()
     ops = fn.ops
     n_ops = len(ops)
-    rules = [lookup_cost(op.name) or UNKNOWN_RULE for op in ops]
+    rule_of = COST_RULES.get
+    rules = [rule_of(op.name, UNKNOWN_RULE) for op in ops]
     kinds = [rule.kind for rule in rules]
 
     # Pass 1: buffers (FREE results are their operand's buffer) and their consumers' kinds.
@@ -115,17 +118,6 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             consumers.setdefault(root.get(u, u), []).append(kind)
 
     outputs = {root.get(v, v) for v in fn.results}
-
-    def fused(v: Value) -> bool:
-        i = producer.get(v)
-        if i is None or v in outputs:
-            return False
-        users = consumers.get(v)
-        if not users or kinds[i] not in FUSIBLE_PRODUCERS:
-            return False
-        if not all(k in FUSIBLE_CONSUMERS for k in users):
-            return False
-        return len(users) == 1 or not rules[i].expensive
 
     # Pass 2: per op, the materialized buffers it reads (through fused producers), the
     # bytes it moves, and the last reader of every buffer.
@@ -153,8 +145,14 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             else:
                 read.extend(src)
         written = 0
+        # Whether each result is fused into its consumers: a fusible producer's, not
+        # returned, read by fusible consumers only, and by one or cheap to repeat.
+        fusible = kind in FUSIBLE_PRODUCERS
         for r in op.results:
-            if fused(r):
+            users = consumers.get(r) if fusible else None
+            if (users and r not in outputs
+                    and FUSIBLE_CONSUMERS.issuperset(users)
+                    and (len(users) == 1 or not rules[i].expensive)):
                 sources[r] = tuple(dict.fromkeys(read))
             else:
                 written += sizes(r.type)[1]
@@ -178,8 +176,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                           if again.placed.get(b) is None), reverse=True)
     argument_bytes = sum(sizes(a.type)[1] for a in fn.args)
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
-    return BufferPlan(kinds, live, kernel, op_bytes, argument_bytes, output_bytes, peak,
-                      peak_op, at_peak)
+    return BufferPlan(rules, kinds, live, kernel, op_bytes, argument_bytes, output_bytes,
+                      peak, peak_op, at_peak)
 
 
 class _Scan:

@@ -38,7 +38,7 @@ from partir.sim.collectives import (
     axis_links,
     collective_cost,
 )
-from partir.sim.cost import UNKNOWN_RULE, Kind, lookup_cost
+from partir.sim.cost import UNKNOWN_RULE, Kind
 from partir.sim.devices import DeviceSpec, get_device
 from partir.sim.memory import plan_buffers, size_table
 
@@ -91,6 +91,7 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     link_of = axis_links(spec, list(mesh), links)
     sizes = size_table()
     plan = plan_buffers(fn, sizes)
+    rules = plan.rules
 
     flops = compute = comm = 0.0
     bytes_accessed = 0
@@ -110,9 +111,8 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         if token is not None and token.cancelled:
             token.check()
         merged = combiner.visit(op)
-        rule = lookup_cost(op.name)
-        if rule is None:
-            rule = UNKNOWN_RULE
+        rule = rules[i]
+        if rule is UNKNOWN_RULE:
             unknown.add(op.name)
         if rule.kind is Kind.COLLECTIVE:
             c = collective_cost(op, sizes(op.operands[0].type)[1], mesh, link_of)
