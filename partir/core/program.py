@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import operator
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,11 @@ from partir.rules.control import body_factor
 
 IDENTITY_KINDS = ("tile", "atomic")
 _UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
+# Signature -> its number. Numbers are never reused, so clearing the table only makes
+# later ops miss the memos of earlier ones.
+_SIGNATURES: dict[tuple, int] = {}
+_MAX_SIGNATURES = 1 << 16
+_signature_numbers = itertools.count()
 
 
 # Not `frozen`: a frozen dataclass sets each field through `object.__setattr__`, which
@@ -58,27 +64,35 @@ class CoreOp:
         return self.name in IDENTITY_KINDS
 
     @property
-    def signature(self) -> tuple | None:
-        """The name, parameters and (global) types: all propagation's decisions depend on
-        besides local shapes, so they are shared by the ops of repeated layers. Computed
-        once per op for all tactics (not a `cached_property`, whose lock costs more than
-        this); None when the parameters are unhashable (e.g. array-valued constants)."""
-        key = self._signature
-        if key is not _UNSET:
-            return key
+    def signature(self) -> int | None:
+        """The name, parameters and (global) types, which all propagation's decisions
+        depend on besides local shapes, as a number: equal for ops equal in them, so the
+        ops of repeated layers share their decisions. A number rather than the tuple,
+        since memo keys holding it are hashed and compared per request, which a tuple
+        does element by element. Computed once per op for all tactics (not a
+        `cached_property`, whose lock costs more than this); None when the parameters
+        are unhashable (e.g. array-valued constants)."""
+        sig = self._signature
+        if sig is not _UNSET:
+            return sig
         types = [v.type for v in (*self.operands, *self.results)]
         # Shapes and dtypes rather than the types themselves: tuples of ints and dtypes
-        # hash and compare in C, and the key is hashed for every request. The parameters
-        # in their order, unsorted: a primitive binds them in one order, and two equal
-        # dicts in different orders only miss each other's memo entries.
+        # hash and compare in C. The parameters in their order, unsorted: a primitive
+        # binds them in one order, and two equal dicts in different orders only miss
+        # each other's memo entries.
         key = (self.name, tuple(self.params.items()),
                tuple([t.shape for t in types]), tuple([t.dtype for t in types]))
         try:
-            hash(key)
+            sig = _SIGNATURES.get(key)
         except TypeError:
-            key = None
-        self._signature = key
-        return key
+            sig = None
+        else:
+            if sig is None:
+                if len(_SIGNATURES) >= _MAX_SIGNATURES:  # a daemon sees many programs
+                    _SIGNATURES.clear()
+                sig = _SIGNATURES[key] = next(_signature_numbers)
+        self._signature = sig
+        return sig
 
     def with_operand(self, i: int, value: Value) -> CoreOp:
         """This op (same uid) reading `value` as operand i. Calls the constructor directly
