@@ -34,7 +34,7 @@ _UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
 # Signature -> its number. Numbers are never reused, so clearing the table only makes
 # later ops miss the memos of earlier ones.
 _SIGNATURES: dict[tuple, int] = {}
-_MAX_SIGNATURES = 1 << 16
+_MAX_SIGNATURES = 1 << 14  # bounds what the keys keep alive (parameters: jaxprs...)
 _signature_numbers = itertools.count()
 
 
