@@ -32,23 +32,26 @@ def pytest_configure(config: pytest.Config) -> None:
         tests.budget.FAST = True
 
 
-# The longest tests (a minute or more each in a full run on 2 cores), started first: with
-# `-n 2` (pyproject.toml) each xdist worker takes the next test when it is free, so a long
-# test collected last would run alone at the end while the other worker idles.
-LONGEST_FIRST = (
-    "tests/core/test_properties.py::test_interpreter_matches_function_after_every_tactic",
-    "tests/api/test_executed_properties.py::test_jit_executes_like_the_function",
-    "tests/core/test_subaxes.py::test_reshape_chains_on_sharded_dims_match_both_oracles",
-    "tests/spmd/test_properties.py",
-    "tests/core/test_padding_properties.py",
-    "tests/hlo/test_oracle.py::test_hlo_interpreter_matches_function",
-    "tests/core/tmr/test_random.py::test_threefry_bits_of_one_key_tile",
-    "tests/core/test_properties.py",
+# Tests run on two xdist workers (`-n 2 --dist loadfile`, pyproject.toml), a file's tests on
+# one worker, so they share its warm JAX/XLA compilation caches and module-level caches
+# (`--dist load` spread them and compiled the same programs on both workers: ~15% more
+# CPU). A worker takes the next file when it is free; the files of the longest tests
+# (a minute or more each in a full run on 2 cores) are started first, or one collected
+# last would run alone at the end while the other worker idles.
+LONGEST_FIRST = (  # the longest files first (seconds on a quiet 2-core machine, one worker)
+    "tests/core/test_properties.py",  # 175
+    "tests/core/test_padding_properties.py",  # 95
+    "tests/api/test_executed_properties.py",  # 92
+    "tests/examples/test_unet.py",  # 80
+    "tests/core/test_subaxes.py",  # 70
+    "tests/core/tmr/test_random.py",  # 55
+    "tests/examples/test_transformer_core.py",  # 55
+    "tests/api/test_models.py",  # 50
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        return next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid.startswith(p)),
-                    len(LONGEST_FIRST))
-    items.sort(key=rank)  # stable: the rest keep their collection order
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: each file's tests, and the other files, keep their order

@@ -30,7 +30,8 @@ pytestmark = [
         NPM is None,
         reason="npm is not on PATH: the VS Code extension's build and tests need Node.js 20 "
                "and npm"),
-    # Both tests build in vscode-extension/: one xdist worker runs them, one after the other.
+    # Both tests build in vscode-extension/: one xdist worker runs them, one after the other
+    # (as `--dist loadfile` does anyway; this keeps it so under `--dist loadgroup`).
     pytest.mark.xdist_group("vscode-extension"),
 ]
 
