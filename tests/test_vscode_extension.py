@@ -25,10 +25,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXTENSION = ROOT / "vscode-extension"
 NPM = shutil.which("npm")
 
-pytestmark = pytest.mark.skipif(
-    NPM is None,
-    reason="npm is not on PATH: the VS Code extension's build and tests need Node.js 20 and npm",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        NPM is None,
+        reason="npm is not on PATH: the VS Code extension's build and tests need Node.js 20 "
+               "and npm"),
+    # Both tests build in vscode-extension/: one xdist worker runs them, one after the other
+    # (as `--dist loadfile` does anyway; this keeps it so under `--dist loadgroup`).
+    pytest.mark.xdist_group("vscode-extension"),
+]
 
 
 def _npm(*args: str, timeout: float = 300, extra_env: dict[str, str] | None = None
