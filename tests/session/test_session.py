@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from partir import CancellationToken, Cancelled
+from partir import CancellationToken, Cancelled, pipeline
 from partir.metadata import TacticMetadata
 from partir.session import (
     Analysis,
@@ -205,10 +205,23 @@ def test_cancelling_mid_tactic_keeps_the_cached_prefix(ws: Path) -> None:
     assert session.tactics_applied == 4
 
 
-def test_cancelling_mid_lowering_keeps_the_caches(ws: Path) -> None:
+def test_cancelling_mid_lowering_keeps_the_caches(ws: Path, monkeypatch) -> None:
     session = Session(str(ws))
     analysis = analyse(session, ws, text(layers=8))
-    c = Canceller("collectives after tactic 1", 0.05)
+    c = Canceller("no stage: cancelled by the lowering below", 0)
+    # The newer revision lands while the first tactic's program is being lowered: after
+    # its SPMD stage (a delay after the progress report would land after the whole
+    # lowering on a fast machine).
+    spmd = pipeline.lower_core_to_spmd
+
+    def lower_then_cancel(*args):
+        out = spmd(*args)
+        if c.cancelled_at is None:
+            c.cancelled_at = time.perf_counter()
+            c.token.cancel("a newer revision")
+        return out
+
+    monkeypatch.setattr(pipeline, "lower_core_to_spmd", lower_then_cancel)
     c.run(lambda progress, token: session.lower(analysis, progress, token))
     assert isinstance(c.error, Cancelled), c.error
     assert c.latency < 0.5
