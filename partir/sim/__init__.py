@@ -3,7 +3,7 @@ collective costs, live-range peak memory, and `simulate`, which estimates the pe
 cost of a PartIR:HLO program."""
 
 from partir.sim.collectives import KINDS, CollectiveCost, collective_cost
-from partir.sim.cost import COST_RULES, CostRule, Kind, lookup_cost
+from partir.sim.cost import COST_RULES, CostRule, Kind
 from partir.sim.devices import (
     DeviceSpec,
     LinkSpec,
@@ -29,7 +29,6 @@ __all__ = [
     "UnknownDeviceError",
     "collective_cost",
     "get_device",
-    "lookup_cost",
     "plan_buffers",
     "register_device",
     "registered_devices",

@@ -103,14 +103,10 @@ def _cost_rule(primitive: Primitive) -> CostRule:
 COST_RULES: dict[str, CostRule] = {name: _cost_rule(p) for name, p in CATALOGUE.items()}
 
 
-def lookup_cost(name: str) -> CostRule | None:
-    return COST_RULES.get(name)
-
-
 # A primitive without a rule, or whose rule fails on the op, is costed as its own kernel
 # that reads its operands and writes its results, with no FLOPs, and reported in
 # `Cost.unknown_ops`.
 UNKNOWN_RULE = CostRule(Kind.KERNEL, no_flops)
 
 __all__ = ["COST_RULES", "FUSIBLE_CONSUMERS", "FUSIBLE_PRODUCERS", "THREEFRY_OPS",
-           "UNKNOWN_RULE", "CostRule", "Kind", "lookup_cost"]
+           "UNKNOWN_RULE", "CostRule", "Kind"]

@@ -96,6 +96,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     sizes = sizes or size_table()
     ops = fn.ops
     n_ops = len(ops)
+    # Each op's rule, resolved here once for the simulator too (`BufferPlan.rules`).
     rule_of = COST_RULES.get
     rules = [rule_of(op.name, UNKNOWN_RULE) for op in ops]
     kinds = [rule.kind for rule in rules]
