@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from partir.ir import Location
 
@@ -40,8 +40,8 @@ class Conflict:
         return text
 
     def to_json(self) -> dict:
-        # The fields in order, built directly: `asdict` deep-copies field by field, and a
+        # The fields in order, read directly: `asdict` deep-copies field by field, and a
         # model's tactics report hundreds of conflicts with every partition.
-        return {"kind": self.kind, "op": self.op,
-                "loc": {"file": self.loc.file, "line": self.loc.line}, "axis": self.axis,
-                "choices": list(self.choices), "detail": self.detail}
+        fields_ = {f.name: getattr(self, f.name) for f in fields(self)}
+        return fields_ | {"loc": {"file": self.loc.file, "line": self.loc.line},
+                          "choices": list(self.choices)}
