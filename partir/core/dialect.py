@@ -2,7 +2,8 @@
 typing.
 
 Op names carry the dialect prefix (`core.loop`, `core.slice`) because JAX has primitives
-of the same names (`slice` is `lax.slice`); `tag` is the frontend's primitive itself.
+of the same names (`slice` is `lax.slice`); `tag` is the frontend's primitive itself,
+named `partir.tag` (partir.ir.opnames). All print as the paper's bare words.
 
     %r = loop "B" [#tile<0>] (%rB: range<4>) { ...; yield %v : tensor<64x8xf32> }
     %s = slice 0 %x[%rB] : tensor<64x8xf32>
@@ -21,6 +22,7 @@ import numpy as np
 
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.ir import Op, RangeType, Region, TensorType, Value
+from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.printer import Printer, format_param, register_op_printer
 from partir.ir.types import tile_size
 from partir.ir.verifier import register_type_rule
@@ -76,13 +78,13 @@ def _print_index(p: Printer, op: Op, depth: int) -> None:
                   f"{p.result_types(op)}")
 
 
-@register_op_printer("tag")
+@register_op_printer(TAG)
 def _print_tag(p: Printer, op: Op, depth: int) -> None:
     p.emit(depth, f'{p.results_prefix(op)}tag "{op.params["name"]}" {p.ref(op.operands[0])}'
                   f" : {p.result_types(op)}")
 
 
-@register_op_printer("constant")
+@register_op_printer(CONSTANT)
 def _print_constant(p: Printer, op: Op, depth: int) -> None:
     p.emit(depth, f"{p.results_prefix(op)}constant {format_param(op.params['value'])}"
                   f" : {p.result_types(op)}")
@@ -140,7 +142,7 @@ def _loop_type(op: Op) -> str | None:
     return None
 
 
-@register_type_rule("tag")
+@register_type_rule(TAG)
 def _tag_type(op: Op) -> str | None:
     if op.results[0].type != op.operands[0].type:
         return "tag must not change the type"

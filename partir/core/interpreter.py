@@ -25,6 +25,7 @@ from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import INDEX, LOOP, SLICE
 from partir.ir import Function, Op, Region, Value
 from partir.ir.monoids import MONOIDS
+from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tile_size
 from partir.rules.control import CONTROL_FLOW, body_axes
 
@@ -77,9 +78,9 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
         return [lax.dynamic_slice_in_dim(pad_dim(x, dim, chunk * n), r * chunk, chunk, dim)]
     if op.name == INDEX:
         return [jnp.asarray(env[op.operands[0]], jnp.int32)]
-    if op.name == "tag":
+    if op.name == TAG:
         return [env[op.operands[0]]]
-    if op.name == "constant":
+    if op.name == CONSTANT:
         return [jnp.asarray(op.params["value"])]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
     outs = op.prim.bind(*(env[v] for v in op.operands), **params)

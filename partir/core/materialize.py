@@ -44,6 +44,7 @@ from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.monoids import MONOIDS
+from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import tile_size
 from partir.rules.catalogue import Slicing
 
@@ -102,7 +103,7 @@ class _Materializer:
     def _elide_identities(self) -> None:
         outputs = set(self.prog.results)
         candidates = [op for op in self.prog.ops
-                      if op.name == "tile" and op.results[0] not in outputs]
+                      if op.name == TILE and op.results[0] not in outputs]
         # Only the uses of the candidates' results are needed.
         uses: dict[Value, list[tuple[CoreOp, int]]] = {op.results[0]: [] for op in candidates}
         for op in self.prog.ops:
@@ -146,8 +147,8 @@ class _Materializer:
                 continue
             axes = tuple([lp.axis for lp in nest])
             if not (self.fuse and out and axes and out[-1].axes == axes and not out[-1].closed
-                    and op.name != "atomic" and self._fusible(out[-1], op, nest)):
-                out.append(_Group(axes, closed=op.name == "atomic"))
+                    and op.name != ATOMIC and self._fusible(out[-1], op, nest)):
+                out.append(_Group(axes, closed=op.name == ATOMIC))
             group = out[-1]
             group.ops.append(op)
             for k, r in enumerate(op.results):

@@ -24,12 +24,13 @@ from typing import Any
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
+from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import tensor_type, tile_size
 from partir.mesh import Mesh
 from partir.rules import CATALOGUE, OpView
 from partir.rules.control import body_factor
 
-IDENTITY_KINDS = ("tile", "atomic")
+IDENTITY_KINDS = (TILE, ATOMIC)
 _UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
 # Signature -> its number. Numbers are never reused, so clearing the table only makes
 # later ops miss the memos of earlier ones.
@@ -47,7 +48,7 @@ class CoreOp:
     same `uid`, so snapshots taken after earlier tactics stay as they were."""
 
     uid: int
-    name: str  # primitive name, "constant", "tag", or an identity kind ("tile"/"atomic")
+    name: str  # a primitive's name, CONSTANT, TAG, or an identity kind (TILE/ATOMIC)
     operands: tuple[Value, ...]
     results: tuple[Value, ...]
     params: Mapping[str, Any]

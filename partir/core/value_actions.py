@@ -31,6 +31,7 @@ from partir.errors import (
 )
 from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
+from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import tile_size
 from partir.rules import OpView
 from partir.rules.control import body_factor
@@ -89,14 +90,14 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
         if any(a in axes for a, _ in ctx):
             continue  # this use is already sliced on the axis by earlier propagation
         size = local_dim_size(m, value, dim, ctx)
-        if size % n and not (pad and size == value.type.shape[dim]):
+        if size % n and not pad:
             where = f" (already divided by {', '.join(a for a, d in ctx if d == dim)})" \
                 if size != value.type.shape[dim] else ""
             raise IndivisibleDimensionError(
                 f"cannot tile {label} dimension {dim} of size {size}{where} on axis "
                 f"{axis!r} of size {n}: {n} does not divide {size}", tactic=tactic, loc=loc)
         nest = (*_context_loops(ctx), *(Loop(a, (Tile(dim),), (dim,)) for a in axes))
-        op = m.insert_identity("tile", source, nest, uses, outputs, _loc_of(m, value))
+        op = m.insert_identity(TILE, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     producer = m.producer.get(value)
     if producer is not None:  # backward propagation starts at the value's definition
@@ -114,7 +115,7 @@ def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
         if any(a in axes for a, _ in ctx):
             continue
         nest = (*_context_loops(ctx), *(Loop(a, (ANY,), (None,)) for a in axes))
-        op = m.insert_identity("atomic", source, nest, uses, outputs, _loc_of(m, value))
+        op = m.insert_identity(ATOMIC, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     return seeds
 

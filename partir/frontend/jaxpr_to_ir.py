@@ -18,6 +18,7 @@ from partir.frontend.names import leaf_names, parameter_names, path_to_name
 from partir.frontend.source import is_user_file, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
+from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
 from partir.rules.control import CALLS, CONTROL_FLOW, body_eqns, carry_inits
 
@@ -92,7 +93,7 @@ class _Builder:
             if key in self.scalar_consts:
                 return self.scalar_consts[key]
         v = Value(tensor_type(arr.shape, arr.dtype))
-        self.ops.append(Op("constant", [], [v], {"value": arr}, loc=loc))
+        self.ops.append(Op(CONSTANT, [], [v], {"value": arr}, loc=loc))
         self.producers[v] = self.ops[-1]
         if key is not None:
             self.scalar_consts[key] = v
@@ -104,7 +105,7 @@ class _Builder:
         op = self.producers.get(v)
         if op is not None and op.name == "broadcast_in_dim":
             op = self.producers.get(op.operands[0])
-        return op is not None and op.name == "constant" and not np.any(op.params["value"])
+        return op is not None and op.name == CONSTANT and not np.any(op.params["value"])
 
     def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value],
                call_loc: Location = UNKNOWN_LOCATION, user_frames: bool = True) -> list[Value]:
@@ -145,11 +146,11 @@ class _Builder:
                     params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
                 if name in CONTROL_FLOW:
                     for body, tagged in body_eqns(params):
-                        if tagged.primitive.name == "tag":
+                        if tagged.primitive.name == TAG:
                             self.body_tags.setdefault(tagged.params["name"], []).append(
                                 BodyTag(tagged.params["name"], len(self.ops), body,
                                         tagged.outvars[0], _tensor_type(tagged.outvars[0].aval)))
-                if name == "tag":
+                if name == TAG:
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
                 self.ops.append(Op(name, operands, outs, params, loc=loc, prim=eqn.primitive))

@@ -10,7 +10,9 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-tag_p = Primitive("tag")
+from partir.ir.opnames import TAG
+
+tag_p = Primitive(TAG)
 tag_p.def_impl(lambda x, *, name: x)
 tag_p.def_abstract_eval(lambda x, *, name: x)
 mlir.register_lowering(tag_p, lambda ctx, x, *, name: [x])

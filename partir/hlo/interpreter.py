@@ -34,6 +34,7 @@ from partir.hlo.ops import (
 from partir.ir import Function, Op, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
 from partir.ir.monoids import MONOIDS
+from partir.ir.opnames import CONSTANT, TAG
 from partir.mesh import Mesh
 
 Device = tuple[int, ...]
@@ -241,9 +242,9 @@ class HloInterpreter:
 
 def _eval_local(op: Op, operands: list[Any]) -> list[Any]:
     """A primitive, `constant` or `tag` on one device's operands."""
-    if op.name == "tag":
+    if op.name == TAG:
         return [operands[0]]
-    if op.name == "constant":
+    if op.name == CONSTANT:
         return [jnp.asarray(op.params["value"])]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
     outs = op.prim.bind(*operands, **params)

@@ -42,6 +42,7 @@ from partir.hlo.ops import (
     make_axis_index,
 )
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Type, Value
+from partir.ir.opnames import CONSTANT
 from partir.ir.types import padded_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
@@ -297,7 +298,7 @@ class _Lowering:
         if padded == shape:
             return x
         zero = Value(TensorType((), x.type.dtype))
-        self.out.append(Op("constant", [], [zero], {"value": np.zeros((), x.type.dtype)},
+        self.out.append(Op(CONSTANT, [], [zero], {"value": np.zeros((), x.type.dtype)},
                            loc=loc))
         r = Value(x.type.with_shape(padded), x.name)
         config = tuple((0, p - n, 0) for n, p in zip(shape, padded, strict=True))

@@ -9,8 +9,9 @@ primitive.
 
 Names are JAX primitive names, checked against the primitives JAX defines when the
 declaration is made: a misspelt or retired name fails at import, not when a program
-first uses it. partir's own ops (`tag`, the Core value actions, PartIR:HLO collectives)
-are declared with `jax=False`.
+first uses it. partir's own ops (`partir.tag`, the Core value actions, PartIR:HLO
+collectives) are declared with `jax=False`, and only under a namespace (`partir.`,
+`hlo.`): JAX's names have none, so none of partir's ops can be taken for a JAX primitive.
 """
 
 from __future__ import annotations
@@ -106,13 +107,24 @@ class Primitive:
 CATALOGUE: Registry[Primitive] = Registry("primitive declaration")
 
 
+# Names declared with `jax=False`: partir's own ops.
+OWN_NAMES: set[str] = set()
+
+
+def is_namespaced(name: str) -> bool:
+    """Whether `name` is in a namespace of partir's (`partir.tag`, `hlo.all_gather`)."""
+    return "." in name
+
+
 @functools.cache
 def jax_primitive_names() -> frozenset[str]:
     """Names of the primitives JAX has defined: module-level objects, created when jax and
-    its numpy and random modules are imported."""
+    its numpy and random modules are imported. partir's own primitive (`partir.tag`) is
+    not one of them, whether or not it exists yet."""
     import jax.numpy
     import jax.random  # noqa: F401
-    return frozenset(o.name for o in gc.get_objects() if isinstance(o, JaxPrimitive))
+    return frozenset(o.name for o in gc.get_objects()
+                     if isinstance(o, JaxPrimitive) and not is_namespaced(o.name))
 
 
 def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = True
@@ -122,7 +134,15 @@ def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = Tru
         unknown = sorted(set(names) - jax_primitive_names())
         if unknown:
             raise ValueError(f"declared primitives {unknown} are not JAX primitives")
-    return CATALOGUE.register(names, primitive)
+    else:
+        bare = sorted(n for n in names if not is_namespaced(n))
+        if bare:
+            raise ValueError(f"partir's own ops {bare} need a namespace (partir.<name>), "
+                             f"so they cannot be taken for JAX primitives")
+    CATALOGUE.register(names, primitive)
+    if not jax:
+        OWN_NAMES.update(names)
+    return primitive
 
 
 # --- FLOP counts from the factors -------------------------------------------------------

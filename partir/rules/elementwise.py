@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+from partir.ir.opnames import ATOMIC, TAG, TILE
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops, per_point
 from partir.rules.factors import RuleBuilder, ShardingRule
 
@@ -81,7 +82,7 @@ declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY,
 declare("stop_gradient", Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC))
 # partir's own identities: `tag` from partir.tag, and the Core value actions (a value
 # tiling loop `tile` and `atomic`), which materialization removes before lowering.
-declare(("tag", "tile", "atomic"),
+declare((TAG, TILE, ATOMIC),
         Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC), jax=False)
 # A bitcast between widths adds (or drops) a trailing dim holding one element's bytes.
 declare("bitcast_convert_type",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from partir.ir.opnames import CONSTANT
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
 from partir.rules.factors import RuleBuilder, ShardingRule
 
@@ -271,6 +272,6 @@ declare("iota", Primitive(Kind.BROADCAST, no_flops, generated_rule,
                           localize=_result_shape("shape"), positional=True,
                           doc="() -> t_d for every d; tiles of the counting dim add their "
                               "offset"))
-declare("constant", Primitive(Kind.BROADCAST, no_flops, generated_rule, positional=True,
+declare(CONSTANT, Primitive(Kind.BROADCAST, no_flops, generated_rule, positional=True,
                               doc="() -> t_d for every d; the tile is sliced at its "
                                   "offset"), jax=False)

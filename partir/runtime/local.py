@@ -15,6 +15,7 @@ import numpy as np
 
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import canonical
+from partir.ir.opnames import CONSTANT, TAG
 from partir.mesh import Mesh
 from partir.runtime.collectives import COLLECTIVES
 from partir.runtime.errors import ProgramError
@@ -50,9 +51,9 @@ def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
             raise ProgramError(f"{op.name} has operands {[str(v.type) for v in op.operands]} "
                                f"and params {op.params}, which do not fit it: {e}",
                                loc=op.loc) from e
-    if op.name == "tag":
+    if op.name == TAG:
         return operands
-    if op.name == "constant":
+    if op.name == CONSTANT:
         return [jnp.asarray(op.params["value"])]
     if op.prim is None:
         raise ProgramError(f"op {op.name!r} is neither a PartIR:HLO collective, a tag, a "

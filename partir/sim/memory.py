@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from partir.ir import Function, TensorType, Value
 from partir.ir.dtypes import itemsize
+from partir.ir.opnames import CONSTANT
 from partir.sim.cost import (
     COST_RULES,
     FUSIBLE_CONSUMERS,
@@ -255,7 +256,7 @@ class _Scan:
                      if self.last_read.get(b) == i and b in holder]
             for r in op.results:
                 if r in self.sources or r in self.outputs or r not in self.consumers \
-                        or op.name == "constant":
+                        or op.name == CONSTANT:
                     continue
                 nbytes = sizes(r.type)[1]
                 if self.kinds[i] in FUSIBLE_PRODUCERS:

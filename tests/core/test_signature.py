@@ -10,6 +10,7 @@ import numpy as np
 from partir.core import program
 from partir.core.module import CoreModule
 from partir.frontend import trace
+from partir.ir.opnames import CONSTANT
 from partir.mesh import Mesh
 
 
@@ -41,7 +42,7 @@ def test_repeated_layers_share_a_signature_and_different_ops_do_not():
 
 def test_unhashable_parameters_have_no_signature():
     ops = _ops()
-    op = program.CoreOp(-1, "constant", (), ops[0].results, {"value": np.zeros(3)},
+    op = program.CoreOp(-1, CONSTANT, (), ops[0].results, {"value": np.zeros(3)},
                         ops[0].loc)
     assert op.signature is None
 

@@ -10,6 +10,7 @@ import pytest
 import partir
 from partir.core.interpreter import interpret
 from partir.frontend import trace
+from partir.ir.opnames import CONSTANT
 
 S = jax.ShapeDtypeStruct
 
@@ -69,7 +70,7 @@ def test_calls_are_inlined_and_constants_kept():
         names = {op.name for op in prog.function.ops}
         assert not names & {"jit", "pjit", "custom_jvp_call", "custom_vjp_call", "remat2",
                             "checkpoint"}
-        assert "constant" in names
+        assert CONSTANT in names
         np.testing.assert_allclose(interpret(prog.function, x)[0], fn(x), rtol=1e-6)
 
 
@@ -81,7 +82,7 @@ def test_every_op_points_at_the_user_line_also_after_autodiff():
     prog = trace(jax.grad(model, argnums=1), S((4, 3), jnp.float32), S((3, 2), jnp.float32))
     lines = {_line_of(model, "jnp.tanh"), _line_of(model, "jnp.sum")}
     for op in prog.function.ops:
-        if op.name == "constant":
+        if op.name == CONSTANT:
             continue
         assert op.loc.file == __file__, op
         assert op.loc.line in lines, op

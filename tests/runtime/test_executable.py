@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import partir
 from partir.ir import TensorType
+from partir.ir.opnames import CONSTANT, TAG
 from partir.runtime import ArgumentError, DeviceCountError, ProgramError, build_callable
 from tests.runtime.programs import (
     MESH,
@@ -84,7 +85,7 @@ def test_constants_plain_and_index_dependent():
     x = b.arg("x", (8, 4), (("M",), ()))
     (tile,) = b.traced(lambda j: lax.dynamic_slice_in_dim(jnp.asarray(value), j * 4, 4),
                        b.axis_index("M"))
-    whole = b.op("constant", [], x.type.with_shape((8, 4)), value=value)
+    whole = b.op(CONSTANT, [], x.type.with_shape((8, 4)), value=value)
     y = b.prim(lambda a, c: a * c, x, tile)
     exe = build_callable(b.build([y, whole], [(("M",), ()), ((), ())]))
     x_val = normal((8, 4))
@@ -96,7 +97,7 @@ def test_constants_plain_and_index_dependent():
 def test_float64_constant_runs_in_32_bits_without_x64():
     """The frontend may declare a constant's numpy float64 type; JAX computes it in f32."""
     b = Builder()
-    c = b.op("constant", [], TensorType((), np.dtype("float64")), value=np.array(0.5))
+    c = b.op(CONSTANT, [], TensorType((), np.dtype("float64")), value=np.array(0.5))
     exe = build_callable(b.build([c], [()]))
     (out,) = exe()
     assert out.dtype == np.float32 and float(out) == 0.5
@@ -105,7 +106,7 @@ def test_float64_constant_runs_in_32_bits_without_x64():
 def test_tag_and_multiple_results():
     b = Builder()
     x = b.arg("x", (16, 6), (("B",), ()))
-    t = b.op("tag", [x], x.type, name="h")
+    t = b.op(TAG, [x], x.type, name="h")
     s = b.prim(lambda a: jnp.sin(a), t)
     exe = build_callable(b.build([s, x], [(("B",), ()), (("B",), ())]))
     x_val = normal((16, 6))

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from partir.core.tmr.registry import register_apply
+from partir.ir.opnames import CONSTANT
 
 
 def constant_apply(op, prim, operands, ctx):
@@ -24,4 +25,4 @@ def constant_apply(op, prim, operands, ctx):
     return [value]
 
 
-register_apply("constant", constant_apply)
+register_apply(CONSTANT, constant_apply)

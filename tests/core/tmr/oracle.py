@@ -20,6 +20,7 @@ from partir.core.tmr import LocalContext, OpView, factor_mappings, localized_par
 from partir.frontend import trace
 from partir.ir import TensorType
 from partir.ir.dtypes import sliceable, to_host
+from partir.ir.opnames import CONSTANT
 
 _COMBINE = {"add": np.add, "max": np.maximum, "min": np.minimum,
             "and": np.logical_and, "or": np.logical_or}
@@ -27,12 +28,12 @@ _COMBINE = {"add": np.add, "max": np.maximum, "min": np.minimum,
 
 def _single_op(fn, *args):
     prog = trace(fn, *args)
-    ops = [op for op in prog.function.ops if op.name != "constant"]
+    ops = [op for op in prog.function.ops if op.name != CONSTANT]
     assert len(ops) == 1, [op.name for op in prog.function.ops]
     op = ops[0]
     env = dict(zip(prog.function.args, args, strict=True))
     for c in prog.function.ops:
-        if c.name == "constant":
+        if c.name == CONSTANT:
             env[c.results[0]] = c.params["value"]
     return op, [sliceable(env[v]) for v in op.operands]
 

@@ -8,6 +8,7 @@ from partir.core.actions import Loop, Sum, Tile
 from partir.core.tmr import LocalContext, OpView, lookup
 from partir.frontend import trace
 from partir.ir import TensorType
+from partir.ir.opnames import CONSTANT
 from tests.core.tmr.oracle import check_entry
 
 rng = np.random.default_rng(0)
@@ -37,7 +38,7 @@ def _traced_op(fn, name, *args):
 
 
 def _single_name(fn, *args):
-    return next(op.name for op in trace(fn, *args).function.ops if op.name != "constant")
+    return next(op.name for op in trace(fn, *args).function.ops if op.name != CONSTANT)
 
 
 def _mappings(fn, *args):

@@ -9,6 +9,7 @@ from jax.extend.random import threefry2x32_p
 
 from partir.core.tmr import OpView, lookup
 from partir.frontend import trace
+from partir.ir.opnames import CONSTANT
 from tests.core.tmr.oracle import check_entry
 
 
@@ -17,7 +18,7 @@ def _keys(n):
 
 
 def _op(fn, *args):
-    (op,) = [op for op in trace(fn, *args).function.ops if op.name != "constant"]
+    (op,) = [op for op in trace(fn, *args).function.ops if op.name != CONSTANT]
     return op
 
 
