@@ -1,5 +1,24 @@
 """`partir.jit`: a function partitioned by a schedule and run on local devices, compiled
-per argument signature like `jax.jit`."""
+per argument signature like `jax.jit`.
+
+Differentiation. JAX must not differentiate the partitioned program: it would
+differentiate the bodies of `custom_jvp`/`custom_vjp` functions (inlined when traced)
+instead of their rules, and it has no rule for the `pmax`/`pmin` of a reduction over a
+sharded dimension. So a call on tracers (under `jax.grad`, `jax.jit`, `jax.vmap`...) is a
+`jax.custom_vjp` whose forward is the partitioned program and whose backward is the
+partitioned program of JAX's own VJP of the unpartitioned function
+(`PartitionedFunction.vjp`: `(cotangent, *args) -> cotangents of args`, under the same
+schedule; its inputs keep the function's parameter names, so the schedule resolves
+there too). The residuals are the primal inputs, as laid out for the forward program:
+the backward recomputes the forward, like `jax.checkpoint` around the whole function.
+That backward is itself a `PartitionedFunction`, so differentiating it again (grad of
+grad) goes through its own VJP. Forward mode (`jax.jvp`, `jax.linearize`, `jacfwd`,
+`hessian`) is refused by JAX, as for any `custom_vjp` function: a forward-mode rule
+would trace `jax.jvp` of the function, which JAX refuses for every function holding a
+`custom_vjp` (the backward could then not be derived from it). Calls on concrete arrays
+run the executable directly, and a traced call that is never differentiated only traces
+the forward program (JAX builds the VJP lazily), so neither compiles anything more.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 from partir.api import CorePartition, partition_program
 from partir.errors import TracingError
@@ -26,6 +46,10 @@ class _Compiled:
     partition: CorePartition
     metadata: Metadata
     executable: Executable
+    # The executable without donation, which a differentiated call's forward runs: its
+    # inputs are the residuals the backward program reads (`executable` itself where
+    # nothing is donated; built on first use otherwise).
+    undonated: Deferred[Executable]
 
 
 class PartitionedFunction:
@@ -48,6 +72,7 @@ class PartitionedFunction:
         self.jax_mesh = jax_mesh
         self._compiled: dict[Any, _Compiled] = {}
         self._last: Any = None
+        self._vjp: PartitionedFunction | None = None
 
     def _signature(self, args: tuple) -> tuple[Any, list[Any]]:
         """The cache key of `args` (static arguments, pytree structure, and each leaf's
@@ -79,7 +104,11 @@ class PartitionedFunction:
                 keep_unused=self.options.keep_unused,
                 compiler_options=self.options.compiler_options or None)
             meta.stablehlo = Deferred(lambda: executable.lower().as_text())
-            found = self._compiled[key] = _Compiled(result, meta, executable)
+            undonated = Deferred(lambda: executable) if not self.options.donate_argnums \
+                else Deferred(lambda: build_callable(
+                    final.hlo, self.jax_mesh, keep_unused=self.options.keep_unused,
+                    compiler_options=self.options.compiler_options or None))
+            found = self._compiled[key] = _Compiled(result, meta, executable, undonated)
         if key != self._last:  # the metadata describes the signature last used
             vars(self.metadata).update(vars(found.metadata))
             self._last = key
@@ -112,9 +141,57 @@ class PartitionedFunction:
         return bound.args
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        compiled, leaves = self._executable(self._positional(args, kwargs))
-        outs = compiled.executable.fun(*compiled.executable.layout(leaves))
+        args = self._positional(args, kwargs)
+        compiled, leaves = self._executable(args)
+        outs = self._run(compiled, compiled.executable, args, leaves)
         return jax.tree_util.tree_unflatten(compiled.partition.traced.out_tree, outs)
+
+    @property
+    def vjp(self) -> PartitionedFunction:
+        """The partitioned VJP that differentiating a call runs: `vjp(cotangent, *args)`
+        gives the cotangents of the arguments (a tuple of the dynamic arguments' pytrees,
+        `None` at leaves that are not floating point), from the cotangent of the output
+        (`None` at non-floating-point leaves). Its `metadata` describes the backward
+        program of the signature last differentiated."""
+        if self._vjp is None:
+            static = tuple(i + 1 for i in self.static_argnums)
+            options = JitOptions(static_argnums=static, keep_unused=self.options.keep_unused,
+                                 compiler_options=self.options.compiler_options)
+            self._vjp = PartitionedFunction(_vjp_of(self.fn, self.static_argnums), self.mesh,
+                                            self.schedule, Metadata(), options, self.jax_mesh)
+        return self._vjp
+
+    def _run(self, compiled: _Compiled, executable: Executable, args: tuple,
+             leaves: Sequence[Any]) -> Sequence[Any]:
+        """The flat outputs of `executable` (`compiled`'s, or its undonated copy) on the
+        flat dynamic `leaves` of `args`: run directly on arrays; on tracers, as a
+        `jax.custom_vjp` whose VJP is `self.vjp` (see the module's docstring)."""
+        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return executable.fun(*executable.layout(leaves))
+        in_tree = compiled.partition.traced.in_tree
+        out_tree = compiled.partition.traced.out_tree
+
+        @jax.custom_vjp
+        def call(*leaves: Any) -> tuple:
+            return tuple(executable.fun(*executable.layout(leaves)))
+
+        def forward(*leaves: Any) -> tuple[tuple, tuple]:
+            # Under higher-order differentiation the leaves are tracers of the outer
+            # differentiation, which differentiates the forward: it is a call again. It
+            # donates nothing, as the backward reads its inputs.
+            return tuple(self._run(compiled, compiled.undonated.get(), args, leaves)), leaves
+
+        def backward(leaves: tuple, cotangents: tuple) -> tuple:
+            dynamic = iter(jax.tree_util.tree_unflatten(in_tree, leaves))
+            full = [a if i in self.static_argnums else next(dynamic)
+                    for i, a in enumerate(args)]
+            # Integer and boolean outputs have float0 cotangents, which no program takes.
+            cts = [None if c.dtype == jax.dtypes.float0 else c for c in cotangents]
+            grads = self.vjp(jax.tree_util.tree_unflatten(out_tree, cts), *full)
+            return tuple(jax.tree_util.tree_leaves(grads, is_leaf=_is_none))
+
+        call.defvjp(forward, backward)
+        return call(*leaves)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Like `jax.jit(...).lower`: `.compile()`, `.as_text()`, `memory_analysis()`."""
@@ -122,6 +199,64 @@ class PartitionedFunction:
         lowered = compiled.executable.lower(*leaves)
         self.metadata.stablehlo = lowered.as_text()
         return lowered
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _differentiable_dtype(x: Any) -> bool:
+    return jax.numpy.issubdtype(jax.typeof(x).dtype, jax.numpy.inexact)
+
+
+def _vjp_of(fn: Callable, static_argnums: tuple[int, ...]) -> Callable:
+    """`(cotangent, *args) -> cotangents of args`: JAX's VJP of the unpartitioned `fn`
+    (its custom rules honoured), to be partitioned like `fn`. The cotangent comes first so
+    that the arguments keep their positions' names (and `*args` its numbering) and the
+    schedule's inputs resolve as in `fn`'s program; it is named `cotangent`, or with
+    underscores added where a parameter has that name."""
+
+    def vjp(cotangent: Any, *args: Any) -> tuple:
+        dyn_pos = [i for i in range(len(args)) if i not in static_argnums]
+        leaves, tree = jax.tree_util.tree_flatten(tuple(args[i] for i in dyn_pos))
+        wrt = [k for k, x in enumerate(leaves) if _differentiable_dtype(x)]
+
+        def of_differentiable(*diff: Any) -> Any:
+            merged = list(leaves)
+            for k, d in zip(wrt, diff, strict=True):
+                merged[k] = d
+            full = list(args)
+            for i, d in zip(dyn_pos, jax.tree_util.tree_unflatten(tree, merged), strict=True):
+                full[i] = d
+            return fn(*full)
+
+        out, pullback = jax.vjp(of_differentiable, *(leaves[k] for k in wrt))
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        given = jax.tree_util.tree_leaves(cotangent, is_leaf=_is_none)
+        cts = [np.zeros(jax.typeof(o).shape, jax.dtypes.float0) if c is None else c
+               for o, c in zip(out_leaves, given, strict=True)]
+        grads: list[Any] = [None] * len(leaves)
+        for k, g in zip(wrt, pullback(jax.tree_util.tree_unflatten(out_tree, cts)),
+                        strict=True):
+            grads[k] = g
+        return jax.tree_util.tree_unflatten(tree, grads)
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as e:
+        # The forward program's inputs were then named by position (arg0, ...), which the
+        # VJP's could not keep behind a leading cotangent.
+        raise TracingError(f"cannot differentiate {fn!r}: its signature, which names the "
+                           f"VJP program's inputs as the schedule expects, cannot be read "
+                           f"({e}); wrap it in a function with named parameters") from None
+    ct_name = "cotangent"
+    while any(p.name == ct_name for p in params):
+        ct_name += "_"
+    ct = inspect.Parameter(ct_name, inspect.Parameter.POSITIONAL_ONLY)
+    vjp.__signature__ = inspect.Signature([ct, *params])  # type: ignore[attr-defined]
+    name = getattr(fn, "__name__", "main")
+    vjp.__name__ = f"{name}_vjp" if name.isidentifier() else "vjp"
+    return vjp
 
 
 def _aval_key(x: Any) -> tuple[Any, ...]:
