@@ -223,6 +223,83 @@ declare("split", Primitive(Kind.MOVEMENT, no_flops, split_rule,
                            doc="t_d -> t_d, ..., t_d for every d but the split axis"))
 
 
+def _stacked_why(n: int) -> str:
+    return (f"the stacking axis's {n} entries are different operands (results): a tile of "
+            f"it would take other operands on each device")
+
+
+def stack_rule(view: OpView) -> ShardingRule:
+    """The operands' dims pass through to the result's other dims; the new dim indexes
+    the operands, so it needs replication."""
+    axis = view.params["axis"]
+    shape = view.in_shapes[0]
+    n = len(view.in_types)
+    b = RuleBuilder([len(shape)] * n, [len(shape) + 1])
+    for i, size in enumerate(shape):
+        b.factor(size, dict.fromkeys(range(n), i), {0: i + (i >= axis)})
+    b.replicated(n, results={0: axis}, why=_stacked_why(n))
+    return b.build()
+
+
+declare("stack", Primitive(Kind.MOVEMENT, no_flops, stack_rule,
+                           doc="t_d, ..., t_d -> t_d' for every operand dim d (d' past the "
+                               "new dim); the new dim needs replication"))
+
+
+def unstack_rule(view: OpView) -> ShardingRule:
+    """stack's transpose: the operand's other dims pass through to every result."""
+    axis = view.params["axis"]
+    shape = view.in_shapes[0]
+    n = len(view.out_types)
+    b = RuleBuilder([len(shape)], [len(shape) - 1] * n)
+    for d, size in enumerate(shape):
+        if d == axis:
+            b.replicated(size, operands={0: d}, why=_stacked_why(n))
+        else:
+            b.factor(size, {0: d}, dict.fromkeys(range(n), d - (d > axis)))
+    return b.build()
+
+
+declare("unstack", Primitive(Kind.MOVEMENT, no_flops, unstack_rule,
+                             doc="t_d -> t_d', ..., t_d' for every dim d but the unstacked "
+                                 "one, which needs replication"))
+
+
+# --- tile ---------------------------------------------------------------------------------
+
+
+def tile_rule(view: OpView) -> ShardingRule:
+    """A tiled dim of the result is the compound (repeats, size), repeats major: copy j of
+    the operand fills the j-th chunk. The operand's dim is the minor factor (size); the
+    repeats factor is the result's alone, so a tile of it is whole copies of the operand
+    (Shardy's rule for a broadcast that is then reshaped). A size-1 operand dim is
+    broadcast (no factor), as in broadcast_in_dim."""
+    in_shape, out_shape = view.in_shapes[0], _out_shape(view)
+    b = RuleBuilder([len(in_shape)], [len(out_shape)])
+    for d, (size, reps) in enumerate(zip(in_shape, view.params["reps"], strict=True)):
+        if size * reps == 0:
+            b.replicated(size, operands={0: d})
+            b.replicated(out_shape[d], results={0: d})
+            continue
+        if reps != 1:
+            b.factor(reps, results={0: d})
+        if size != 1 or reps == 1:
+            b.factor(size, {0: d}, {0: d})
+    return b.build()
+
+
+def tile_localize(view: OpView) -> dict:
+    """The local repeats: the local result's dim over the local operand's."""
+    reps = tuple(o // i if i else r for r, i, o in zip(
+        view.params["reps"], view.in_shapes[0], _out_shape(view), strict=True))
+    return dict(view.params, reps=reps)
+
+
+declare("tile", Primitive(Kind.BROADCAST, no_flops, tile_rule, localize=tile_localize,
+                          doc="t_d -> (r_d, t_d) for every dim d repeated r_d times; "
+                              "r_d is the result's alone"))
+
+
 # --- slice -------------------------------------------------------------------------------
 
 
