@@ -134,9 +134,14 @@ def test_grad_of_grad():
     assert_trees_close(second(sharded(f))(x), second(f)(x))
 
 
-def test_forward_mode_is_refused():
-    with pytest.raises(TypeError, match="forward-mode"):
-        jax.jvp(sharded(lambda x: jnp.max(x)), (jnp.arange(4.0),), (jnp.ones(4),))
+@pytest.mark.parametrize("mode", [
+    lambda f, x: jax.jvp(f, (x,), (x,)), lambda f, x: jax.linearize(f, x)[1](x),
+    lambda f, x: jax.jacfwd(f)(x), lambda f, x: jax.hessian(f)(x)],
+    ids=["jvp", "linearize", "jacfwd", "hessian"])
+def test_forward_mode_is_refused_as_for_a_custom_vjp_function(mode):
+    # Not by differentiating the program's pmax.
+    with pytest.raises(TypeError, match="forward-mode autodiff"):
+        mode(sharded(lambda x: jnp.max(x)), jnp.arange(4.0))
 
 
 def test_static_integer_and_pytree_arguments_and_outputs():
@@ -172,9 +177,9 @@ def test_undifferentiated_calls_build_no_backward_program():
     x = jnp.arange(4.0)
     assert float(fn(x)) == 6.0
     assert float(jax.jit(fn)(x)) == 6.0  # traced, so a custom_vjp, but not differentiated
-    assert len(fn.vjp._compiled) == 0
+    assert fn.vjp.metadata.tactics == []  # nothing partitioned yet
     jax.grad(fn)(x)
-    assert len(fn.vjp._compiled) == 1
+    assert len(fn.vjp.metadata.tactics) == 1
 
 
 def test_a_function_without_signature_cannot_be_differentiated():
