@@ -9,13 +9,15 @@ sharded dimension. So a call on tracers (under `jax.grad`, `jax.jit`, `jax.vmap`
 partitioned program of JAX's own VJP of the unpartitioned function
 (`PartitionedFunction.vjp`: `(cotangent, *args) -> cotangents of args`, under the same
 schedule; its inputs keep the function's parameter names, so the schedule resolves
-there too). The residuals are the primal inputs, as laid out for the forward program:
-the backward recomputes the forward, like `jax.checkpoint` around the whole function.
-That backward is itself a `PartitionedFunction`, so differentiating it again (grad of
-grad) goes through its own VJP. Forward mode (`jax.jvp`, `jax.linearize`, `jacfwd`,
-`hessian`) is refused by JAX, as for any `custom_vjp` function: a forward-mode rule
-would trace `jax.jvp` of the function, which JAX refuses for every function holding a
-`custom_vjp` (the backward could then not be derived from it). Calls on concrete arrays
+there too). The residuals are the primal inputs as given, which the backward lays out
+as its program needs: it recomputes the forward, like `jax.checkpoint` around the whole
+function, so no residual's sharding has to be agreed between the two programs. That
+backward is itself a `PartitionedFunction`, so differentiating it again (grad of grad)
+goes through its own VJP. Forward mode (`jax.jvp`, `jax.linearize`, `jacfwd`,
+`hessian`) is refused by JAX, as for any `custom_vjp` function. A `custom_jvp` instead
+would trace `jax.jvp` of the function, which JAX refuses wherever the function holds a
+`custom_vjp`, so reverse mode could not rest on it; and choosing by the kind of tracer
+would make `jax.jvp(jax.jit(fn))` fail where `jax.jit(jax.jvp(fn))` works. Calls on arrays
 run the executable directly, and a traced call that is never differentiated only traces
 the forward program (JAX builds the VJP lazily), so neither compiles anything more.
 """
