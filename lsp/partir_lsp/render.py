@@ -281,6 +281,8 @@ def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagn
         if len(items) > 1:
             message += f", {len(items)} times"
         message += f": {meaning}"
+        if kind == "unsupported" and items[0].get("detail"):
+            message += f" ({items[0]['detail']})"  # why it has none, from the catalogue
         related = []
         site = lsp.Location(uri, r)
         if file and line and os.path.isabs(file):

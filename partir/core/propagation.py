@@ -46,6 +46,7 @@ from partir.gcpause import paused_gc
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
 from partir.rules import REPLICATION, OpView, ShardingRule
+from partir.rules.unsupported import why_unsupported
 
 
 class _Excess(NamedTuple):
@@ -434,8 +435,8 @@ class Propagator:
                 pinned: set[int], result_dims: list[int | None]) -> bool:
         entry = lookup(op.name)
         if entry is None:
-            self._conflict(op, axis, UNSUPPORTED, (),
-                           f"primitive {op.name!r} has no tile-mapping entry")
+            # the reason the catalogue gives, shown with the conflict
+            self._conflict(op, axis, UNSUPPORTED, (), why_unsupported(op.name))
             return False
         info = self.m.info[op.uid]
         # Decisions depend only on the op's kind, parameters and types, its local shapes

@@ -14,22 +14,24 @@ from partir.rules.factors import RuleBuilder, ShardingRule
 
 # Transcendentals and the like: XLA's "expensive" elementwise ops.
 EXPENSIVE_UNARY = (
-    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "cos", "cosh", "digamma",
-    "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "lgamma", "log", "log1p", "logistic",
-    "rsqrt", "sin", "sinh", "sqrt", "tan", "tanh",
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i0e", "bessel_i1e", "cbrt",
+    "cos", "cosh", "digamma", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "lgamma",
+    "log", "log1p", "logistic", "rsqrt", "sin", "sinh", "sqrt", "tan", "tanh",
 )
 CHEAP_UNARY = (
     "abs", "ceil", "clz", "conj", "convert_element_type", "copy", "floor", "imag",
     "integer_pow", "is_finite", "neg", "not", "population_count", "real", "reduce_precision",
     "round", "sign", "square",
 )
-EXPENSIVE_BINARY = ("atan2", "igamma", "igammac", "pow")
+EXPENSIVE_BINARY = ("atan2", "igamma", "igamma_grad_a", "igammac", "polygamma", "pow", "zeta")
+# eq_to, le_to, lt_to: comparisons in the total order of floats (jnp.searchsorted, sorts).
 CHEAP_BINARY = (
-    "add", "add_any", "and", "complex", "div", "eq", "ge", "gt", "le", "lt", "max", "min",
-    "mul", "ne", "nextafter", "or", "rem", "shift_left", "shift_right_arithmetic",
-    "shift_right_logical", "sub", "xor",
+    "add", "add_any", "and", "complex", "div", "eq", "eq_to", "ge", "gt", "le", "le_to", "lt",
+    "lt_to", "max", "min", "mul", "mulhi", "ne", "nextafter", "or", "rem", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sub", "xor",
 )
 NARY = ("select_n", "clamp")
+EXPENSIVE_NARY = ("regularized_incomplete_beta",)
 
 
 def elementwise_rule(view: OpView) -> ShardingRule:
@@ -75,7 +77,7 @@ def _leading(in_shapes: tuple[tuple[int, ...], ...],
 ELEMENTWISE_DOC = "t_d, ..., t_d -> t_d for every dimension d"
 declare(CHEAP_UNARY + CHEAP_BINARY + NARY,
         Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, doc=ELEMENTWISE_DOC))
-declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY,
+declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY + EXPENSIVE_NARY,
         Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, expensive=True,
                   doc=ELEMENTWISE_DOC))
 # The result is the operand's buffer.
