@@ -57,3 +57,14 @@ def assert_tree_close(actual, expected) -> None:
             err = np.abs(a - e).max() if a.shape == e.shape else f"shape {a.shape}"
             wrong.append(f"{jax.tree_util.keystr(path)}: {err}")
     assert not wrong, f"{len(wrong)} outputs differ: {wrong[:10]}"
+
+
+def check_oracles(fn, mesh: partir.Mesh, schedule, *args):
+    """fn(*args) by the Core interpreter of the partitioned program and by the executed
+    program, both equal to `jax.jit(fn)`; the metadata."""
+    expected = jax.jit(fn)(*args)
+    cp = partir.core_partition(fn, mesh, schedule, *args)
+    assert_same(cp.interpret(*args), expected, "Core interpreter")
+    jitted, meta = partir.jit(fn, mesh, schedule)
+    assert_same(jitted(*args), expected, "executed")
+    return meta

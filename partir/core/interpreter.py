@@ -60,11 +60,19 @@ def combine(action, parts: list[Any], size: int | None = None) -> Any:
     assert isinstance(action, AnyAction)
     if isinstance(parts[0], jax.core.Tracer):  # inside a lockstep loop: not checkable
         return parts[0]
-    first = np.asarray(parts[0])
+    first = _comparable(parts[0])
     for p in parts[1:]:
-        if not np.array_equal(first, np.asarray(p), equal_nan=True):
+        if not np.array_equal(first, _comparable(p), equal_nan=True):
             raise InterpreterError("iterations of an `any` loop computed different values")
     return parts[0]
+
+
+def _comparable(x: Any) -> np.ndarray:
+    """x as a NumPy array; a typed PRNG key array as its key data, which NumPy cannot
+    hold as keys."""
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    return np.asarray(x)
 
 
 def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:

@@ -42,6 +42,11 @@ class LocalContext:
         levels = [lp.axis for lp in self.nest if lp.operands[i] == dim]
         return self._offset(self.in_types[i].shape[dim], levels)
 
+    def slices_operand(self, i: int, dim: int) -> bool:
+        """Does a loop of the nest slice operand i along `dim`? Not told by the local
+        size: a padded dimension of size 1 has local tiles of size 1."""
+        return any(lp.operands[i] == dim for lp in self.nest)
+
     def result_offset(self, k: int, dim: int) -> Any:
         """Start of result k's local tile along `dim` in the global result."""
         levels = [lp.axis for lp in self.nest if lp.results[k] == Tile(dim)]

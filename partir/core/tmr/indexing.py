@@ -54,9 +54,8 @@ def _in_bounds(cols):
     return ok
 
 
-def _unit_dim_sliced(op: OpView, ctx, start_dims, unit_dims) -> bool:
-    return any(d in unit_dims and op.in_types[0].shape[d] != ctx.in_types[0].shape[d]
-               for d in start_dims)
+def _unit_dim_sliced(ctx, start_dims, unit_dims) -> bool:
+    return any(d in unit_dims and ctx.slices_operand(0, d) for d in start_dims)
 
 
 # --- gather ------------------------------------------------------------------------------
@@ -65,7 +64,7 @@ def _unit_dim_sliced(op: OpView, ctx, start_dims, unit_dims) -> bool:
 def gather_apply(op: OpView, prim, operands, ctx):
     dn = op.params["dimension_numbers"]
     operand, indices = operands
-    if not _unit_dim_sliced(op, ctx, dn.start_index_map, dn.collapsed_slice_dims):
+    if not _unit_dim_sliced(ctx, dn.start_index_map, dn.collapsed_slice_dims):
         return [prim.bind(operand, indices, **op.params)]
     mode = op.params["mode"]
     cols = _start_columns(indices, dn.start_index_map, dn.collapsed_slice_dims,
@@ -100,7 +99,7 @@ def scatter_local(op: OpView, indices, ctx):
     sliced, the indices relative to the operand's chunk, out-of-chunk updates dropped."""
     dn = op.params["dimension_numbers"]
     params = op.params
-    if _unit_dim_sliced(op, ctx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
+    if _unit_dim_sliced(ctx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
         windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
         cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
                               dn.inserted_window_dims, windows, op, ctx)

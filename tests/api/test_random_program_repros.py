@@ -1,0 +1,72 @@
+"""Miscompilations and crashes found by differential fuzzing (issue 26), each on both
+oracles: the Core interpreter and the executed program equal to `jax.jit`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import partir
+from tests.oracles import check_oracles
+
+
+def _schedule(forms, axis="a"):
+    return [partir.ManualPartition(forms, axis=axis)]
+
+
+@pytest.mark.parametrize("start", [-9, -1, 0, 3, 4, 5, 7, 10, 100])
+def test_dynamic_slice_clamped_start_with_sharded_result(start):
+    """JAX clamps the start so the window fits; each device must not clamp its own
+    tile's start (XLA folds the user's dynamic slice and the all_slice of its result)."""
+    def f(x, y, i):
+        return lax.dynamic_slice(x, (i,), (4,)) + y
+
+    meta = check_oracles(f, partir.Mesh({"a": 2}), _schedule({"y": 0}),
+                         jnp.arange(8.0), jnp.zeros(4), jnp.int32(start))
+    assert meta.out_specs[0] == jax.sharding.PartitionSpec("a")
+
+
+@pytest.mark.parametrize("start", [-3, 1, 6, 9])
+def test_dynamic_update_slice_clamped_start_with_sharded_operand(start):
+    def f(x, u, i):
+        y = lax.dynamic_update_slice(x, u, (i, 0))
+        return lax.dynamic_slice(y, (i, 0), (3, 4)) * 2.0
+
+    x = jnp.arange(32.0).reshape(8, 4)
+    check_oracles(f, partir.Mesh({"a": 2}), _schedule({"x": 1}), x,
+                  -jnp.ones((3, 4)), jnp.int32(start))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("shape", [(1,), (1, 3), (2, 3)])
+def test_take_fill_from_a_padded_dimension(n, shape):
+    """A size-1 dimension tiled on n devices is padded to tiles of size 1: the gather
+    must still take each row from its one chunk, and the fill value once."""
+    def f(x, idx):
+        return jnp.take(x, idx, axis=0, mode="fill", fill_value=-7.0)
+
+    x = jnp.arange(float(jnp.prod(jnp.array(shape)))).reshape(shape) + 1.0
+    check_oracles(f, partir.Mesh({"a": n}), _schedule({"x": 0}), x,
+                  jnp.array([0, 3, -1, 1]))
+
+
+def test_scatter_add_into_a_padded_size_1_dimension():
+    def f(x, idx, u):
+        return x.at[idx].add(u, mode="drop")
+
+    check_oracles(f, partir.Mesh({"a": 3}), _schedule({"x": 0}), jnp.ones((1, 2)),
+                  jnp.array([0, 2, 0]), jnp.arange(6.0).reshape(3, 2))
+
+
+@pytest.mark.parametrize("with_x", [False, True])
+def test_typed_key_kept_replicated(with_x):
+    """The Core interpreter compares the iterations of an `atomic` loop; typed keys
+    cannot become NumPy arrays."""
+    def f(k, x):
+        return jax.random.normal(k, x.shape) + x
+
+    forms = {"k": partir.REPLICATED, **({"x": 0} if with_x else {})}
+    check_oracles(f, partir.Mesh({"a": 2}), _schedule(forms), jax.random.key(0),
+                  jnp.ones(4))
