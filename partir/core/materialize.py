@@ -371,9 +371,11 @@ class _Materializer:
         sig = op.signature
         key = None
         if sig is not None:
-            # The signature holds the global types the offsets are computed from.
-            key = (sig, in_types, out_types, nest, jax.config.jax_enable_x64,
-                   jax.config.jax_threefry_partitionable)
+            # The signature holds the global types the offsets are computed from, and the
+            # offsets scale with the loops' axis sizes: the local types do not tell them
+            # (8 on axes of 4 then 2, or of 2 then 4, has tiles of 1 either way).
+            key = (sig, in_types, out_types, nest, tuple([self.sizes[lp.axis] for lp in nest]),
+                   jax.config.jax_enable_x64, jax.config.jax_threefry_partitionable)
             found = _TRACES.get(key, _MISSING)
             if found is not _MISSING:
                 return found

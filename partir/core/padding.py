@@ -2,9 +2,11 @@
 that wastes.
 
 A dimension of size s tiled over axes of total size N has tiles of ceil(s / N) positions;
-when N does not divide s the first axis pads it to P = ceil(s / N) * N (later axes always
-divide). Each record names the value (an input by its name, an op's result by its name
-or the op's), the dimension, s, P, the axes, and:
+when N does not divide s it holds P = ceil(s / N) * N positions. Each axis pads the tiles
+it splits (those of the dimension, or of the axes before it) to a multiple of its size:
+12 on axes of 2 then 4 has tiles of 6 each padded to 8. Each record names the value (an
+input by its name, an op's result by its name or the op's), the dimension, s, P, the
+axes, the first of them that pads (`padded_by`), and:
 - `wasted_bytes`: the bytes of padding all the devices hold together: every device holds
   its local tile, the padded positions of a tile are waste (the value's other copies,
   on axes that do not tile it, hold theirs too);
@@ -40,19 +42,17 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
     def record(v: Value, name: str, dims: tuple[tuple[str, ...], ...],
                flops: float) -> None:
         for d, axes in enumerate(dims):
-            if not axes:
-                continue
             s = v.type.shape[d]
             n = math.prod(size(a) for a in axes)
-            if s % size(axes[0]) == 0:
+            if s % n == 0:  # then every axis divides the tiles it splits
                 continue
             tiling = math.prod(size(a) for dim_axes in dims for a in dim_axes)
             local = math.prod(tile_size(m, math.prod(size(a) for a in dim_axes))
                               for m, dim_axes in zip(v.type.shape, dims, strict=True))
             wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
             out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
-                        "axes": list(axes), "wasted_bytes": int(wasted),
-                        "wasted_flops": float(flops)})
+                        "axes": list(axes), "padded_by": _padded_by(s, axes, size),
+                        "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
 
     for name, sharding in program.input_shardings().items():
         arg = next(a for a in program.args if a.name == name)
@@ -62,18 +62,37 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
         nest = program.nest(op)
         if op.is_identity or not nest:
             continue
-        # Most ops tile nothing an axis does not divide: they are passed over at once.
-        if not any(type(a) is Tile and op.results[k].type.shape[a.dim] % sizes[lp.axis]
-                   for lp in nest for k, a in enumerate(lp.results)):
+        # Most ops tile nothing their axes do not divide: they are passed over at once.
+        if not any(_pads(r.type.shape, nest, k, sizes) for k, r in enumerate(op.results)):
             continue
         flops = None
         for k, r in enumerate(op.results):
             dims = sharding_of(nest, k, r.type.rank).dims
-            if any(axes and r.type.shape[d] % mesh[axes[0]] for d, axes in enumerate(dims)):
+            if any(r.type.shape[d] % math.prod(mesh[a] for a in axes)
+                   for d, axes in enumerate(dims)):
                 if flops is None:
                     flops = _wasted_flops(op, nest, sizes)
                 record(r, r.name or op.name, dims, flops)
     return out
+
+
+def _pads(shape: tuple[int, ...], nest: tuple, k: int, sizes: dict[str, int]) -> bool:
+    """Whether the nest's loops tile a dimension of result k their axes do not divide."""
+    parts = [1] * len(shape)
+    for lp in nest:
+        a = lp.results[k]
+        if type(a) is Tile:
+            parts[a.dim] *= sizes[lp.axis]
+    return any(n % p for n, p in zip(shape, parts, strict=True))
+
+
+def _padded_by(s: int, axes: tuple[str, ...], size) -> str:
+    """The first of the axes (major to minor) that does not divide the tiles it splits."""
+    for a in axes:
+        if s % size(a):
+            return a
+        s //= size(a)
+    raise ValueError(f"axes {axes} divide {s}")
 
 
 def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:

@@ -202,19 +202,16 @@ def _sub_axes(rule: ShardingRule, sizes: tuple[int, ...], n: int,
     return tuple(parts) if len(parts) > 1 else None
 
 
-def _padding_refusal(entry: Entry, rule: ShardingRule, sizes: tuple[int, ...], f: int,
-                     op: CoreOp) -> str:
-    """Why factor f, which the axis does not divide, cannot be padded ("" if it can): it
-    must not be tiled already in this op (only the first axis of a dimension pads), and
+def _padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str:
+    """Why factor f, which the axis does not divide, cannot be padded ("" if it can):
     every dimension holding it must hold no other factor of size > 1 (a reshape merging
-    or splitting a padded dimension would mix the padding into the data)."""
+    or splitting a padded dimension would mix the padding into the data). A factor
+    earlier axes tiled may pad: the loop pads each of their tiles, and a `#sum` level
+    masks the padding of the tiles it splits (`materialize._mask_padding`)."""
     factor = rule.factors[f]
     if factor.summed_inside:
         return (f"{op.name} sums over the factor of size {factor.size} inside its body, "
                 f"where a tile's padding would enter the sums")
-    if sizes[f] != factor.size:
-        return (f"factor of size {factor.size} is already tiled (to {sizes[f]}); only the "
-                f"first axis of a dimension may pad it")
     for what, dims_of in (("operand", rule.operands), ("result", rule.results)):
         for i, dims in enumerate(dims_of):
             for d, factors in enumerate(dims):
@@ -488,7 +485,7 @@ class Propagator:
             if not support:
                 continue
             if sizes[f] % n and (not self.pad or
-                                 _padding_refusal(entry, rule, sizes, f, op)):
+                                 _padding_refusal(entry, rule, f, op)):
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
@@ -515,7 +512,7 @@ class Propagator:
                       f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
                       f"the factor it would tile, major to minor) exists")
             if self.pad:
-                why = {_padding_refusal(entry, rule, sizes, f, op)
+                why = {_padding_refusal(entry, rule, f, op)
                        for f, m in factor_mappings(rule, sizes) if m in indivisible}
                 why.discard("")
                 if why:

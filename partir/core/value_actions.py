@@ -32,7 +32,7 @@ from partir.errors import (
 from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
 from partir.ir.opnames import ATOMIC, TILE
-from partir.ir.types import tile_size
+from partir.ir.types import padded_size, tile_size
 from partir.rules import OpView
 from partir.rules.control import body_factor
 
@@ -78,9 +78,10 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
     """Apply tile<value, dim, axis>; returns the uids of the ops to propagate from.
 
     A dimension the axis does not divide is an IndivisibleDimensionError unless `pad`:
-    then, if no earlier axis tiles it, it is padded at its end to the next multiple of
-    the axis size (each tile holds ceil(size / n) positions, those past the end hold
-    arbitrary values). A dimension already tiled must still divide exactly."""
+    then it is padded at its end to the next multiple of the axis size (each tile holds
+    ceil(size / n) positions, those past the end hold arbitrary values). On a dimension
+    earlier axes divided, it is each of their tiles that is padded (12 on axes of 2 then
+    4: tiles of 6, each padded to 8 and split into 4 of 2), as the loop nest slices it."""
     dim = _checked_dim(value.type, dim, label, tactic, loc)
     axes = _parts(m, axis)
     n = math.prod(m.mesh[a] for a in axes)
@@ -95,7 +96,9 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
                 if size != value.type.shape[dim] else ""
             raise IndivisibleDimensionError(
                 f"cannot tile {label} dimension {dim} of size {size}{where} on axis "
-                f"{axis!r} of size {n}: {n} does not divide {size}", tactic=tactic, loc=loc)
+                f"{axis!r} of size {n}: {n} does not divide {size}, and the tactic has "
+                f"pad=False (pad=True would pad it to {padded_size(size, n)})",
+                tactic=tactic, loc=loc)
         nest = (*_context_loops(ctx), *(Loop(a, (Tile(dim),), (dim,)) for a in axes))
         op = m.insert_identity(TILE, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]

@@ -14,6 +14,7 @@ import pytest
 import partir
 from examples.padding import model
 from partir.core.materialize import materialize
+from partir.ir.types import padded_size
 from partir.spmd import lower_core_to_spmd
 from partir.spmd.interpreter import interpret_spmd
 from tests.oracles import assert_tree_close
@@ -181,13 +182,79 @@ def test_pad_false_keeps_the_indivisible_conflict_in_propagation():
         assert ("cannot pad" in c.detail) == pad
 
 
-def test_nested_axis_on_a_padded_dim_that_does_not_divide_its_tile_is_an_error():
-    x = jnp.zeros((6, 3))
-    # 6 on a (4): tiles of 2; b (4) does not divide 2.
-    with pytest.raises(partir.IndivisibleDimensionError, match="already divided by a"):
-        partir.partition(lambda x: x * 2, partir.Mesh({"a": 4, "b": 4}),
+def test_pad_false_on_a_dimension_an_earlier_axis_divided_says_so():
+    x = jnp.zeros((12, 3))
+    with pytest.raises(partir.IndivisibleDimensionError,
+                       match=r"of size 6 \(already divided by a\) on axis 'b' of size 4: 4 does "
+                             r"not divide 6, and the tactic has pad=False \(pad=True would pad "
+                             r"it to 8\)"):
+        partir.partition(lambda x: x * 2, partir.Mesh({"a": 2, "b": 4}),
                          [partir.ManualPartition({"x": 0}, axis="a"),
-                          partir.ManualPartition({"x": 0}, axis="b")], x)
+                          partir.ManualPartition({"x": 0}, axis="b", pad=False)], x)
+
+
+# --- a later axis padding the tiles of an earlier one ----------------------------------------
+# Each axis pads the tiles it splits: 12 on a (2) then b (4) has tiles of 6, each padded to
+# 8 (4 tiles of 2, the last of each padding); on b then a, tiles of 3 padded to 4.
+
+NESTED = {
+    "exact_then_padded": ({"a": 2, "b": 4}, ("a", "b"), 12),
+    "exact_then_padded_reversed": ({"a": 2, "b": 4}, ("b", "a"), 12),
+    "padded_then_padded": ({"a": 2, "b": 4}, ("b", "a"), 10),
+    "padded_then_padded_reversed": ({"a": 2, "b": 4}, ("a", "b"), 5),
+}
+
+
+def _nested(axes, inputs):
+    return [partir.ManualPartition(inputs, axis=a) for a in axes]
+
+
+def test_offsets_of_one_program_on_meshes_whose_axes_have_other_sizes():
+    """The local computation of an index-dependent op (an iota's offset) traced for one
+    mesh is not reused on a mesh with the same axis names in other sizes, where the
+    local types are the same (8 on a then b: tiles of 1 with a of 4 or of 2)."""
+    def f(x):
+        return x + jnp.arange(8, dtype=jnp.float32)
+
+    x = jnp.zeros((8,), jnp.float32)
+    for mesh in ({"a": 4, "b": 2}, {"a": 2, "b": 4}):
+        core, spmd = _oracles(f, partir.Mesh(mesh), _nested(("a", "b"), {"x": 0}), x)
+        assert_tree_close(core, f(x))
+        assert_tree_close(spmd, f(x))
+
+
+@pytest.mark.parametrize("case", sorted(NESTED))
+def test_later_axis_pads_each_tile_of_an_earlier_one(case):
+    def f(x, w):
+        # elementwise, contracted by a dot_general (#sum, masked), max/min reductions
+        # (masked with -inf/+inf: the padding computes exp(0) = 1 > every value)
+        y = jnp.exp(x) - 3
+        return jnp.sin(x) * 2, y.T @ w, jnp.max(y, axis=0), jnp.min(-y, axis=0)
+
+    mesh, axes, n = NESTED[case]
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.normal(size=(n, 3)) - 2, jnp.float32)
+    w = jnp.asarray(rng.normal(size=(n, 5)), jnp.float32)
+    meta = _check(f, partir.Mesh(mesh), _nested(axes, {"x": 0}), x, w)
+    (p,) = [p for p in meta.padding if p["value"] == "x"]
+    assert (p["size"], p["padded"], p["axes"]) == (n, padded_size(n, 8), list(axes))
+    # the padding comes from the first axis not dividing the tiles it splits
+    first = mesh[axes[0]]
+    assert p["padded_by"] == (axes[0] if n % first else axes[1])
+    assert {(q["value"], q["dim"]) for q in meta.padding} >= {("w", 0)}
+    assert meta.collectives["all_reduce"] >= 1
+    assert not any(t.conflicts for t in meta.tactics)
+
+
+def test_train_step_whose_batch_a_later_axis_pads():
+    mesh = partir.Mesh({"batch": 2, "model": 4})
+    # 6 on batch (2): tiles of 3, each padded to 4 by model
+    schedule = [partir.ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP"),
+                partir.ManualPartition({"x": 0, "y": 0}, axis="model", name="BP2")]
+    meta = _check(model.mlp_step, mesh, schedule, *model.mlp_inputs())
+    padded = {(p["value"], p["dim"]): p for p in meta.padding}
+    assert padded[("x", 0)]["padded_by"] == "model"
+    assert padded[("x", 0)]["padded"] == 8 and not meta.tactics[1].conflicts
 
 
 def test_padded_dim_through_a_reshape_is_refused_with_a_conflict():
