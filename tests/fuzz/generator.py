@@ -30,6 +30,8 @@ from tests.fuzz.program import (
     TacticSpec,
     Var,
     block_free_vars,
+    dead_ops,
+    prune,
     tags,
     used_inputs,
     var_types,
@@ -987,7 +989,13 @@ class Generator:
         for v in outs:
             if v.name not in names:
                 names.append(v.name)
-        return Program(self.inputs, top.ops, names)
+        program = Program(self.inputs, top.ops, names)
+        # A tag on a value nothing reads is not in the traced program (JAX drops dead
+        # code in bodies), so a tactic naming it would be refused: drop such tags.
+        dead = dead_ops(program)
+        dead_tags = {op.outs[0].name for op in walk_ops(program.ops)
+                     if op.family == "tag" and op.outs[0].name in dead}
+        return prune(program, dead_tags) if dead_tags else program
 
     def mesh(self) -> list[tuple[str, int]]:
         n = self.rng.randint(1, 3)

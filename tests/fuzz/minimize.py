@@ -106,29 +106,31 @@ def minimize(case: Case, mode: str, core: bool, failure: Outcome, evaluate: Eval
     deadline = time.monotonic() + budget_s
     current, evals = case, 0
     seen = {render(case, mode, core)}
-    improved = True
-    while improved and time.monotonic() < deadline and evals < max_evals:
-        improved = False
-        cands = []
-        for c in candidates(current):
-            if size(c) >= size(current):
-                continue
-            src = render(c, mode, core)
-            if src in seen:
-                continue
-            seen.add(src)
-            cands.append(c)
-        for k in range(0, len(cands), batch):
-            if time.monotonic() >= deadline or evals >= max_evals:
+    # One pass walks the candidate list; after a hit it goes on from the same position in
+    # the new case's list (not from the start: the earlier candidates were just tried), and
+    # passes repeat until one shrinks nothing.
+    pos, shrunk_in_pass = 0, False
+    while time.monotonic() < deadline and evals < max_evals:
+        cands = [c for c in candidates(current) if size(c) < size(current)]
+        group = []
+        while pos < len(cands) and len(group) < batch:
+            src = render(cands[pos], mode, core)
+            pos += 1
+            if src not in seen:
+                seen.add(src)
+                group.append(cands[pos - 1])
+        if not group:
+            if not shrunk_in_pass:
                 break
-            group = cands[k:k + batch]
-            outs = evaluate(group)
-            evals += len(group)
-            hit = next((c for c, o in zip(group, outs, strict=True) if same_failure(failure, o)),
-                       None)
-            if hit is not None:
-                current, improved = hit, True
-                if log:
-                    log(f"  shrunk to {size(current)[0]} ops ({evals} evaluations)")
-                break
+            pos, shrunk_in_pass = 0, False
+            continue
+        outs = evaluate(group)
+        evals += len(group)
+        hit = next((c for c, o in zip(group, outs, strict=True) if same_failure(failure, o)),
+                   None)
+        if hit is not None:
+            current, shrunk_in_pass = hit, True
+            pos = max(0, pos - len(group))
+            if log:
+                log(f"  shrunk to {size(current)[0]} ops ({evals} evaluations)")
     return current, evals

@@ -207,6 +207,30 @@ def prune(program: Program, removed: set[str], rename: dict[str, str] | None = N
     return Program(list(program.inputs), ops, outputs)
 
 
+def dead_ops(program: Program) -> set[str]:
+    """The ops (by first output) whose results reach no output of the function."""
+    dead: set[str] = set()
+
+    def visit(ops: list[Op], live: set[str]) -> set[str]:
+        """Mark the dead ops of a block whose `live` values are read after it; return
+        what the block reads from outside."""
+        live = set(live)
+        for op in reversed(ops):
+            if not any(o.name in live for o in op.outs):
+                dead.add(op.outs[0].name)
+                for b in op.blocks:
+                    for inner in walk_ops(b.ops):
+                        dead.add(inner.outs[0].name)
+                continue
+            live |= set(op.args)
+            for b in op.blocks:
+                live |= visit(b.ops, set(b.results)) - {p.name for p in b.params}
+        return live
+
+    visit(program.ops, set(program.outputs))
+    return dead
+
+
 def restrict_schedule(case: Case) -> list[TacticSpec]:
     """The schedule's entries that name an input or tag the rendered program has (pruning
     may drop either); tactics left empty go."""

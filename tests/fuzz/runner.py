@@ -75,8 +75,8 @@ def normalize(message: str) -> str:
     text = message.splitlines()[0] if message else ""
     text = re.sub(r" \(at [^)]*\)", "", text)
     text = re.sub(r"<fuzz [^>]*>(:\d+)?", "<f>", text)
-    text = re.sub(r"tactic [\w-]+: ", "tactic T: ", text)
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    text = re.sub(r"tactic (ManualPartition\('[^']*'\)|[\w-]+)", "tactic T", text)
+    text = re.sub(r"'[^'\s]*'|\"[^\"\s]*\"", "'…'", text)
     text = re.sub(r"%[\w.#-]+", "%v", text)
     text = re.sub(r"\b(v|x|w|u|i|c|seg|key|rkey|t|T)\d+\b", "NAME", text)
     text = re.sub(r"\d+", "N", text)
@@ -289,6 +289,7 @@ class Pool:
                         yield msg
                         continue
                     # the worker died: a hard crash (segfault, abort, out of memory)
+                    p.proc.join(5)  # reaped, so its exit code is known
                     task, code = p.task, p.proc.exitcode
                     self._replace(p)
                     if task is not None:
