@@ -6,7 +6,7 @@ when N does not divide s it holds P = ceil(s / N) * N positions. Each axis pads 
 it splits (those of the dimension, or of the axes before it) to a multiple of its size:
 12 on axes of 2 then 4 has tiles of 6 each padded to 8. Each record names the value (an
 input by its name, an op's result by its name or the op's), the dimension, s, P, the
-axes, the first of them that pads (`padded_by`), and:
+axes, and:
 - `wasted_bytes`: the bytes of padding all the devices hold together: every device holds
   its local tile, the padded positions of a tile are waste (the value's other copies,
   on axes that do not tile it, hold theirs too);
@@ -51,8 +51,8 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
                               for m, dim_axes in zip(v.type.shape, dims, strict=True))
             wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
             out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
-                        "axes": list(axes), "padded_by": _padded_by(s, axes, size),
-                        "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
+                        "axes": list(axes), "wasted_bytes": int(wasted),
+                        "wasted_flops": float(flops)})
 
     for name, sharding in program.input_shardings().items():
         arg = next(a for a in program.args if a.name == name)
@@ -84,15 +84,6 @@ def _pads(shape: tuple[int, ...], nest: tuple, k: int, sizes: dict[str, int]) ->
         if type(a) is Tile:
             parts[a.dim] *= sizes[lp.axis]
     return any(n % p for n, p in zip(shape, parts, strict=True))
-
-
-def _padded_by(s: int, axes: tuple[str, ...], size) -> str:
-    """The first of the axes (major to minor) that does not divide the tiles it splits."""
-    for a in axes:
-        if s % size(a):
-            return a
-        s //= size(a)
-    raise ValueError(f"axes {axes} divide {s}")
 
 
 def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:

@@ -65,11 +65,16 @@ def test_indivisible_dimension_names_both_sizes():
 
 
 def test_indivisible_after_earlier_sharding_says_so():
-    # Only the first axis of a dimension may pad it: tiles of 3 are not padded again.
+    # With pad=False, tiles of 3 (12 on batch) are not padded to 4 for model.
     with pytest.raises(partir.IndivisibleDimensionError) as e:
         partition(partir.ManualPartition({"x": 0}, axis="batch"),
+                  partir.ManualPartition({"x": 0}, axis="model", pad=False))
+    msg = str(e.value)
+    assert "size 3" in msg and "already divided by batch" in msg and "pad=False" in msg
+    # By default each tile of 3 is padded to 4.
+    r = partition(partir.ManualPartition({"x": 0}, axis="batch"),
                   partir.ManualPartition({"x": 0}, axis="model"))
-    assert "size 3" in str(e.value) and "already divided by batch" in str(e.value)
+    assert r.tactics[1].actions[0] == 'tile<%x,0,"model">' and not r.conflicts
 
 
 def test_input_tiled_twice_on_the_same_axis():
