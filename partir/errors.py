@@ -36,6 +36,12 @@ class AxisNotInMeshError(PartitionError):
     """A tactic names a mesh axis the mesh does not have."""
 
 
+class SubAxisOverlapError(PartitionError):
+    """A tactic names a sub-axis that the sub-axes an earlier tactic or propagation split
+    its axis into cannot make up: it starts or ends inside one of them, where no further
+    split can put a boundary."""
+
+
 class IndivisibleDimensionError(PartitionError):
     """The axis size does not divide the (local) dimension size."""
 

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import ItemsView, Iterator, Mapping, Sequence
 
-from partir.errors import AxisNotInMeshError, PartitionError
+from partir.errors import AxisNotInMeshError, PartitionError, SubAxisOverlapError
 from partir.ir.location import Location
 
 _SUB_AXIS = re.compile(r"^(.+):\((\d+)\)(\d+)$")
@@ -71,13 +71,26 @@ class Mesh(Mapping[str, int]):
     def size(self) -> int:
         return math.prod(self._axes.values())
 
-    def check_axis(self, axis: str, tactic: str | None = None, loc: Location | None = None
-                   ) -> int:
-        """The size of a user's axis (or sub-axis), however the mesh was refined since."""
+    def check_axis(self, axis: str, tactic: str | None = None, loc: Location | None = None,
+                   splits: Sequence[str] = ()) -> int:
+        """The size of a user's axis (or sub-axis), however the mesh was refined since.
+        A sub-axis of the user's mesh that the sub-axes its axis was split into (`splits`
+        says why each split was made) cannot make up is a SubAxisOverlapError."""
         parts = self.parts(axis)
         if parts is None and self.split_for(axis) is not None:
             return split_axis_name(axis)[2]
         if parts is None:
+            cut = self._cut_by(axis)
+            if cut:
+                base = split_axis_name(axis)[0]
+                why = f" ({'; '.join(s for s in splits if repr(base) in s)})" if splits else ""
+                raise SubAxisOverlapError(
+                    f"sub-axis {axis!r} overlaps sub-axis {cut[0]!r} without containing it: "
+                    f"axis {base!r} is already split into "
+                    f"{', '.join(a for a in self._axes if self._span(a)[0] == base)}{why}, "
+                    f"and no split of {cut[0]!r} makes {axis!r} of whole sub-axes (it would "
+                    f"start or end at pre-size {cut[1]}, inside {cut[0]!r}); name sub-axes "
+                    f"that nest with the earlier ones", tactic=tactic, loc=loc)
             raise AxisNotInMeshError(
                 f"axis {axis!r} is not in the mesh {self.user_mesh}; its axes are "
                 f"{', '.join(map(repr, self.user_mesh))}", tactic=tactic, loc=loc)
@@ -126,19 +139,45 @@ class Mesh(Mapping[str, int]):
                 pre *= k
         return Mesh(axes)
 
-    def split_for(self, axis: str) -> tuple[str, tuple[int, ...]] | None:
-        """How to split one of this mesh's axes so that the sub-axis `axis` (a name like
-        `x:(2)2`) becomes one of them: the axis and the sizes to split it into, or None
-        if `axis` is no sub-axis of an axis that has it within."""
+    def split_for(self, axis: str) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+        """How to split this mesh's axes so that the sub-axis `axis` (a name like `x:(2)2`)
+        becomes a run of them: the splits to make in turn, each an axis and the sizes to
+        split it into (`refine`), or None if none do: `axis` is no sub-axis of the
+        mesh's axes, or is one already, or an end of it falls inside a sub-axis where that
+        cannot be split (`x:(1)3` inside `x:(1)4` of an axis of 12)."""
         base, first, size = split_axis_name(axis)
         if size is None or size < 2:
             return None
         end = first * size
+        spans = [(a, *self._span(a)[1:]) for a in self._axes if self._span(a)[0] == base]
+        if not spans or not any(f <= first for _, f, _ in spans) \
+                or not any(end <= e for _, _, e in spans):
+            return None
+        splits = []
+        for a, f, e in spans:
+            # the ends of `axis` inside this span, where it must be split
+            cuts = [p for p in (first, end) if f < p < e]
+            if not cuts:
+                continue
+            if any(p % f or e % p for p in cuts):
+                return None
+            bounds = [f, *cuts, e]
+            splits.append((a, tuple(hi // lo for lo, hi in zip(bounds, bounds[1:]))))
+        return tuple(splits) or None
+
+    def _cut_by(self, axis: str) -> tuple[str, int] | None:
+        """The sub-axis of this mesh, and the pre-size inside it, where an end of `axis` (a
+        sub-axis of the user's mesh) falls and no split can put a boundary: why the
+        sub-axes its axis was split into cannot make it up. None if there is none."""
+        base, first, size = split_axis_name(axis)
+        if size is None or self.user_mesh is self or base not in self.user_mesh \
+                or self.user_mesh.split_for(axis) is None:
+            return None
         for a in self._axes:
             b, f, e = self._span(a)
-            if b == base and f <= first and end <= e and first % f == 0 and e % end == 0:
-                sizes = tuple(k for k in (first // f, size, e // end) if k > 1)
-                return (a, sizes) if len(sizes) > 1 else None
+            for p in (first, first * size):
+                if b == base and f < p < e and (p % f or e % p):
+                    return a, p
         return None
 
     @functools.cached_property

@@ -83,7 +83,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
     earlier axes divided, it is each of their tiles that is padded (12 on axes of 2 then
     4: tiles of 6, each padded to 8 and split into 4 of 2), as the loop nest slices it."""
     dim = _checked_dim(value.type, dim, label, tactic, loc)
-    axes = _parts(m, axis)
+    axes = _parts(m, axis, tactic, loc)
     n = math.prod(m.mesh[a] for a in axes)
     _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
     seeds: list[int] = []
@@ -111,7 +111,7 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
 def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
                  tactic: str | None = None, loc: Location | None = None) -> list[int]:
     """Apply atomic<value, axis>: keep the value replicated on the axis."""
-    axes = _parts(m, axis)
+    axes = _parts(m, axis, tactic, loc)
     _claim(m, value, axes, "kept replicated", label, tactic, loc)
     seeds: list[int] = []
     for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
@@ -150,7 +150,7 @@ def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, lab
     its results' users)."""
     dim = _checked_dim(value.type, dim, label, tactic, loc)
     op = m.by_uid[value.uid]
-    axes = _parts(m, axis)
+    axes = _parts(m, axis, tactic, loc)
     _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
     view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
                   tuple(v.type for v in op.results))
@@ -198,16 +198,21 @@ def _checked_dim(t: TensorType, dim: int, label: str, tactic: str | None,
     return dim % rank
 
 
-def _parts(m: CoreModule, axis: str) -> tuple[str, ...]:
+def _parts(m: CoreModule, axis: str, tactic: str | None = None,
+           loc: Location | None = None) -> tuple[str, ...]:
     """The mesh axes the user's axis is: itself, or the sub-axes propagation split it
     into, major to minor (acting on each in turn is acting on the axis). A sub-axis the
-    user names (`x:(1)2`) splits its axis first."""
+    user names (`x:(1)2`) splits its axis first, or the sub-axes an earlier split made
+    where its ends fall inside them (`x:(2)4` after `x:(4)2` on an axis of 8 splits
+    `x:(1)4` into `x:(1)2`, `x:(2)2`)."""
     parts = m.mesh.parts(axis)
     if parts is None:
-        split = m.mesh.split_for(axis)
-        if split is None:
-            m.mesh.check_axis(axis)  # raises the error that names the mesh's axes
-        m.refine_axis(*split, "as a tactic names one of them")
+        splits = m.mesh.split_for(axis)
+        if splits is None:  # raises the error that names the mesh's axes, or the overlap
+            m.mesh.check_axis(axis, tactic=tactic, loc=loc, splits=m.splits)
+        for split in splits:
+            m.refine_axis(*split, f"as {f'tactic {tactic}' if tactic else 'a tactic'} "
+                                  f"names {axis!r}")
         parts = m.mesh.parts(axis)
     return parts
 

@@ -118,7 +118,8 @@ def expand(tactic: ManualPartition, module: CoreModule,
     """The actions a ManualPartition issues, and notes on inputs it left alone."""
     from partir.core.value_actions import sharded_dims
 
-    n = module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc)
+    n = module.mesh.check_axis(tactic.axis, tactic=tactic.label, loc=tactic.loc,
+                               splits=module.splits)
     specs: list[ActionSpec] = []
     notes: list[str] = []
     for name, value, form in tactic.select(names):

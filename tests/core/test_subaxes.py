@@ -214,3 +214,49 @@ def test_a_tactic_may_name_a_sub_axis():
     with pytest.raises(partir.AxisNotInMeshError, match="'m:\\(3\\)2' is not in the mesh"):
         partir.core_partition(f, {"m": 4}, [partir.ManualPartition({"x": 0}, axis="m:(3)2")],
                               x)
+
+
+def test_a_sub_axis_crossing_an_earlier_split_splits_its_sub_axes_further():
+    """Issue 26, item 6: `a:(2)4` after `a:(4)2` (which split `a` into `a:(1)4`, `a:(4)2`)
+    is `a:(2)2` then `a:(4)2` once `a:(1)4` is split into `a:(1)2`, `a:(2)2`."""
+    from tests.api.test_padding import _oracles
+
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(8, 8)).astype(np.float32)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+    schedule = [partir.ManualPartition({"x": 0}, axis="a:(4)2", name="T1"),
+                partir.ManualPartition({"w": 1}, axis="a:(2)4", name="T2")]
+    r = partir.core_partition(f, {"a": 8}, schedule, x, w)
+    assert list(r.program.mesh) == ["a:(1)2", "a:(2)2", "a:(4)2"]
+    assert r.program.input_shardings()["w"].dims == ((), ("a:(2)4",))
+    assert any("a:(1)4" in n and "tactic T2" in n for n in r.tactics[1].notes)
+    for got in _oracles(f, {"a": 8}, schedule, x, w):
+        np.testing.assert_allclose(got, f(x, w), rtol=1e-5, atol=1e-6)
+    fn, meta = partir.jit(f, {"a": 8}, schedule)
+    np.testing.assert_allclose(fn(x, w), f(x, w), rtol=1e-5, atol=1e-6)
+    assert meta.in_specs == (PartitionSpec("a:(4)2", None), PartitionSpec(None, "a:(2)4"))
+    # The same value tiled on both: the overlap is the sub-axis both tactics hold.
+    with pytest.raises(partir.AlreadyTiledError,
+                       match=r"'x' is already tiled on dimension 0 by tactic T1 on axis "
+                             r"'a:\(4\)2'"):
+        partir.core_partition(f, {"a": 8}, [schedule[0], partir.ManualPartition(
+            {"x": 1}, axis="a:(2)4", name="T2")], x, w)
+
+
+def test_a_sub_axis_that_cannot_nest_with_an_earlier_split_says_which():
+    """On an axis of 12, `a:(4)3` splits it into `a:(1)4`, `a:(4)3`; `a:(1)3` would end
+    inside `a:(1)4`, which no split of 4 puts a boundary at 3 in."""
+    x = jax.ShapeDtypeStruct((12, 12), jnp.float32)
+    schedule = [partir.ManualPartition({"x": 0}, axis="a:(4)3", name="T1"),
+                partir.ManualPartition({"x": 1}, axis="a:(1)3", name="T2")]
+    with pytest.raises(partir.SubAxisOverlapError) as e:
+        partir.core_partition(jnp.sin, {"a": 12}, schedule, x)
+    msg = str(e.value)
+    assert "tactic T2: sub-axis 'a:(1)3' overlaps sub-axis 'a:(1)4'" in msg
+    assert "split into sub-axes a:(1)4, a:(4)3 as tactic T1 names 'a:(4)3'" in msg
+    assert isinstance(e.value, partir.PartitionError)
+    # Alone, the same sub-axis is fine.
+    partir.core_partition(jnp.sin, {"a": 12}, schedule[1:], x)
