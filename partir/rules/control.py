@@ -902,13 +902,19 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
     def traced(*args: Any) -> list[Any]:
         taken = []
         for x, gathered in zip(args, gathers, strict=True):
+            # One axis at a time, the minor one first (the chunk order of several axes):
+            # the Core interpreter runs the body under a vmap per axis, whose batching
+            # rules take a single axis name.
             for dim, _, axes in gathered:
-                x = lax.all_gather(x, axes, axis=dim, tiled=True)
+                for axis in reversed(axes):
+                    x = lax.all_gather(x, axis, axis=dim, tiled=True)
             taken.append(x)
         made = run(jaxpr, consts, taken)
         for k, x in enumerate(made):
             for dim, axes in plan.scatters.get((top, k), ()):
-                made[k] = x = lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True)
+                for axis in axes:  # the major axis first: its chunk holds the minor's
+                    x = lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
+                made[k] = x
         return made
 
     with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):

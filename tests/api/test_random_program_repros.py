@@ -70,3 +70,19 @@ def test_typed_key_kept_replicated(with_x):
     forms = {"k": partir.REPLICATED, **({"x": 0} if with_x else {})}
     check_oracles(f, partir.Mesh({"a": 2}), _schedule(forms), jax.random.key(0),
                   jnp.ones(4))
+
+
+def test_gather_over_two_axes_inside_nested_bodies_on_the_core_interpreter():
+    """A body reading a value tiled on two axes gathers it over both; under the Core
+    interpreter's vmaps JAX gathers over one named axis at a time."""
+    def f(x):
+        def outer(c):
+            def body(state):
+                i, h = state
+                return i + 1, h * 0.5 + jnp.sum(h[:2])
+            return lax.while_loop(lambda s: s[0] < 2, body, (jnp.int32(0), c))[1]
+        return lax.cond(jnp.sum(x) > 0, outer, lambda c: c, x)
+
+    x = jnp.cos(jnp.arange(72.0)).reshape(3, 12, 2)
+    check_oracles(f, partir.Mesh({"a": 3, "b": 1}),
+                  _schedule({"x": -3}, "b") + _schedule({"x": -3}, "a"), x)
