@@ -202,7 +202,7 @@ def _sub_axes(rule: ShardingRule, sizes: tuple[int, ...], n: int,
     return tuple(parts) if len(parts) > 1 else None
 
 
-def _padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str:
+def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str:
     """Why factor f, which the axis does not divide, cannot be padded ("" if it can):
     every dimension holding it must hold no other factor of size > 1 (a reshape merging
     or splitting a padded dimension would mix the padding into the data). A factor
@@ -234,7 +234,7 @@ def _padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> st
 class Propagator:
     def __init__(self, module: CoreModule, pad: bool = False) -> None:
         self.m = module
-        # Whether a factor the axis does not divide may be padded (see `_padding_refusal`).
+        # Whether a factor the axis does not divide may be padded (see `padding_refusal`).
         self.pad = pad
         self.axes = list(module.mesh.axis_names)
         self.sizes = dict(module.mesh)
@@ -485,7 +485,7 @@ class Propagator:
             if not support:
                 continue
             if sizes[f] % n and (not self.pad or
-                                 _padding_refusal(entry, rule, f, op)):
+                                 padding_refusal(entry, rule, f, op)):
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
@@ -512,7 +512,7 @@ class Propagator:
                       f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
                       f"the factor it would tile, major to minor) exists")
             if self.pad:
-                why = {_padding_refusal(entry, rule, f, op)
+                why = {padding_refusal(entry, rule, f, op)
                        for f, m in factor_mappings(rule, sizes) if m in indivisible}
                 why.discard("")
                 if why:

@@ -22,6 +22,7 @@ from typing import Any
 from partir.core.actions import ANY, Loop, Tile
 from partir.core.module import CoreModule
 from partir.core.program import operand_local_type, result_local_type
+from partir.core.propagation import padding_refusal
 from partir.core.tmr import factor_mappings, lookup
 from partir.errors import (
     AlreadyTiledError,
@@ -143,11 +144,14 @@ class BodyValue:
 
 
 def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, label: str,
-                    tactic: str | None = None, loc: Location | None = None) -> list[int]:
+                    tactic: str | None = None, loc: Location | None = None,
+                    pad: bool = False) -> list[int]:
     """Apply tile<value, dim, axis> to a value inside a loop's (or cond's) bodies: loop
     the op over the axis on the factor that dimension belongs to, so the body runs on
     its slices; returns the uids to propagate from (the op, its operands' producers and
-    its results' users)."""
+    its results' users). With `pad`, a factor the axis does not divide is padded as
+    propagation pads it when the loop's operand is tiled, where it may (the body must not
+    sum over it: there the padding would enter the sums)."""
     dim = _checked_dim(value.type, dim, label, tactic, loc)
     op = m.by_uid[value.uid]
     axes = _parts(m, axis, tactic, loc)
@@ -171,9 +175,15 @@ def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, lab
                      for k in range(len(op.results))]
         sizes = rule.local_sizes([t.shape for t in in_types], [t.shape for t in out_types])
         if sizes[factor] % m.mesh[a]:
-            raise IndivisibleDimensionError(
-                f"cannot tile {label} dimension {dim} of size {sizes[factor]} on axis "
-                f"{a!r} of size {m.mesh[a]}", tactic=tactic, loc=loc)
+            why = "the tactic has pad=False"
+            if pad:
+                refusal = padding_refusal(lookup(op.name), rule, factor, op)
+                why = refusal and f"it cannot be padded: {refusal}"
+            if why:
+                raise IndivisibleDimensionError(
+                    f"cannot tile {label} dimension {dim} of size {sizes[factor]} on axis "
+                    f"{a!r} of size {m.mesh[a]}: {m.mesh[a]} does not divide "
+                    f"{sizes[factor]}, and {why}", tactic=tactic, loc=loc)
         mapping = dict(factor_mappings(rule, sizes)).get(factor)
         if mapping is None:
             raise NotShardableError(

@@ -166,7 +166,7 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
             if in_body:
                 seeds += tile_body_value(module, spec.value, spec.dim, spec.axis,
                                          label=f"body value {spec.name!r}", tactic=tactic,
-                                         loc=loc)
+                                         loc=loc, pad=pad)
             else:
                 seeds += tile_value(module, spec.value, spec.dim, spec.axis,
                                     label=f"input {spec.name!r}", tactic=tactic, loc=loc,

@@ -342,3 +342,60 @@ def test_both_dims_padded_on_two_axes():
                    partir.ManualPartition({"x": 1}, axis="b")], x)
     assert {(p["dim"], p["padded"]) for p in meta.padding if p["value"] == "x"} == {
         (0, 8), (1, 6)}
+
+
+# --- values tagged inside loop bodies on a dimension the axis does not divide -------------
+
+def _tagged_layers(x, ws):
+    def layer(c, w):
+        h = partir.tag(c @ w, "h")
+        return jnp.tanh(h), partir.tag(jnp.sum(h, axis=1), "row_sums")
+    c, sums = jax.lax.scan(layer, x, ws)
+    return jnp.sum(c) + jnp.sum(sums ** 2)
+
+
+def _fori_layers(x, w):
+    def body(i, c):
+        return partir.tag(jnp.tanh(c @ w), "h") * 0.5
+    return jnp.max(jax.lax.fori_loop(0, 3, body, x), axis=0)
+
+
+@pytest.mark.parametrize("case", ["scan", "scan_gradient", "fori_loop"])
+def test_a_body_value_on_a_dimension_the_axis_does_not_divide_is_padded(case):
+    """Issue 26, item 7: tiling a value tagged in a loop body (a batch of 6 on 4 devices)
+    pads the loop's factor, as tiling the loop's input does."""
+    rng = np.random.default_rng(13)
+    x = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+    ws = jnp.asarray(rng.normal(size=(3, 4, 4)) / 2, jnp.float32)
+    fn, args = {"scan": (_tagged_layers, (x, ws)),
+                "scan_gradient": (jax.grad(_tagged_layers, argnums=(0, 1)), (x, ws)),
+                "fori_loop": (_fori_layers, (x, ws[0]))}[case]
+    mesh = partir.Mesh({"a": 4, "b": 2})
+    by_tag = [partir.ManualPartition({"h": 0}, axis="a")]
+    meta = _check(fn, mesh, by_tag, *args)
+    assert ("x", 0) in {(p["value"], p["dim"]) for p in meta.padding}
+    by_input = partir.core_partition(fn, mesh, [partir.ManualPartition({"x": 0}, axis="a")],
+                                     *args).program
+    program = partir.core_partition(fn, mesh, by_tag, *args).program
+    assert program.input_shardings() == by_input.input_shardings()
+    assert program.output_shardings() == by_input.output_shardings()
+
+
+def test_a_body_value_that_cannot_be_padded_says_why():
+    def f(x, ws):
+        def layer(c, w):
+            h = partir.tag(jnp.tanh(c @ w), "h")
+            return h, c.T @ h  # each step's sum over the batch, stacked
+        return jax.lax.scan(layer, x, ws)
+
+    x = jax.ShapeDtypeStruct((6, 4), jnp.float32)
+    ws = jax.ShapeDtypeStruct((3, 4, 4), jnp.float32)
+    mesh = partir.Mesh({"a": 4})
+    with pytest.raises(partir.IndivisibleDimensionError,
+                       match=r"body value 'h' dimension 0 of size 6 on axis 'a' of size 4: 4 "
+                             r"does not divide 6, and it cannot be padded: scan reduces the "
+                             r"factor of size 6 after computing on it"):
+        partir.partition(f, mesh, [partir.ManualPartition({"h": 0}, axis="a")], x, ws)
+    with pytest.raises(partir.IndivisibleDimensionError, match="the tactic has pad=False"):
+        partir.partition(_tagged_layers, mesh,
+                         [partir.ManualPartition({"h": 0}, axis="a", pad=False)], x, ws)
