@@ -53,6 +53,10 @@ class Report:
         counts = self.counts()
         lines = [f"fuzz: {len(self.results)} cases in {self.elapsed:.0f} s",
                  "  " + "  ".join(f"{c} {counts.get(c, 0)}" for c in CLASSES)]
+        ok = [r for r in self.results if r.outcome.cls == "OK"]
+        if ok:
+            lines.append(f"  OK cases whose partitioned program shards something: "
+                         f"{sum(bool(r.outcome.sharded) for r in ok)} of {len(ok)}")
         fams: Counter = Counter()
         for r in self.results:
             if r.task.mode == "plain":
@@ -101,7 +105,8 @@ class Report:
             "cases": [{"seed": r.task.seed, "mode": r.task.mode, "core": r.task.core,
                        "class": r.outcome.cls, "error": r.outcome.error,
                        "message": r.outcome.message, "reason": r.outcome.reason(),
-                       "where": r.outcome.where, "elapsed_s": r.outcome.elapsed}
+                       "where": r.outcome.where, "elapsed_s": r.outcome.elapsed,
+                       "sharded": r.outcome.sharded}
                       for r in self.results],
             "failures": [{"seed": f.seed, "mode": f.mode, "core": f.core,
                           "class": f.outcome.cls, "error": f.outcome.error,

@@ -159,7 +159,8 @@ class Generator:
         }
         # Relative weights: plain data ops most, control flow often enough to nest.
         self.weights = {name: 3 for name in self.families}
-        self.weights.update(unary=5, binary=6, dot=5, reduce=4, reshape=4, tag=3)
+        # (while: JAX cannot reverse-differentiate it, so grad modes skip those programs)
+        self.weights.update(unary=5, binary=6, dot=5, reduce=4, reshape=4, tag=3, **{"while": 2})
 
     # -- helpers --
 
@@ -1033,7 +1034,7 @@ class Generator:
             for name in dict.fromkeys(picks):
                 # a value tiled twice on one axis is a refusal (AlreadyTiledError): draw it
                 # rarely, not whenever two tactics share an axis
-                if (base, name) in claimed and not self.chance(0.05):
+                if (base, name) in claimed and not self.chance(0.02):
                     continue
                 claimed.add((base, name))
                 entries.append((name, self.dim_value(values[name], size)))

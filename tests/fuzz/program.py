@@ -384,20 +384,23 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
         ]
     if mode in ("plain", "jit"):
         lines += ["def reference(args):", "    return jax.jit(f)(*args)", "", "",
-                  "def partitioned(args):", "    fn, _ = partir.jit(f, mesh, schedule)"]
+                  "def partitioned(args):", "    global meta",
+                  "    fn, meta = partir.jit(f, mesh, schedule)"]
         lines.append("    return fn(*args)" if mode == "plain"
                      else "    return jax.jit(lambda *a: fn(*a))(*args)")
     elif mode == "grad":
         lines += ["def reference(args):",
                   "    return jax.grad(loss_of(jax.jit(f)), argnums=ARGNUMS)(*args)", "", "",
-                  "def partitioned(args):", "    fn, _ = partir.jit(f, mesh, schedule)",
+                  "def partitioned(args):", "    global meta",
+                  "    fn, meta = partir.jit(f, mesh, schedule)",
                   "    return jax.grad(loss_of(fn), argnums=ARGNUMS)(*args)"]
     elif mode == "vg":
         lines += [f"def f_vg({params}):",
                   f"    return jax.value_and_grad(loss_of(f), argnums=ARGNUMS)({params})",
                   "", "",
                   "def reference(args):", "    return jax.jit(f_vg)(*args)", "", "",
-                  "def partitioned(args):", "    fn, _ = partir.jit(f_vg, mesh, schedule)",
+                  "def partitioned(args):", "    global meta",
+                  "    fn, meta = partir.jit(f_vg, mesh, schedule)",
                   "    return fn(*args)"]
     else:
         raise ValueError(f"unknown mode {mode!r}")

@@ -42,6 +42,9 @@ class Outcome:
     where: str = ""  # innermost partir frame (CRASH), to group crashes by place
     trace: str = ""
     elapsed: float = 0.0
+    # Whether the partitioned program shards anything (a tiled input or output, or a
+    # collective): a case that shards nothing tests little.
+    sharded: bool | None = None
 
     @property
     def signature(self) -> str:
@@ -171,7 +174,20 @@ def execute(case: Case, mode: str, core: bool = False) -> Outcome:
             out = Outcome("WRONG", what, diff)
         out.elapsed = time.perf_counter() - start
         return out
-    return Outcome("OK", elapsed=time.perf_counter() - start)
+    return Outcome("OK", elapsed=time.perf_counter() - start, sharded=_shards(ns.get("meta")))
+
+
+def _shards(meta: Any) -> bool | None:
+    import jax
+    if meta is None:
+        return None
+    try:
+        specs = jax.tree.leaves((meta.in_specs, meta.out_specs),
+                                is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+        tiled = any(any(p is not None for p in spec) for spec in specs)
+        return tiled or any(meta.collectives.values())
+    except Exception:
+        return None
 
 
 def run_task(task: Task) -> Result:
