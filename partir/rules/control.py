@@ -37,7 +37,7 @@ from jax.extend import core as jcore
 
 from partir.ir.collectives import JAX_COLLECTIVES, named_axes
 from partir.ir.types import TensorType
-from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, declare
+from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, Slicing, declare
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
 
 # Call primitives whose body is a jaxpr parameter, and that parameter: the frontend
@@ -774,9 +774,13 @@ def localize(view: OpView) -> dict[str, Any]:
         g = a.find(nodes[0])
         local[g] = size
         gathered += [(i, d, n) for (i, d), n in members.items() if n < size]
-        if f not in groups.syncs or size == a.sizes[g]:
+        if size == a.sizes[g]:
             continue
         i, dim = next(m for m, n in members.items() if n == size)
+        if view.slicing is not None:  # what a control-flow op in the bodies is told
+            plan.group_axes[g] = axes_of(i, dim, "slices")
+        if f not in groups.syncs:
+            continue
         axes = axes_of(i, dim, "sums partial results")
         for site in groups.syncs[f]:
             have = plan.syncs.get(site, ())
@@ -830,6 +834,8 @@ class _Plan:
     scatters: dict[tuple[int, int], list[tuple[int, tuple[str, ...]]]] = field(
         default_factory=dict)
     sizes: Mapping[str, int] = field(default_factory=dict)  # the axes' sizes
+    # a sliced group -> the axes slicing it
+    group_axes: dict[Node, tuple[str, ...]] = field(default_factory=dict)
 
     def axes(self) -> list[str]:
         return sorted({x for axes in self.syncs.values() for x in axes} |
@@ -859,6 +865,12 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
         def read(x: Any) -> Any:
             return x.val if isinstance(x, jcore.Literal) else env[x]
 
+        def axes_per_dim(x: Any) -> tuple[tuple[str, ...], ...]:
+            vid = None if isinstance(x, jcore.Literal) else a.values.get((frame, x))
+            if vid is None:
+                return ((),) * len(getattr(x.aval, "shape", ()))
+            return tuple(plan.group_axes.get(a.find(n), ()) for n in a.dims_of[vid])
+
         def read_whole(x: Any, site: Site) -> Any:
             axes = syncs.get(site)
             if not axes:
@@ -878,9 +890,13 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
                 params = dict(eqn.params)
                 prim = CATALOGUE.get(name)
                 if prim is not None and prim.localize is not None:
+                    slicing = None
+                    if prim.syncs:  # a control-flow op in a body: the axes slicing it
+                        slicing = Slicing(tuple(map(axes_per_dim, eqn.invars)), plan.sizes,
+                                          tuple(map(axes_per_dim, eqn.outvars)))
                     params = prim.localize(OpView(
                         name, eqn.params, tuple(map(_typed, ins)),
-                        tuple(local_type(frame, v) for v in eqn.outvars)))
+                        tuple(local_type(frame, v) for v in eqn.outvars), slicing))
                 with _located(eqn.source_info):
                     outs = eqn.primitive.bind(*ins, **params)
                     outs = list(outs) if eqn.primitive.multiple_results else [outs]

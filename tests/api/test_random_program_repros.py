@@ -86,3 +86,19 @@ def test_gather_over_two_axes_inside_nested_bodies_on_the_core_interpreter():
     x = jnp.cos(jnp.arange(72.0)).reshape(3, 12, 2)
     check_oracles(f, partir.Mesh({"a": 3, "b": 1}),
                   _schedule({"x": -3}, "b") + _schedule({"x": -3}, "a"), x)
+
+
+def test_cond_inside_a_loop_body_sums_over_the_axes_slicing_it():
+    """A cond in a fori_loop body whose predicate sums a sliced carry: the loop's body,
+    traced again on local shapes, tells the cond which axes slice its operands."""
+    def f(x, y, w):
+        def body(i, c):
+            def taken(z):
+                return z + jnp.mean(jnp.einsum("abc,bo->aco", c, w))
+            return c * 0.5 + lax.cond(jnp.sum(c) > 0, taken, lambda z: z, y)[:1, :4, :6]
+        return lax.fori_loop(1, 4, body, x)
+
+    x = jnp.cos(jnp.arange(24.0)).reshape(1, 4, 6)
+    y = jnp.sin(jnp.arange(72.0)).reshape(3, 4, 6)
+    w = jnp.cos(jnp.arange(24.0) * 0.3).reshape(4, 6)
+    check_oracles(f, partir.Mesh({"b": 3}), _schedule({"x": 2}, "b"), x, y, w)
