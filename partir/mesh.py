@@ -10,6 +10,7 @@ one reshaped. The user's axes stay addressable: `parts("x")` names what `x` beca
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import ItemsView, Iterator, Mapping, Sequence
@@ -162,7 +163,7 @@ class Mesh(Mapping[str, int]):
             if any(p % f or e % p for p in cuts):
                 return None
             bounds = [f, *cuts, e]
-            splits.append((a, tuple(hi // lo for lo, hi in zip(bounds, bounds[1:]))))
+            splits.append((a, tuple(hi // lo for lo, hi in itertools.pairwise(bounds))))
         return tuple(splits) or None
 
     def _cut_by(self, axis: str) -> tuple[str, int] | None:
