@@ -41,8 +41,16 @@ def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
     communication."""
     for dim, dim_axes in enumerate(axes):
         if dim_axes:
+            # The chunk index into the dimension split as (chunks, chunk size), not a
+            # dynamic slice at index * size: XLA's simplifier folds a dynamic slice of a
+            # dynamic slice into one at the sum of their starts, clamped once, which is
+            # wrong where the other slice's start needs clamping (a user's dynamic_slice,
+            # or the one XLA makes of a single-index scatter that drops out-of-bounds
+            # updates). Slicing another dimension does not fold with it.
             size = _chunk(x, dim, dim_axes)
-            x = lax.dynamic_slice_in_dim(x, _linear_index(dim_axes) * size, size, axis=dim)
+            split = x.reshape(*x.shape[:dim], x.shape[dim] // size, size, *x.shape[dim + 1:])
+            x = lax.dynamic_index_in_dim(split, _linear_index(dim_axes), axis=dim,
+                                         keepdims=False)
     return x
 
 

@@ -59,21 +59,8 @@ def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
         raise ProgramError(f"op {op.name!r} is neither a PartIR:HLO collective, a tag, a "
                            f"constant nor a JAX primitive, so it cannot be executed",
                            loc=op.loc)
-    if op.name == "dynamic_slice":
-        operands = _starts_in_bounds(op, operands)
     outs = op.prim.bind(*operands, **_public(op.params))
     return list(outs) if op.prim.multiple_results else [outs]
-
-
-def _starts_in_bounds(op: Op, operands: list[Any]) -> list[Any]:
-    """A dynamic_slice's operands with its starts clamped as JAX defines them. XLA's
-    simplifier folds a dynamic slice of a dynamic slice (a user's `dynamic_slice`, then
-    the `all_slice` of its sharded result) into one, adding the starts before clamping:
-    an out-of-bounds user start then shifts each device's window by its own amount.
-    In-bounds starts make the folded start the right one."""
-    x, *starts = operands
-    return [x, *(jnp.clip(s, 0, n - w) for s, n, w in
-                 zip(starts, x.shape, op.params["slice_sizes"], strict=True))]
 
 
 def _check_axes(op: Op, mesh: Mesh) -> None:

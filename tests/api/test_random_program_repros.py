@@ -102,3 +102,15 @@ def test_cond_inside_a_loop_body_sums_over_the_axes_slicing_it():
     y = jnp.sin(jnp.arange(72.0)).reshape(3, 4, 6)
     w = jnp.cos(jnp.arange(24.0) * 0.3).reshape(4, 6)
     check_oracles(f, partir.Mesh({"b": 3}), _schedule({"x": 2}, "b"), x, y, w)
+
+
+def test_single_index_scatter_dropping_updates_on_a_sliced_operand():
+    """XLA turns a single-index scatter into a dynamic update of a dynamic slice of the
+    operand at the index, which must clamp; the operand sliced out of its input inside
+    the program (tiled on a second axis) must not fold with it (fuzzer seed 20054)."""
+    def f(x, u):
+        return x.at[jnp.asarray([8], jnp.int32)].set(u)
+
+    check_oracles(f, partir.Mesh({"a": 8, "b": 1}),
+                  _schedule({"x": -1}, "b") + _schedule({"x": 0}, "a"),
+                  jnp.arange(12.0), -jnp.ones(1))
