@@ -44,7 +44,7 @@ from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.monoids import MONOIDS
-from partir.ir.opnames import ATOMIC, TILE
+from partir.ir.opnames import ATOMIC, NAMESPACE, TILE
 from partir.ir.types import tile_size
 from partir.rules.catalogue import Slicing
 
@@ -301,13 +301,14 @@ class _Materializer:
                 raise AssertionError(f"the local computation of {op.name} at {op.loc} gives "
                                      f"{v.type}, its tile is {t}")
             v.type, v.name = t, r.name
-        # The intermediate values are named after their primitives (`%mul`, `%mul_1`...):
-        # the printer numbers only the results, as it would the single op's.
+        # The intermediate values are named after their primitives (`%mul`, `%mul_1`...;
+        # partir's own ops by their printed word, `%constant`): the printer numbers only
+        # the results, as it would the single op's.
         outputs = set(results)
         for o in ops:
             for v in o.results:
                 if v not in outputs:
-                    v.name = o.name
+                    v.name = o.name.removeprefix(NAMESPACE)
         return results
 
     def _mask_padding(self, op: CoreOp, nest: Nest,
