@@ -153,7 +153,8 @@ class Generator:
             "sort": self.g_sort, "iota": self.g_iota, "conv": self.g_conv,
             "reduce_window": self.g_reduce_window, "norm": self.g_norm, "tile": self.g_tile,
             "stack": self.g_stack, "custom": self.g_custom, "random": self.g_random,
-            "tag": self.g_tag, "scan": self.g_scan, "fori": self.g_fori,
+            "tag": self.g_tag, "cumulative": self.g_cumulative, "permute": self.g_permute,
+            "scan": self.g_scan, "fori": self.g_fori,
             "while": self.g_while, "cond": self.g_cond, "switch": self.g_switch,
             "checkpoint": self.g_checkpoint,
         }
@@ -787,6 +788,43 @@ class Generator:
             f"jax.random.randint({{0}}, {shp}, 0, 5)", f"jax.random.gumbel({{0}}, {shp})",
         ])
         return self.emit(s, "random", draw, [k])
+
+    def g_cumulative(self, s: Scope) -> bool:
+        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
+        if x is None:
+            return False
+        r = len(x.shape)
+        d = self.rng.randrange(-r, r)
+        u = self.rng.random()
+        if u < 0.5:
+            fn = self.rng.choice(["cumsum", "cummax", "cummin", "cumprod"] +
+                                 (["cumlogsumexp"] if x.dtype == FLOAT else []))
+            rev = ", reverse=True" if self.chance(0.3) else ""
+            return self.emit(s, "cumulative", f"lax.{fn}({{0}}, axis={d % r}{rev})", [x])
+        if u < 0.8:
+            return self.emit(s, "cumulative", f"jnp.cumsum({{0}}, axis={d})", [x])
+        return self.emit(s, "cumulative", f"jnp.diff({{0}}, axis={d})", [x])
+
+    def g_permute(self, s: Scope) -> bool:
+        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
+        if x is None:
+            return False
+        r = len(x.shape)
+        d = self.rng.randrange(-r, r)
+        u = self.rng.random()
+        if u < 0.45:
+            shift = self.rng.randint(-x.shape[d] - 1, x.shape[d] + 1)
+            return self.emit(s, "permute", f"jnp.roll({{0}}, {shift}, axis={d})", [x])
+        if u < 0.75:
+            return self.emit(s, "permute", f"jnp.flip({{0}}, axis={d})", [x])
+        if u < 0.9 and x.dtype == FLOAT:
+            # one-hot of the argmax: an iota compared with an index
+            return self.emit(s, "permute", f"jax.nn.one_hot(jnp.argmax({{0}}, axis={d}), "
+                             f"{x.shape[d]})", [x])
+        sorted_ = self.pick(s, lambda v: v.dtype == x.dtype and len(v.shape) == 1)
+        if sorted_ is None:
+            return False
+        return self.emit(s, "permute", "jnp.searchsorted(jnp.sort({0}), {1})", [sorted_, x])
 
     def g_tag(self, s: Scope) -> bool:
         x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and v.name in s.local)
