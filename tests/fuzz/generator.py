@@ -44,6 +44,7 @@ MESH_SIZES = (1, 2, 3, 4, 6, 8)
 AXES = ("a", "b", "c")
 MAX_DEPTH = 2
 DATA = (FLOAT, INT)  # kinds most ops take
+CONTROL = ("scan", "fori", "while", "cond", "switch", "checkpoint")
 
 # --- output types by eval_shape ---------------------------------------------------------------
 
@@ -839,7 +840,10 @@ class Generator:
         inner = Scope(list(s.pool) + params, [], s.depth + 1)
         self.scopes.append(inner)
         budget = self.rng.randint(1, max(1, min(4, self.target - self.made)))
-        for _ in range(budget):
+        for k in range(budget):
+            # a body has one op at least; past the program's target, no more
+            if k and self.made >= self.target:
+                break
             self.one_op(inner)
         self.scopes.pop()
         return inner
@@ -856,7 +860,7 @@ class Generator:
             for b in op.blocks:
                 read |= block_free_vars(b)
         sinks = [v for v in local if v.dtype == FLOAT and v.name not in read and v != base]
-        if not sinks:
+        if not sinks or self.made >= self.target:
             return base
         v = sinks[-1]
         if bshape(like.shape, v.shape) == like.shape:
@@ -991,6 +995,8 @@ class Generator:
 
     def one_op(self, s: Scope) -> None:
         names = list(self.families)
+        if self.target - self.made < 3:  # no room left for a body: no control flow
+            names = [n for n in names if n not in CONTROL]
         weights = [self.weights[n] * (3 if n == "tag" and s.depth else 1) for n in names]
         for _ in range(50):
             fam = self.rng.choices(names, weights=weights)[0]
