@@ -224,8 +224,8 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
         meta = tactic_metadata(t, device, core_ir=False,
                                lowered=final if i == len(result.tactics) else None)
-        # The padding each tactic introduces: that of the dimensions its axis tiles first.
-        paddings.append([p for p in meta.padding if p["axes"][0] == t.axis])
+        # The padding each tactic introduces: that of the dimensions its axis pads.
+        paddings.append([p for p in meta.padding if p["padded_by"] == t.axis])
         counts, cost = meta.collectives, meta.cost
         rows.append((str(i), t.name, t.axis, str(_value_actions(t)),
                      *(str(counts[k]) for k in _COLLECTIVES), _conflict_counts(t),

@@ -144,11 +144,10 @@ def _padding_text(p: dict[str, Any]) -> str:
 
 def _padding(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
     """An information on the tactic naming the dimensions its axis pads (an axis that does
-    not divide a dimension pads it to the next multiple; only a dimension's first axis
-    does, so each padding is the tactic's whose axis that is)."""
+    not divide the tiles it splits pads them to the next multiple: the record's
+    `padded_by`)."""
     axis = tactic.metadata.get("axis")
-    mine = [p for p in tactic.metadata.get("padding") or []
-            if (p.get("axes") or [None])[0] == axis]
+    mine = [p for p in tactic.metadata.get("padding") or [] if p.get("padded_by") == axis]
     if not mine:
         return []
     message = f"tactic {tactic.index} ({tactic.name}) pads {_padding_text(mine[0])}"

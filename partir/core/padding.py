@@ -6,7 +6,8 @@ when N does not divide s it holds P = ceil(s / N) * N positions. Each axis pads 
 it splits (those of the dimension, or of the axes before it) to a multiple of its size:
 12 on axes of 2 then 4 has tiles of 6 each padded to 8. Each record names the value (an
 input by its name, an op's result by its name or the op's), the dimension, s, P, the
-axes, and:
+axes, the axis that pads (`padded_by`: the first that does not divide the tiles it
+splits, whose tactic the padding is), and:
 - `wasted_bytes`: the bytes of padding all the devices hold together: every device holds
   its local tile, the padded positions of a tile are waste (the value's other copies,
   on axes that do not tile it, hold theirs too);
@@ -51,8 +52,8 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
                               for m, dim_axes in zip(v.type.shape, dims, strict=True))
             wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
             out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
-                        "axes": list(axes), "wasted_bytes": int(wasted),
-                        "wasted_flops": float(flops)})
+                        "axes": list(axes), "padded_by": _padding_axis(s, axes, size),
+                        "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
 
     for name, sharding in program.input_shardings().items():
         arg = next(a for a in program.args if a.name == name)
@@ -74,6 +75,17 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
                     flops = _wasted_flops(op, nest, sizes)
                 record(r, r.name or op.name, dims, flops)
     return out
+
+
+def _padding_axis(size: int, axes: tuple[str, ...], axis_size) -> str:
+    """The first axis, major to minor, that does not divide the tiles it splits: the one
+    whose tactic the padding is."""
+    for a in axes:
+        n = axis_size(a)
+        if size % n:
+            return a
+        size //= n
+    raise ValueError(f"no axis of {axes} pads a dimension of size {size}")
 
 
 def _pads(shape: tuple[int, ...], nest: tuple, k: int, sizes: dict[str, int]) -> bool:
