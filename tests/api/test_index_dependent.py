@@ -14,19 +14,14 @@ import pytest
 from jax import lax
 
 import partir
-from tests.oracles import assert_same
+from tests.oracles import check_oracles
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 rng = np.random.default_rng(0)
 
 
 def _check(fn, args, schedule):
-    expected = jax.jit(fn)(*args)
-    cp = partir.core_partition(fn, MESH, schedule, *args)
-    assert_same(cp.interpret(*args), expected, "Core interpreter")
-    jitted, meta = partir.jit(fn, MESH, schedule)
-    assert_same(jitted(*args), expected, "executed")
-    return meta
+    return check_oracles(fn, MESH, schedule, *args)
 
 
 def _loop_body(core_ir: str) -> list[str]:

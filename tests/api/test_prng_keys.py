@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import partir
-from tests.oracles import assert_same
+from tests.oracles import check_oracles
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 KEYS = {"typed": jax.random.key, "raw": jax.random.PRNGKey}
@@ -44,12 +44,7 @@ def per_example_keys(params, x, keys):
 
 
 def _check(fn, args, schedule):
-    expected = jax.jit(fn)(*args)
-    cp = partir.core_partition(fn, MESH, schedule, *args)
-    assert_same(tuple(cp.interpret(*args)), expected, "Core interpreter")
-    jitted, meta = partir.jit(fn, MESH, schedule)
-    assert_same(jitted(*args), expected, "executed")
-    return meta
+    return check_oracles(fn, MESH, schedule, *args)
 
 
 @pytest.mark.slow

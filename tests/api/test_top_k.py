@@ -3,13 +3,12 @@ partitioner must gather, on the top-k one): both oracles and the simulated cost.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from jax import lax
 
 import partir
-from tests.oracles import assert_same
+from tests.oracles import check_oracles
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 rng = np.random.default_rng(0)
@@ -35,11 +34,7 @@ SCHEDULES = {
 
 
 def _check(fn, args, schedule):
-    expected = jax.jit(fn)(*args)
-    assert_same(tuple(partir.core_partition(fn, MESH, schedule, *args).interpret(*args)),
-                expected, "Core interpreter")
-    jitted, _ = partir.jit(fn, MESH, schedule)
-    assert_same(jitted(*args), expected, "executed")
+    check_oracles(fn, MESH, schedule, *args)
     meta = partir.partition(fn, MESH, schedule, *args)
     assert meta.cost.unknown_ops == [] and meta.cost.flops > 0
     return meta
