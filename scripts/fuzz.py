@@ -1,7 +1,7 @@
 """Differential fuzzing of partir against jax.jit (tests/fuzz).
 
     scripts/fuzz.py --seeds 0:200 --workers 2 [--timeout 120] [--modes plain,grad]
-                    [--json out.json] [--minimize-s 60] [--no-repros]
+                    [--json out.json] [--minimize-s 60] [--budget-s 600] [--no-repros]
     scripts/fuzz.py --replay SEED [--modes MODE] [--core] [--source]
 
 A campaign runs every seed in every mode (plain partir.jit, under jax.jit, jax.grad of a
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds spent minimizing each failure (0: none)")
     ap.add_argument("--minimize-total-s", type=float, default=1e9,
                     help="seconds spent minimizing, all failures together")
+    ap.add_argument("--budget-s", type=float, help="stop starting cases after this many "
+                    "seconds (then minimize): as many seeds as fit")
     ap.add_argument("--core-every", type=int, default=5,
                     help="also check the Core interpreter on seeds divisible by this (plain)")
     ap.add_argument("--no-repros", action="store_true", help="summary without the repros")
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = run_campaign(_range(args.seeds), modes, args.workers, args.timeout,
-                              args.minimize_s, args.minimize_total_s, args.core_every, log)
+                              args.minimize_s, args.minimize_total_s, args.core_every,
+                              args.budget_s, log)
     except KeyboardInterrupt:
         traceback.print_exc()
         return 130

@@ -51,7 +51,9 @@ class Report:
 
     def format(self, repros: bool = True) -> str:
         counts = self.counts()
-        lines = [f"fuzz: {len(self.results)} cases in {self.elapsed:.0f} s",
+        seeds = sorted({r.task.seed for r in self.results})
+        span = f" (seeds {seeds[0]}..{seeds[-1]})" if seeds else ""
+        lines = [f"fuzz: {len(self.results)} cases{span} in {self.elapsed:.0f} s",
                  "  " + "  ".join(f"{c} {counts.get(c, 0)}" for c in CLASSES)]
         ok = [r for r in self.results if r.outcome.cls == "OK"]
         if ok:
@@ -132,12 +134,15 @@ def tasks_for(seeds: Sequence[int], modes: Sequence[str] = MODES,
 
 def run_campaign(seeds: Sequence[int], modes: Sequence[str] = MODES, workers: int = 1,
                  timeout: float = 120.0, minimize_s: float = 60.0, minimize_total_s: float = 1e9,
-                 core_every: int = CORE_EVERY,
+                 core_every: int = CORE_EVERY, budget_s: float | None = None,
                  log: Callable[[str], None] | None = None) -> Report:
+    """Run every seed in every mode (until `budget_s` seconds have passed, if given:
+    seeds not started by then are not run), then minimize the failures."""
     start = time.monotonic()
     report = Report()
+    deadline = start + budget_s if budget_s else None
     with Pool(workers, timeout) as pool:
-        for r in pool.run(tasks_for(seeds, modes, core_every)):
+        for r in pool.run(tasks_for(seeds, modes, core_every), deadline):
             report.results.append(r)
             o = r.outcome
             if log and o.cls in (*FAILURES, "INVALID"):

@@ -37,8 +37,12 @@ def same_failure(a: Outcome, b: Outcome) -> bool:
 def size(case: Case) -> tuple[int, ...]:
     ops = list(walk_ops(case.program.ops))
     sched = restrict_schedule(case)
+    devices = 1
+    for _, n in case.mesh:
+        devices *= n
     return (len(ops), sum(len(t.entries) for t in sched), len(sched),
-            len(case.program.outputs), len(case.mesh), sum(not t.pad for t in sched))
+            len(case.program.outputs), len(case.mesh), devices,
+            sum(not t.pad for t in sched) + sum(t.name is not None for t in sched))
 
 
 def _with_program(case: Case, program: Program) -> Case:
@@ -89,6 +93,11 @@ def candidates(case: Case) -> Iterator[Case]:
         if not t.pad or t.name:
             c = case.copy()
             c.schedule = [*sched[:i], TacticSpec(t.axis, t.entries, None, True), *sched[i + 1:]]
+            yield c
+    for i, (a, n) in enumerate(case.mesh):
+        if n > 2:  # a smaller axis (sub-axes of it may then be refused: not kept)
+            c = case.copy()
+            c.mesh = [*case.mesh[:i], (a, 2 if n % 2 == 0 else 1), *case.mesh[i + 1:]]
             yield c
     used = {t.axis.split(":")[0] for t in sched}
     for a, _ in case.mesh:

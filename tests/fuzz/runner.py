@@ -276,10 +276,13 @@ class Pool:
         p.kill()
         self.procs[self.procs.index(p)] = _Proc(self.ctx)
 
-    def run(self, tasks: Iterable[Task]) -> Iterator[Result]:
-        """Results as they finish (not in task order)."""
+    def run(self, tasks: Iterable[Task], deadline: float | None = None) -> Iterator[Result]:
+        """Results as they finish (not in task order). Past `deadline` (time.monotonic())
+        no task starts: those running finish, the rest are not run."""
         pending = list(tasks)[::-1]
         while pending or any(p.task is not None for p in self.procs):
+            if deadline is not None and time.monotonic() > deadline:
+                pending = []
             for p in list(self.procs):
                 if p.ready and p.task is None and pending:
                     if p.done >= RECYCLE_AFTER:
