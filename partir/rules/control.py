@@ -110,7 +110,7 @@ class _Analysis:
             self.parent.append(node)
             self.sizes.append(n)
             if blocked or n == 1:
-                self.block([node], blocked or "size 1")
+                self.block([node], blocked or "the dimension has size 1")
             out.append(node)
         return out
 
