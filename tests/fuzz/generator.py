@@ -173,6 +173,14 @@ class Generator:
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
 
+    def pick_axis(self, s: Scope) -> tuple[Var, int] | None:
+        """A float or int array of rank >= 1 and one of its axes, possibly negative."""
+        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
+        if x is None:
+            return None
+        r = len(x.shape)
+        return x, self.rng.randrange(-r, r)
+
     def pick(self, s: Scope, pred: Callable[[Var], bool]) -> Var | None:
         cands = [v for v in s.pool if pred(v)]
         if not cands:
@@ -605,11 +613,11 @@ class Generator:
                          f"jax.ops.segment_{kind}({{0}}, {ids}, num_segments={num})", args)
 
     def g_sort(self, s: Scope) -> bool:
-        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
-        if x is None:
+        found = self.pick_axis(s)
+        if found is None:
             return False
+        x, d = found
         r = len(x.shape)
-        d = self.rng.randrange(-r, r)
         u = self.rng.random()
         if u < 0.3:
             desc = ", descending=True" if self.chance(0.3) else ""
@@ -791,11 +799,11 @@ class Generator:
         return self.emit(s, "random", draw, [k])
 
     def g_cumulative(self, s: Scope) -> bool:
-        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
-        if x is None:
+        found = self.pick_axis(s)
+        if found is None:
             return False
+        x, d = found
         r = len(x.shape)
-        d = self.rng.randrange(-r, r)
         u = self.rng.random()
         if u < 0.5:
             fn = self.rng.choice(["cumsum", "cummax", "cummin", "cumprod"] +
@@ -807,11 +815,10 @@ class Generator:
         return self.emit(s, "cumulative", f"jnp.diff({{0}}, axis={d})", [x])
 
     def g_permute(self, s: Scope) -> bool:
-        x = self.pick(s, lambda v: v.dtype in (FLOAT, INT) and len(v.shape) >= 1)
-        if x is None:
+        found = self.pick_axis(s)
+        if found is None:
             return False
-        r = len(x.shape)
-        d = self.rng.randrange(-r, r)
+        x, d = found
         u = self.rng.random()
         if u < 0.45:
             shift = self.rng.randint(-x.shape[d] - 1, x.shape[d] + 1)
