@@ -39,19 +39,21 @@ def _chunk(x: Any, dim: int, axes: Sequence[str]) -> int:
 def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
     """Each device keeps its chunk of every dimension split over axes: local, no
     communication."""
+    if not any(axes):
+        return x
+    # Behind optimization barriers: XLA's simplifier folds a dynamic slice of a dynamic
+    # slice into one at the sum of their starts, clamped once, and the folded program is
+    # wrong where the other slice's start needs clamping: a user's dynamic_slice whose
+    # start JAX clamps (every device then shifts its window by its own amount), or the
+    # dynamic slice XLA makes of a single-index scatter that drops out-of-bounds updates
+    # (other devices' tiles written). Indexing the dimension split as (chunks, chunk
+    # size) instead is folded with dynamic updates into wrong results too.
+    x = lax.optimization_barrier(x)
     for dim, dim_axes in enumerate(axes):
         if dim_axes:
-            # The chunk index into the dimension split as (chunks, chunk size), not a
-            # dynamic slice at index * size: XLA's simplifier folds a dynamic slice of a
-            # dynamic slice into one at the sum of their starts, clamped once, which is
-            # wrong where the other slice's start needs clamping (a user's dynamic_slice,
-            # or the one XLA makes of a single-index scatter that drops out-of-bounds
-            # updates). Slicing another dimension does not fold with it.
             size = _chunk(x, dim, dim_axes)
-            split = x.reshape(*x.shape[:dim], x.shape[dim] // size, size, *x.shape[dim + 1:])
-            x = lax.dynamic_index_in_dim(split, _linear_index(dim_axes), axis=dim,
-                                         keepdims=False)
-    return x
+            x = lax.dynamic_slice_in_dim(x, _linear_index(dim_axes) * size, size, axis=dim)
+    return lax.optimization_barrier(x)
 
 
 def all_gather(x: Any, *, axes: AxesPerDim) -> Any:

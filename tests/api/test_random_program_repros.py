@@ -116,10 +116,9 @@ def test_single_index_scatter_dropping_updates_on_a_sliced_operand():
                   jnp.arange(12.0), -jnp.ones(1))
 
 
-@pytest.mark.xfail(strict=True, reason="XLA's algebraic simplifier miscompiles the "
-                   "partitioned program (right on both oracles and with "
-                   "--xla_disable_hlo_passes=algsimp); fuzzer seed 125, not yet worked around")
 def test_vjp_of_top_k_and_out_of_bounds_update_on_a_one_device_axis():
+    """XLA's simplifier folded the all_slice of an out-of-bounds dynamic update into a
+    wrong program, even on a one-device axis (fuzzer seed 125)."""
     def f(x, w):
         v = lax.top_k(lax.broadcast_in_dim(x, (3, 1, 6, 8), (0, 2, 3)), 4)[0]
         u = lax.dynamic_update_slice(v, v[0:2, 0:1, 0:4, 0:2] * 2, (5, 2, 5, jnp.int32(-5)))
@@ -135,3 +134,15 @@ def test_vjp_of_top_k_and_out_of_bounds_update_on_a_one_device_axis():
     ct = (jnp.cos(jnp.arange(216.0) * 0.7).reshape(3, 3, 6, 4),
           jnp.sin(jnp.arange(576.0) * 0.3).reshape(6, 8, 12))
     check_oracles(g, partir.Mesh({"a": 1}), _schedule({"w": 1}), ct, x, w)
+
+
+def test_dynamic_update_at_a_clamped_start_read_sliced_twice():
+    """A dynamic update whose start JAX clamps, all-sliced and used by two ops: XLA folded
+    the all_slice written as an index into the dimension split in chunks (fuzzer seed
+    329: the stack's last element was 0)."""
+    def f(x, i):
+        d = lax.dynamic_update_slice(i, i[0:3] * 2, (jnp.argmin(x),))
+        return jnp.where(i != i, i, d), jnp.stack([d, i])
+
+    check_oracles(f, partir.Mesh({"c": 1}), _schedule({"i": 0}, "c"),
+                  jnp.array([0.5, 0.2, 0.9, -1.0]), jnp.array([0, 3, 8, 4, -2], jnp.int32))
