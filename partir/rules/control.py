@@ -776,12 +776,17 @@ def localize(view: OpView) -> dict[str, Any]:
         gathered += [(i, d, n) for (i, d), n in members.items() if n < size]
         if size == a.sizes[g]:
             continue
-        i, dim = next(m for m, n in members.items() if n == size)
+        # A member at the group's local size: an operand's dim, or else a result's (a
+        # group only results carry sliced, its operands gathered).
+        i, dim, result = [
+            *((i, d, False) for (i, d), n in members.items() if n == size),
+            *((k, d, True) for k, d in enumerate(rule.result_dims[f])
+              if d is not None and view.out_types[k].shape[d] == size)][0]
         if view.slicing is not None:  # what a control-flow op in the bodies is told
-            plan.group_axes[g] = axes_of(i, dim, "slices")
+            plan.group_axes[g] = axes_of(i, dim, "slices", result)
         if f not in groups.syncs:
             continue
-        axes = axes_of(i, dim, "sums partial results")
+        axes = axes_of(i, dim, "sums partial results", result)
         for site in groups.syncs[f]:
             have = plan.syncs.get(site, ())
             plan.syncs[site] = have + tuple(x for x in axes if x not in have)
