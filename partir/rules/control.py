@@ -764,7 +764,8 @@ def localize(view: OpView) -> dict[str, Any]:
                              f"view does not say which axes those are")
         return (view.slicing.result_axes if result else view.slicing.operand_axes)[i][dim]
 
-    gathered: list[tuple[int, int, int]] = []  # (operand, dim, local size)
+    # (operand, dim, local size, the group it is gathered into, None: whole)
+    gathered: list[tuple[int, int, int, Node | None]] = []
     for f, nodes in groups.nodes.items():
         # The group's local size is its members' that are not gathered: the largest.
         members = {(i, d): view.in_types[i].shape[d]
@@ -773,7 +774,7 @@ def localize(view: OpView) -> dict[str, Any]:
                                          enumerate(rule.result_dims[f]) if d is not None)])
         g = a.find(nodes[0])
         local[g] = size
-        gathered += [(i, d, n) for (i, d), n in members.items() if n < size]
+        gathered += [(i, d, n, g) for (i, d), n in members.items() if n < size]
         if size == a.sizes[g]:
             continue
         # A member at the group's local size: an operand's dim, or else a result's (a
@@ -794,7 +795,7 @@ def localize(view: OpView) -> dict[str, Any]:
         n = view.in_types[i].shape[d]
         if n < whole.in_types[i].shape[d] and all(
                 rule.factors[x].kind == REPLICATION for x in rule.operands[i][d]):
-            gathered.append((i, d, n))
+            gathered.append((i, d, n, None))
     for k, d in rule.scatterable:  # a sum tiled where the bodies make it
         body_size = local.get(a.find(a.dims_of[groups.results[k]][d]),
                               whole.out_types[k].shape[d])
@@ -802,13 +803,20 @@ def localize(view: OpView) -> dict[str, Any]:
             axes = axes_of(k, d, "reduce-scatters a result", result=True)
             for body, position, first in groups.exits[k]:
                 plan.scatters.setdefault((body, position), []).append((d - first, axes))
-    for i, d, n in gathered:
+    for i, d, n, g in gathered:
         if (i, d) not in rule.gatherable:
             raise ValueError(f"{view.name} takes dimension {d} of operand {i} sliced to {n}, "
                              f"which its bodies can neither slice nor gather")
         axes = axes_of(i, d, "gathers an operand")
+        # Gathered into a group the bodies run sliced on `keep`: where those are the
+        # operand's major axes, gathering the others gives the group's tile; otherwise the
+        # tile holds other positions than the operand's chunks (a:(3)2 of an operand on
+        # a:(1)3, a:(3)2), taken from the whole operand.
+        keep = plan.group_axes.get(g, ()) if g is not None else ()
+        if axes[:len(keep)] == keep:
+            axes, keep = axes[len(keep):], ()
         for body, position, first in groups.entries[i]:
-            plan.gathers.setdefault((body, position), []).append((d - first, n, axes))
+            plan.gathers.setdefault((body, position), []).append((d - first, n, axes, keep))
     if not plan.syncs and not plan.gathers and not plan.scatters and not any(
             local[g] != a.sizes[g] for g in local):
         return dict(view.params)
@@ -833,7 +841,10 @@ class _Plan:
 
     syncs: dict[Site, tuple[str, ...]] = field(default_factory=dict)
     # (body, argument position) -> (the argument's dimension, its local size, axes)
-    gathers: dict[tuple[int, int], list[tuple[int, int, tuple[str, ...]]]] = field(
+    # ... -> (the argument's dimension, its local size, the axes gathered, then the axes
+    # whose tile of the gathered dimension is kept)
+    gathers: dict[tuple[int, int],
+                  list[tuple[int, int, tuple[str, ...], tuple[str, ...]]]] = field(
         default_factory=dict)
     # (body, result position) -> (the result's dimension, axes)
     scatters: dict[tuple[int, int], list[tuple[int, tuple[str, ...]]]] = field(
@@ -844,7 +855,8 @@ class _Plan:
 
     def axes(self) -> list[str]:
         return sorted({x for axes in self.syncs.values() for x in axes} |
-                      {x for gs in self.gathers.values() for _, _, axes in gs for x in axes} |
+                      {x for gs in self.gathers.values() for _, _, axes, keep in gs
+                       for x in (*axes, *keep)} |
                       {x for ss in self.scatters.values() for _, axes in ss for x in axes})
 
 
@@ -916,7 +928,7 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
     gathers = [plan.gathers.get((top, p), []) for p in range(len(jaxpr.invars))]
     for v, gathered in zip(jaxpr.invars, gathers, strict=True):
         shape = list(local_type(top, v).shape)
-        for dim, n, _ in gathered:  # the argument arrives sliced
+        for dim, n, _, _ in gathered:  # the argument arrives sliced
             shape[dim] = n
         avals.append(jax.ShapeDtypeStruct(tuple(shape), v.aval.dtype))
 
@@ -926,9 +938,15 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
             # One axis at a time, the minor one first (the chunk order of several axes):
             # the Core interpreter runs the body under a vmap per axis, whose batching
             # rules take a single axis name.
-            for dim, _, axes in gathered:
+            for dim, _, axes, keep in gathered:
                 for axis in reversed(axes):
                     x = lax.all_gather(x, axis, axis=dim, tiled=True)
+                if keep:
+                    index: Any = 0
+                    for axis in keep:
+                        index = index * plan.sizes[axis] + lax.axis_index(axis)
+                    size = x.shape[dim] // int(np.prod([plan.sizes[a] for a in keep]))
+                    x = lax.dynamic_slice_in_dim(x, index * size, size, axis=dim)
             taken.append(x)
         made = run(jaxpr, consts, taken)
         for k, x in enumerate(made):

@@ -146,3 +146,28 @@ def test_dynamic_update_at_a_clamped_start_read_sliced_twice():
 
     check_oracles(f, partir.Mesh({"c": 1}), _schedule({"i": 0}, "c"),
                   jnp.array([0.5, 0.2, 0.9, -1.0]), jnp.array([0, 3, 8, 4, -2], jnp.int32))
+
+
+def test_loop_operand_gathered_into_a_tile_on_a_minor_sub_axis():
+    """The gradient of a switch whose operand is tiled on a:(1)3 and a:(3)2 while the
+    branches run on tiles of a:(3)2: the operand is gathered whole and the branch's tile
+    taken from it, not gathered over a:(1)3 alone (whose chunks are strided), nor over
+    both (fuzzer seed 389: 'cond computes tensor<6x2xf32>, the program declares
+    tensor<3x2xf32>')."""
+    def f(x, y, w, seg):
+        def by_x(c):
+            return c + jnp.mean(x @ w)
+
+        def by_segments(c):
+            return c + jnp.mean(jax.ops.segment_sum(y, seg, num_segments=5))
+
+        return lax.switch(jnp.argmax(y) * 0 - 1, [by_x, by_segments], y)
+
+    def step(x, y, w, seg):
+        return jax.grad(lambda *a: jnp.sum(f(*a) * 0.3), argnums=(0, 1, 2))(x, y, w, seg)
+
+    schedule = (_schedule({"seg": 0}, "a:(1)3") + _schedule({"x": 0}, "a"))
+    check_oracles(step, partir.Mesh({"a": 6}), schedule,
+                  jnp.cos(jnp.arange(12.0)).reshape(6, 2),
+                  jnp.sin(jnp.arange(96.0)).reshape(12, 4, 2),
+                  jnp.ones((2, 1)), jnp.arange(12, dtype=jnp.int32) % 6 - 1)
