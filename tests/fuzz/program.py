@@ -412,7 +412,10 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
         raise ValueError(f"unknown mode {mode!r}")
     check = "partitioned"
     if core:
-        fn = "f_vg" if mode == "vg" else "f"
+        fn = {"vg": "f_vg", "grad": "f_grad"}.get(mode, "f")
+        if mode == "grad":  # the derivative's program partitioned by the schedule
+            lines += ["", "", f"def f_grad({params}):",
+                      f"    return jax.grad(loss_of(f), argnums=ARGNUMS)({params})"]
         lines += ["", "", "def core(args):",
                   f"    return partir.core_partition({fn}, mesh, schedule, *args)"
                   ".interpret(*args)"]

@@ -24,12 +24,13 @@ from tests.fuzz.program import (
     Op,
     Program,
     Var,
+    float_argnums,
     prune,
     render,
     tags,
     walk_ops,
 )
-from tests.fuzz.runner import Outcome, Pool, Task, compare, load, normalize
+from tests.fuzz.runner import Outcome, Pool, Task, compare, execute, load, normalize
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = range(200)
@@ -194,3 +195,13 @@ def test_watchdog_replaces_hung_and_dead_workers():
     assert got["hang"].cls == "TIMEOUT"
     assert got["die"].cls == "CRASH" and "exit code 3" in got["die"].message
     assert got["fine"].cls == "OK"
+
+
+def test_the_core_oracle_of_a_derivative_interprets_the_derivatives_program():
+    """With the Core interpreter, grad mode compares the interpreted partitioned program
+    of the derivative with JAX's derivative, not the function's program."""
+    case = next(c for c in map(generate, range(200))
+                if not any(op.family == "while" for op in walk_ops(c.program.ops))
+                and float_argnums(c.program))
+    assert "def f_grad(" in render(case, "grad", True)
+    assert execute(case, "grad", core=True).cls in ("OK", "REFUSED")
