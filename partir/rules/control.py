@@ -35,7 +35,7 @@ from jax._src import source_info_util
 from jax._src.core import NamedAxisEffect, eval_jaxpr, extend_axis_env_nd
 from jax.extend import core as jcore
 
-from partir.ir.collectives import JAX_COLLECTIVES, named_axes
+from partir.ir.collectives import JAX_COLLECTIVES, chunk_index, named_axes
 from partir.ir.types import TensorType
 from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, Slicing, declare
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
@@ -942,11 +942,8 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
                 for axis in reversed(axes):
                     x = lax.all_gather(x, axis, axis=dim, tiled=True)
                 if keep:
-                    index: Any = 0
-                    for axis in keep:
-                        index = index * plan.sizes[axis] + lax.axis_index(axis)
                     size = x.shape[dim] // int(np.prod([plan.sizes[a] for a in keep]))
-                    x = lax.dynamic_slice_in_dim(x, index * size, size, axis=dim)
+                    x = lax.dynamic_slice_in_dim(x, chunk_index(keep) * size, size, axis=dim)
             taken.append(x)
         made = run(jaxpr, consts, taken)
         for k, x in enumerate(made):

@@ -15,17 +15,11 @@ from typing import Any
 
 from jax import lax
 
+from partir.ir.collectives import chunk_index
 from partir.ir.monoids import MONOIDS
 from partir.runtime.errors import ProgramError
 
 AxesPerDim = Sequence[Sequence[str]]
-
-def _linear_index(axes: Sequence[str]) -> Any:
-    """This device's chunk index over `axes`, the first axis major."""
-    index: Any = 0
-    for axis in axes:
-        index = index * lax.axis_size(axis) + lax.axis_index(axis)
-    return index
 
 
 def _chunk(x: Any, dim: int, axes: Sequence[str]) -> int:
@@ -52,7 +46,7 @@ def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
     for dim, dim_axes in enumerate(axes):
         if dim_axes:
             size = _chunk(x, dim, dim_axes)
-            x = lax.dynamic_slice_in_dim(x, _linear_index(dim_axes) * size, size, axis=dim)
+            x = lax.dynamic_slice_in_dim(x, chunk_index(dim_axes) * size, size, axis=dim)
     return lax.optimization_barrier(x)
 
 
