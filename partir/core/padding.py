@@ -64,16 +64,13 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
         if op.is_identity or not nest:
             continue
         # Most ops tile nothing their axes do not divide: they are passed over at once.
-        if not any(_pads(r.type.shape, nest, k, sizes) for k, r in enumerate(op.results)):
+        padded = [k for k, r in enumerate(op.results) if _pads(r.type.shape, nest, k, sizes)]
+        if not padded:
             continue
-        flops = None
-        for k, r in enumerate(op.results):
-            dims = sharding_of(nest, k, r.type.rank).dims
-            if any(r.type.shape[d] % math.prod(mesh[a] for a in axes)
-                   for d, axes in enumerate(dims)):
-                if flops is None:
-                    flops = _wasted_flops(op, nest, sizes)
-                record(r, r.name or op.name, dims, flops)
+        flops = _wasted_flops(op, nest, sizes)
+        for k in padded:
+            r = op.results[k]
+            record(r, r.name or op.name, sharding_of(nest, k, r.type.rank).dims, flops)
     return out
 
 
