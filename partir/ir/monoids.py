@@ -77,11 +77,29 @@ def _zero(dt: np.dtype) -> Any:
     return np.zeros((), dt)
 
 
+def _nan_propagating(collective: Callable[[Any, tuple[str, ...]], Any], sign: int
+                     ) -> Callable[[Any, tuple[str, ...]], Any]:
+    """`collective` (pmax, or pmin with sign -1) made to propagate NaN like
+    `jnp.maximum`/`jnp.minimum` and XLA's max/min ops do. XLA's CPU all-reduce skips NaN
+    operands (max(nan, -inf) is -inf there, min(nan, nan) is +inf), so a NaN that one
+    device holds would vanish from a partitioned `reduce_max` or `segment_max`. One
+    collective still: each element travels with a NaN flag (0 or `sign`, a number the
+    same reduction carries), and a reduced flag that is not 0 means some device held
+    NaN."""
+    def reduce(x: Any, axes: tuple[str, ...]) -> Any:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return collective(x, axes)
+        flag = jnp.isnan(x).astype(x.dtype) * sign
+        value, nan = collective(jnp.stack([x, flag]), axes)
+        return jnp.where(nan != 0, jnp.asarray(jnp.nan, x.dtype), value)
+    return reduce
+
+
 MONOIDS: dict[str, Monoid] = {m.name: m for m in (
     Monoid("add", jnp.add, lax.psum, False, ("add", "add_any"), "reduce_sum", _zero),
-    Monoid("max", jnp.maximum, lax.pmax, False, ("max",), "reduce_max",
+    Monoid("max", jnp.maximum, _nan_propagating(lax.pmax, 1), False, ("max",), "reduce_max",
            lambda dt: _extreme(dt, low=True)),
-    Monoid("min", jnp.minimum, lax.pmin, False, ("min",), "reduce_min",
+    Monoid("min", jnp.minimum, _nan_propagating(lax.pmin, -1), False, ("min",), "reduce_min",
            lambda dt: _extreme(dt, low=False)),
     # Logical, so only ever over bools, where min is `and` and max is `or` (JAX has no
     # pand/por collective).

@@ -171,3 +171,14 @@ def test_loop_operand_gathered_into_a_tile_on_a_minor_sub_axis():
                   jnp.cos(jnp.arange(12.0)).reshape(6, 2),
                   jnp.sin(jnp.arange(96.0)).reshape(12, 4, 2),
                   jnp.ones((2, 1)), jnp.arange(12, dtype=jnp.int32) % 6 - 1)
+
+
+def test_segment_max_of_a_nan_row_on_a_tiled_segment_axis():
+    """Each device's segment_max is combined by an all-reduce max, which on XLA's CPU
+    skipped NaN: -inf where JAX gives NaN (fuzzer seed 364: a fill gather's NaN row)."""
+    def f(x, seg):
+        t = jnp.take(jnp.stack([x, x], -2), jnp.array([2]), axis=1, mode="fill")
+        return jax.ops.segment_max(t, seg, 3)
+
+    check_oracles(f, partir.Mesh({"a": 2}), _schedule({"seg": 0}),
+                  jnp.arange(8.0).reshape(4, 2), jnp.array([0, 1, 2, 1], jnp.int32))

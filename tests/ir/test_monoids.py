@@ -118,6 +118,7 @@ def test_name_maps():
 
 
 def test_collectives_are_the_jax_ones():
-    assert [MONOIDS[n].collective for n in NAMES] == [lax.psum, lax.pmax, lax.pmin,
-                                                      lax.pmin, lax.pmax]
+    # max and min wrap pmax/pmin to carry NaN (tests/runtime/test_collectives.py)
+    assert [MONOIDS[n].collective for n in ("add", "and", "or")] == [lax.psum, lax.pmin,
+                                                                     lax.pmax]
     assert [m.name for m in MONOIDS.values() if m.logical] == ["and", "or"]

@@ -92,6 +92,21 @@ def test_all_reduce_monoids(monoid, dtype, reduce):
                    monoid=monoid)
 
 
+@pytest.mark.parametrize("monoid", ["max", "min"])
+def test_all_reduce_extremes_propagate_nan(monoid):
+    """NaN held by one device wins, as in jnp.maximum/minimum: XLA's CPU all-reduce
+    alone skips it (max(nan, -inf) = -inf). Infinities and a NaN on every device too."""
+    x = normal((24, 3))
+    x[0, 0] = x[5, 1] = x[4, 2] = np.nan  # on one device each (device d: rows 3d-3d+2)
+    x[3:24:3, 0] = -np.inf if monoid == "max" else np.inf
+    x[0:24:3, 2] = np.nan  # every device
+    reduce = np.max if monoid == "max" else np.min
+    want = reduce(_groups(x, 8), axis=0)
+    assert np.isnan(want).sum() == 4
+    run_collective("all_reduce", x, (("B", "M"), ()), R, want, axes=("B", "M"),
+                   monoid=monoid)
+
+
 @pytest.mark.parametrize("in_sharding, axes, out_sharding, want", [
     ((("M",), ()), (("M",), ()), (("M",), ()), lambda x: _groups(x, 2).sum(0)),
     ((("B", "M"), ()), (("B", "M"), ()), (("B", "M"), ()), lambda x: _groups(x, 8).sum(0)),
