@@ -844,8 +844,10 @@ def optimize(fn: Function) -> Function:
     """The local rewrites in one sweep, then the argument and result localization,
     repeated until nothing changes (each rewrite removes a collective or moves work
     before a reduction, so this ends), then the ops ordered by demand. A sweep sees the
-    rewrites made earlier in it, so a second round mostly confirms the first."""
-    fn = dce(fn)
+    rewrites made earlier in it, so a second round mostly confirms the first. Dead code
+    goes only after the first round's argument localization: an input the function never
+    reads is sliced by all_slices nothing uses (merged by the sweep), which say how the
+    schedule lays it out."""
     while True:
         start = fn
         # dce last: the gathers localize_results bypasses die in this round, not the next
