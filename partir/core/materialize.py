@@ -82,6 +82,8 @@ class _Materializer:
         self.nests = prog.nests
         self.fuse = fuse
         self.alias: dict[Value, Value] = {}
+        # The results of tile loops nothing reads, which the loops yield all the same.
+        self.unread: list[Value] = []
         # TMR entries by op name, looked up once per name rather than once per op.
         self.entries: dict[str, Entry] = {}
         # (ids of an op's result types, ids of its nest's loops) -> `_local_types`: they
@@ -113,7 +115,13 @@ class _Materializer:
                     u.append((op, i))
         for op in candidates:
             nest = self.prog.nest(op)
-            if all(_cancels(nest, self.prog.nest(c), i) for c, i in uses.get(op.results[0], ())):
+            users = uses.get(op.results[0])
+            if not users:
+                # A tile loop nothing reads stays, yielding its tiles: it is how an input
+                # the function ignores is laid out as a tactic asked (the lowering makes
+                # the slices of its tiles the input's sharding).
+                self.unread.append(op.results[0])
+            elif all(_cancels(nest, self.prog.nest(c), i) for c, i in users):
                 self.alias[op.results[0]] = op.operands[0]
 
     def _fusible(self, group: _Group, op: CoreOp, nest: Nest) -> bool:
@@ -159,6 +167,7 @@ class _Materializer:
         prog = self.prog
         groups = self.groups()
         used_outside: set[Value] = {self.resolve(v) for v in prog.results}
+        used_outside.update(self.unread)
         owner: dict[Value, int] = {}
         for gi, g in enumerate(groups):
             for v in g.produced:

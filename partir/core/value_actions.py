@@ -45,14 +45,30 @@ def _use_contexts(m: CoreModule, value: Value
     groups: dict[tuple[Value, tuple], tuple[list, list]] = defaultdict(lambda: ([], []))
     chain = [value]
     for v in chain:
-        for uid, i in m.uses.get(v, ()):
+        uses = m.uses.get(v, ())
+        for uid, i in uses:
             if m.by_uid[uid].is_identity:
                 chain.append(m.by_uid[uid].results[0])
             else:
                 groups[(v, m.slicing(uid, i))][0].append((uid, i))
-        for r in m.output_positions(v):
+        outputs = m.output_positions(v)
+        for r in outputs:
             groups[(v, ())][1].append(r)
+        if not uses and not outputs:
+            # Nothing reads the value (an input the function ignores, or the end of a
+            # chain of actions on it): the action still lays it out, on a loop nest of
+            # its own that repeats the tiling it has (`materialize` keeps such a loop).
+            groups.setdefault((v, _tiling(m, v)), ([], []))
     return dict(sorted(groups.items(), key=lambda kv: len(kv[0][1])))
+
+
+def _tiling(m: CoreModule, v: Value) -> tuple[tuple[str, int], ...]:
+    """The (axis, dim) tiles of v its producer's loop nest makes, outermost first."""
+    p = m.producer.get(v)
+    if p is None:
+        return ()
+    return tuple((lp.axis, a.dim) for lp in m.nest(p[0])
+                 if isinstance(a := lp.results[p[1]], Tile))
 
 
 def _context_loops(ctx: tuple[tuple[str, int], ...]) -> tuple[Loop, ...]:
@@ -116,8 +132,8 @@ def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
     _claim(m, value, axes, "kept replicated", label, tactic, loc)
     seeds: list[int] = []
     for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
-        if any(a in axes for a, _ in ctx):
-            continue
+        if any(a in axes for a, _ in ctx) or not (uses or outputs):
+            continue  # (a value nothing reads is replicated unless tiled)
         nest = (*_context_loops(ctx), *(Loop(a, (ANY,), (None,)) for a in axes))
         op = m.insert_identity(ATOMIC, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]

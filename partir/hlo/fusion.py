@@ -417,6 +417,58 @@ def slice_before_reduce_scatter(fn: Function) -> Function:
     return _sweep(fn, (_SLICE_FIRST,))
 
 
+def _reduce_before_gather(rw: _Rewriter, op: Op) -> Value | None:
+    if op.name != ALL_REDUCE:
+        return None
+    gather = rw.source(op.operands[0], ALL_GATHER, single_use=True)
+    if gather is None or not set(op.params["axes"]).isdisjoint(
+            flat_axes(gather.params["axes"])):
+        return None
+    name = op.results[0].name
+    x = rw.emit(make_all_reduce(gather.operands[0], op.params["axes"], op.params["monoid"],
+                                name, op.loc))
+    return rw.emit(make_all_gather(x, gather.params["axes"], rw.mesh, name, gather.loc))
+
+
+_REDUCE_BEFORE_GATHER = Pattern((ALL_REDUCE,), _reduce_before_gather)
+
+
+def reduce_before_gather(fn: Function) -> Function:
+    """all_reduce(all_gather(x)) -> all_gather(all_reduce(x)) when the reduction is over
+    other axes than the gather: the devices reduced together hold the same chunks of the
+    gathered dimensions, and an elementwise reduction commutes with concatenating them.
+    The reduction then moves the ungathered value, and the gather comes last, where
+    `localize_results` can leave it to the caller (a Megatron weight's gradient). The
+    gather must have no other use."""
+    return _sweep(fn, (_REDUCE_BEFORE_GATHER,))
+
+
+def _transpose_before_gather(rw: _Rewriter, op: Op) -> Value | None:
+    if op.name != "transpose":
+        return None
+    gather = rw.source(op.operands[0], ALL_GATHER, single_use=True)
+    if gather is None:
+        return None
+    perm, x = op.params["permutation"], gather.operands[0]
+    name = op.results[0].name
+    t = x.type.with_shape(tuple(x.type.shape[i] for i in perm))
+    moved = rw.emit(Op(op.name, [x], [Value(t, name)], op.params, loc=op.loc, prim=op.prim))
+    axes = tuple(gather.params["axes"][i] for i in perm)
+    return rw.emit(make_all_gather(moved, axes, rw.mesh, name, gather.loc))
+
+
+_TRANSPOSE_BEFORE_GATHER = Pattern(("transpose",), _transpose_before_gather)
+
+
+def transpose_before_gather(fn: Function) -> Function:
+    """transpose(all_gather(x)) -> all_gather(transpose(x)), each dimension's axes moved
+    with it: the transpose moves the smaller local value, and the gather comes later,
+    where a reduction over other axes or a slice may meet it (`reduce_before_gather`,
+    `cancel_gather_slice`) or `localize_results` leave it to the caller. The gather must
+    have no other use."""
+    return _sweep(fn, (_TRANSPOSE_BEFORE_GATHER,))
+
+
 # The elementwise primitives that combine two values with each monoid (add, add_any, max,
 # min, and, or): see partir.ir.monoids.
 _MONOID_OPS = {prim: m.name for prim, m in BY_ELEMENTWISE.items()}
@@ -784,15 +836,18 @@ def schedule_by_demand(fn: Function) -> Function:
 # Every local rewrite, tried in this order on each op of one sweep. CSE comes last: an op
 # it records is one that stays.
 LOCAL_PATTERNS: tuple[Pattern, ...] = (
-    _MERGE, _CANCEL, _REASSOCIATE, _REDUCE_SCATTER_FUSION, _SLICE_FIRST, _ALL_TO_ALL, _CSE)
+    _MERGE, _CANCEL, _REASSOCIATE, _REDUCE_SCATTER_FUSION, _SLICE_FIRST, _ALL_TO_ALL,
+    _TRANSPOSE_BEFORE_GATHER, _REDUCE_BEFORE_GATHER, _CSE)
 
 
 def optimize(fn: Function) -> Function:
     """The local rewrites in one sweep, then the argument and result localization,
     repeated until nothing changes (each rewrite removes a collective or moves work
     before a reduction, so this ends), then the ops ordered by demand. A sweep sees the
-    rewrites made earlier in it, so a second round mostly confirms the first."""
-    fn = dce(fn)
+    rewrites made earlier in it, so a second round mostly confirms the first. Dead code
+    goes only after the first round's argument localization: an input the function never
+    reads is sliced by all_slices nothing uses (merged by the sweep), which say how the
+    schedule lays it out."""
     while True:
         start = fn
         # dce last: the gathers localize_results bypasses die in this round, not the next

@@ -21,8 +21,10 @@ from partir.hlo.fusion import (
     localize_results,
     merge_collectives,
     reassociate_reductions,
+    reduce_before_gather,
     schedule_by_demand,
     slice_before_reduce_scatter,
+    transpose_before_gather,
 )
 from partir.hlo.ops import (
     ALL_GATHER,
@@ -83,7 +85,8 @@ def test_passes_return_their_input_when_nothing_applies():
     fn = function([x], [op], op.results)
     for p in (cancel_gather_slice, cse, dce, fuse_all_to_all, fuse_reduce_scatter,
               localize_arguments, localize_results, merge_collectives, reassociate_reductions,
-              schedule_by_demand, slice_before_reduce_scatter):
+              reduce_before_gather, schedule_by_demand, slice_before_reduce_scatter,
+              transpose_before_gather):
         assert p(fn) is fn, p.__name__
     assert optimize(fn) is fn
 
@@ -334,3 +337,45 @@ def test_optimize_reaches_a_fixed_point_across_passes():
     assert out.attributes["in_shardings"] == (((), ("b",)), (("a",), ("b",)))
     assert out.attributes["out_shardings"] == ((("a",), ("b",)),)
     assert_same(fn, out)
+
+
+def test_a_reduction_over_other_axes_than_a_gather_goes_first():
+    """all_reduce<a>(all_gather<b>(x)): the reduction moves the ungathered value and the
+    gather comes last, where the result leaves it to the caller (a Megatron weight's
+    gradient under batch parallelism)."""
+    x = Value(_t(4, 4), "x")
+    g = make_all_gather(x, (("b",), ()), MESH)
+    r = make_all_reduce(g.results[0], ("a",))
+    fn = function([x], [g, r], r.results, ((("b",), ()),))
+    out = dce(reduce_before_gather(fn))
+    assert [(op.name, op.params["axes"]) for op in out.ops] == [
+        (ALL_REDUCE, ("a",)), (ALL_GATHER, (("b",), ()))]
+    assert out.ops[0].operands == [x]
+    assert_same(fn, out)
+    local = optimize(fn)
+    assert names(local) == [ALL_REDUCE]
+    assert local.attributes["out_shardings"] == ((("b",), ()),)
+    assert_same(fn, local)
+    # Over a gathered axis the reduction does not commute; a shared gather stays.
+    over_b = make_all_reduce(g.results[0], ("a", "b"))
+    kept = function([x], [g, over_b], over_b.results, ((("b",), ()),))
+    assert reduce_before_gather(kept) is kept
+    shared = function([x], [g, r], [r.results[0], g.results[0]], ((("b",), ()),))
+    assert reduce_before_gather(shared) is shared
+
+
+def test_a_transpose_of_a_gather_goes_first():
+    x = Value(_t(4, 2), "x")
+    g = make_all_gather(x, (("b",), ("c",)), MESH)
+    t = Op("transpose", g.results, [Value(_t(4, 8))], {"permutation": (1, 0)},
+           prim=lax.transpose_p)
+    r = make_all_reduce(t.results[0], ("a",))
+    fn = function([x], [g, t, r], r.results, ((("b",), ("c",)),))
+    out = dce(transpose_before_gather(fn))
+    assert [op.name for op in out.ops] == ["transpose", ALL_GATHER, ALL_REDUCE]
+    assert out.ops[1].params["axes"] == (("c",), ("b",))
+    assert_same(fn, out)
+    local = optimize(fn)
+    assert names(local) == ["transpose", ALL_REDUCE]
+    assert local.attributes["out_shardings"] == ((("c",), ("b",)),)
+    assert_same(fn, local)
