@@ -90,7 +90,6 @@ def check_step(step: Callable, args: Sequence[Any], mesh: Mapping[str, int],
     if expect.max_flops_ratio is not None:
         whole = partir.partition(step, mesh, [], *args, device=md.cost.device).cost.flops
         ratio = md.cost.flops / whole
-        print(f"FLOPS RATIO {ratio:.3f}")
         if ratio > expect.max_flops_ratio:
             failures.append(f"per-device FLOPs {ratio:.3f} of the unpartitioned program's, "
                             f"more than {expect.max_flops_ratio}")

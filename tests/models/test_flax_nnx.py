@@ -5,7 +5,6 @@ back into a module inside it. Under BP, BP+Z3 and BP+MP."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -64,7 +63,8 @@ def setup():
     return step, (params, batch_stats, rngs, tx.init(params), x, y)
 
 
-@pytest.mark.parametrize("schedule_name", ["BP", "BP+Z3", "BP+MP"])
+@pytest.mark.parametrize("schedule_name", [
+    "BP", "BP+Z3", pytest.param("BP+MP", marks=pytest.mark.slow)])
 def test_classifier(schedule_name):
     step, args = setup()
     if schedule_name == "BP":
