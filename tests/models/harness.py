@@ -19,6 +19,9 @@ checks, each one field of `Expect` that the test spells out:
   dimension of that size is one of the batch (the input itself or an activation); the
   models' other dimensions are chosen to differ from it. (Under plain BP the tests also
   assert there is no all_gather at all, those in loop bodies included.)
+
+`check_bp`, `check_zero3` and `check_megatron` are `check_step` with the schedule and the
+expectations each of the three schedules shares across the libraries.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 import partir
+from partir import FIRST_DIVISIBLE_DIM, ManualPartition
 from tests.oracles import assert_tree_close
+
+BP8 = {"batch": 8}
+BP4_MP2 = {"batch": 4, "model": 2}
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,41 @@ def check_step(step: Callable, args: Sequence[Any], mesh: Mapping[str, int],
             failures.append(f"all_gathers of the batch (operand, gathered sizes): {of_batch}")
     assert not failures, "\n".join(failures)
     return Checked(result, expected, md)
+
+
+def check_bp(step: Callable, args: Sequence[Any], bp: ManualPartition, batch: int,
+             max_flops_ratio: float = 0.2) -> Checked:
+    """BP on 8 devices: about 1/8 of the FLOPs per device (the rest replicated tails such
+    as the optimizer's update) and no all_gather at all, loop bodies included."""
+    c = check_step(step, args, BP8, [bp], Expect(max_flops_ratio=max_flops_ratio, batch=batch))
+    assert c.md.collectives["all_gather"] == 0, c.md.collectives
+    return c
+
+
+def check_zero3(step: Callable, args: Sequence[Any], bp: ManualPartition, batch: int,
+                state: Sequence[str] = ("params", "opt_state"), out_shardings: Any = None,
+                max_flops_ratio: float = 0.25) -> Checked:
+    """BP then ZeRO-3 on 8 devices: each input in `state` (the parameters first, then the
+    optimizer state...) sharded on its first divisible dimension over "batch", and the
+    gradients (output 1) laid out like the parameters: asked by the tactic naming output
+    "out/1" like an input, or by `out_shardings` when given."""
+    asked = {name: FIRST_DIVISIBLE_DIM for name in state}
+    if out_shardings is None:
+        asked["out/1"] = FIRST_DIVISIBLE_DIM
+    z3 = ManualPartition(asked, axis="batch", name="Z3")
+    return check_step(step, args, BP8, [bp, z3], Expect(
+        sharded=dict.fromkeys(state, "batch"), grads_like=state[0],
+        max_flops_ratio=max_flops_ratio, batch=batch), out_shardings=out_shardings)
+
+
+def check_megatron(step: Callable, args: Sequence[Any], bp: ManualPartition,
+                   mp: ManualPartition, specs: Mapping[str, PartitionSpec], batch: int,
+                   params: str = "params", max_flops_ratio: float = 0.25) -> Checked:
+    """BP over "batch" then Megatron-style MP over "model" on {batch: 4, model: 2}: the
+    inputs named in `specs` laid out so, and the gradients like the parameters (a weight
+    sharded over "model" keeps its gradient so, with no gather before it is returned)."""
+    return check_step(step, args, BP4_MP2, [bp, mp], Expect(
+        specs=specs, grads_like=params, max_flops_ratio=max_flops_ratio, batch=batch))
 
 
 def unsharded(specs: Any, arrays: Any, axis: str, size: int) -> list[str]:

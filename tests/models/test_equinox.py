@@ -14,16 +14,12 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from partir import FIRST_DIVISIBLE_DIM, ManualPartition
-from tests.models.harness import Expect, check_step
+from partir import ManualPartition
+from tests.models.harness import check_bp, check_megatron, check_zero3
 
 B, D, H, C = 48, 16, 32, 8  # the batch's size differs from every other dimension
 T, E = 8, 16  # sequence length and embedding size of the attention model
-BP8 = {"batch": 8}
-BP4_MP2 = {"batch": 4, "model": 2}
 BP = ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP")
-Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM,
-                      "out/1": FIRST_DIVISIBLE_DIM}, axis="batch", name="Z3")
 # Megatron on equinox's [out, in] weights: the first layer column-parallel (its outputs,
 # dim 0), the second row-parallel (its inputs, dim 1).
 MP = ManualPartition({"params/layers/0/weight": 0, "params/layers/0/bias": 0,
@@ -53,26 +49,25 @@ def setup(model, x_shape):
     return training_step(static, tx), (params, tx.init(params), x, y)
 
 
-@pytest.mark.parametrize("schedule_name", [
-    "BP", pytest.param("BP+Z3", marks=pytest.mark.slow), "BP+MP"])
-def test_mlp(schedule_name):
-    mlp = eqx.nn.MLP(D, C, width_size=H, depth=2, key=jax.random.key(0))
-    step, args = setup(mlp, (B, D))
-    if schedule_name == "BP":
-        c = check_step(step, args, BP8, [BP], Expect(max_flops_ratio=0.2, batch=B))
-        assert c.md.collectives["all_gather"] == 0, c.md.collectives
-    elif schedule_name == "BP+Z3":
-        check_step(step, args, BP8, [BP, Z3], Expect(
-            sharded={"params": "batch", "opt_state": "batch"}, grads_like="params",
-            max_flops_ratio=0.2, batch=B))
-    else:
-        # The weight gradients stay sharded over "model" like their weights (issue 27,
-        # cause 5: the einsum's weight gradient was all_gathered, then all_reduced).
-        check_step(step, args, BP4_MP2, [BP, MP], Expect(
-            specs={"params/layers/0/weight": P("model", None),
-                   "params/layers/0/bias": P("model"),
-                   "params/layers/1/weight": P(None, "model")},
-            grads_like="params", max_flops_ratio=0.25, batch=B))
+def mlp():
+    return setup(eqx.nn.MLP(D, C, width_size=H, depth=2, key=jax.random.key(0)), (B, D))
+
+
+def test_mlp_bp():
+    check_bp(*mlp(), BP, batch=B)
+
+
+@pytest.mark.slow
+def test_mlp_zero3():
+    check_zero3(*mlp(), BP, batch=B)
+
+
+def test_mlp_megatron():
+    # The weight gradients stay sharded over "model" like their weights (issue 27, cause
+    # 5: the einsum's weight gradient was all_gathered, then all_reduced).
+    check_megatron(*mlp(), BP, MP, batch=B, specs={
+        "params/layers/0/weight": P("model", None), "params/layers/0/bias": P("model"),
+        "params/layers/1/weight": P(None, "model")})
 
 
 class RotaryAttention(eqx.Module):
@@ -98,14 +93,14 @@ class RotaryAttention(eqx.Module):
         return self.head((attention @ x).mean(0))
 
 
-@pytest.mark.parametrize("schedule_name", [
-    "BP", pytest.param("BP+Z3", marks=pytest.mark.slow)])
-def test_rotary_attention(schedule_name):
-    step, args = setup(RotaryAttention(jax.random.key(0)), (B, T, E))
-    if schedule_name == "BP":
-        c = check_step(step, args, BP8, [BP], Expect(max_flops_ratio=0.2, batch=B))
-        assert c.md.collectives["all_gather"] == 0, c.md.collectives
-    else:
-        check_step(step, args, BP8, [BP, Z3], Expect(
-            sharded={"params": "batch", "opt_state": "batch"}, grads_like="params",
-            max_flops_ratio=0.2, batch=B))
+def rotary_attention():
+    return setup(RotaryAttention(jax.random.key(0)), (B, T, E))
+
+
+def test_rotary_attention_bp():
+    check_bp(*rotary_attention(), BP, batch=B)
+
+
+@pytest.mark.slow
+def test_rotary_attention_zero3():
+    check_zero3(*rotary_attention(), BP, batch=B)

@@ -15,18 +15,19 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import partir
-from partir import FIRST_DIVISIBLE_DIM, UNKNOWN, ManualPartition
-from tests.models.harness import Expect, check_step
+from partir import UNKNOWN, ManualPartition
+from tests.models.harness import (
+    BP4_MP2,
+    Expect,
+    check_bp,
+    check_megatron,
+    check_step,
+    check_zero3,
+)
 from tests.oracles import assert_tree_close
 
 B, D, H, C = 48, 16, 32, 8  # the batch's size differs from every other dimension
-BP8 = {"batch": 8}
-BP4_MP2 = {"batch": 4, "model": 2}
 BP = ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP")
-# ZeRO-3: parameters, Adam's moments and the returned gradients (output 1) sharded over
-# the data-parallel axis.
-Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM,
-                      "out/1": FIRST_DIVISIBLE_DIM}, axis="batch", name="Z3")
 
 
 class Layer(nn.Module):
@@ -97,35 +98,31 @@ MP = ManualPartition({"params": megatron(MP_DIMS), "opt_state": megatron(MP_DIMS
                      axis="model", name="MP")
 
 
-def check(schedule_name: str, dropout_in_scan: bool = False):
+def setup(dropout_in_scan: bool = False):
     model, tx = Classifier(dropout_in_scan), optax.adam(1e-2)
-    step, args = make_step(model, tx), inputs(model, tx)
-    if schedule_name == "BP":
-        c = check_step(step, args, BP8, [BP], Expect(max_flops_ratio=0.2, batch=B))
-        # BP leaves nothing to gather: the matmuls, BatchNorm's statistics (a sum over the
-        # examples, all_reduced), dropout's masks and the scan all run on the local examples.
-        assert c.md.collectives["all_gather"] == 0, c.md.collectives
-    elif schedule_name == "BP+Z3":
-        c = check_step(step, args, BP8, [BP, Z3], Expect(
-            sharded={"params": "batch", "opt_state": "batch"}, grads_like="params",
-            max_flops_ratio=0.25, batch=B))
-    else:
-        c = check_step(step, args, BP4_MP2, [BP, MP], Expect(
-            specs={"params/Dense_0/kernel": P(None, "model"), "params/Dense_0/bias": P("model"),
-                   "params/CheckpointDense_0/kernel": P("model", None),
-                   "opt_state/0/mu/Dense_0/kernel": P(None, "model"),
-                   "opt_state/0/nu/CheckpointDense_0/kernel": P("model", None)},
-            grads_like="params", max_flops_ratio=0.25, batch=B))
+    return make_step(model, tx), inputs(model, tx)
+
+
+def test_bp():
+    # Nothing to gather: the matmuls, BatchNorm's statistics (a sum over the examples,
+    # all_reduced), dropout's masks and the scan all run on the local examples.
+    c = check_bp(*setup(), BP, batch=B)
     # BatchNorm's new running statistics, computed from the whole (sharded) batch.
     assert_tree_close(c.result[4], c.expected[4])
-    return c
 
 
-@pytest.mark.parametrize("schedule_name", [
-    "BP", pytest.param("BP+Z3", marks=pytest.mark.slow),
-    pytest.param("BP+MP", marks=pytest.mark.slow)])
-def test_classifier(schedule_name):
-    check(schedule_name)
+@pytest.mark.slow
+def test_zero3():
+    check_zero3(*setup(), BP, batch=B)
+
+
+@pytest.mark.slow
+def test_megatron():
+    check_megatron(*setup(), BP, MP, batch=B, specs={
+        "params/Dense_0/kernel": P(None, "model"), "params/Dense_0/bias": P("model"),
+        "params/CheckpointDense_0/kernel": P("model", None),
+        "opt_state/0/mu/Dense_0/kernel": P(None, "model"),
+        "opt_state/0/nu/CheckpointDense_0/kernel": P("model", None)})
 
 
 @pytest.mark.slow
@@ -133,7 +130,7 @@ def test_classifier(schedule_name):
                    "random bits) in a scan body blocks every dimension of the scan, so it "
                    "stays replicated (and gathers the batch) under BP")
 def test_dropout_inside_scan():
-    check("BP", dropout_in_scan=True)
+    check_bp(*setup(dropout_in_scan=True), BP, batch=B)
 
 
 # Logical partitioning metadata: the kernels name their dimensions ("embed", "mlp"), the

@@ -13,14 +13,11 @@ import numpy as np
 import optax
 import pytest
 
-from partir import FIRST_DIVISIBLE_DIM, ManualPartition
-from tests.models.harness import Expect, check_step
+from partir import ManualPartition
+from tests.models.harness import check_bp, check_zero3
 
 N, E, D, H, C = 16, 4096, 8, 8, 4  # nodes, edges (the "batch"), features, classes
-BP8 = {"batch": 8}
 BP = ManualPartition({"graph/senders": 0, "graph/receivers": 0}, axis="batch", name="BP")
-Z3 = ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM,
-                      "out/1": FIRST_DIVISIBLE_DIM}, axis="batch", name="Z3")
 TX = optax.adam(1e-2)
 
 
@@ -56,15 +53,11 @@ def inputs():
 def test_graph_convolution(add_self_edges):
     # The node-level work (the feature transform, the head) is not split by BP over the
     # edges: 0.3 of the unpartitioned FLOPs per device leaves room for it.
-    c = check_step(make_step(add_self_edges), inputs(), BP8, [BP],
-                   Expect(max_flops_ratio=0.3, batch=E))
-    assert c.md.collectives["all_gather"] == 0, c.md.collectives
+    c = check_bp(make_step(add_self_edges), inputs(), BP, batch=E, max_flops_ratio=0.3)
     conflicts = [c["kind"] for t in c.md.tactics for c in t.conflicts]
     assert conflicts == [], conflicts
 
 
 @pytest.mark.slow
 def test_graph_convolution_zero3():
-    check_step(make_step(True), inputs(), BP8, [BP, Z3], Expect(
-        sharded={"params": "batch", "opt_state": "batch"}, grads_like="params",
-        max_flops_ratio=0.3, batch=E))
+    check_zero3(make_step(True), inputs(), BP, batch=E, max_flops_ratio=0.3)

@@ -14,16 +14,12 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from partir import FIRST_DIVISIBLE_DIM, ManualPartition
-from tests.models.harness import Expect, check_step, normalized
+from partir import ManualPartition
+from tests.models.harness import check_bp, check_megatron, check_zero3, normalized
 from tests.oracles import assert_tree_close
 
 B, D, H, C = 48, 16, 32, 8  # the batch's size differs from every other dimension
-BP8 = {"batch": 8}
-BP4_MP2 = {"batch": 4, "model": 2}
 BP = ManualPartition({"x": 0, "y": 0}, axis="batch", name="BP")
-Z3 = ManualPartition({"trainable": FIRST_DIVISIBLE_DIM, "opt_state": FIRST_DIVISIBLE_DIM},
-                     axis="batch", name="Z3")
 # The trainable variables in layer order: dense kernel [D, H] and bias, the
 # normalization's gamma and beta, dense_1 kernel [H, C] and bias. Megatron: dense
 # column-parallel (the normalization per feature with it), dense_1 row-parallel.
@@ -57,26 +53,25 @@ def setup():
     return step, (trainable, non_trainable, tx.init(trainable), x, y)
 
 
-@pytest.mark.parametrize("schedule_name", [
-    "BP", "BP+Z3", pytest.param("BP+MP", marks=pytest.mark.slow)])
-def test_sequential(schedule_name):
-    step, args = setup()
-    if schedule_name == "BP":
-        c = check_step(step, args, BP8, [BP], Expect(max_flops_ratio=0.2, batch=B))
-        assert c.md.collectives["all_gather"] == 0, c.md.collectives
-    elif schedule_name == "BP+Z3":
-        # Each trainable variable's first dimension is divisible by 8: FIRST_DIVISIBLE_DIM
-        # shards dimension 0, and the gradients are asked to come back the same way.
-        grads = [P("batch")] * len(args[0])
-        c = check_step(step, args, BP8, [BP, Z3], Expect(
-            sharded={"trainable": "batch", "opt_state": "batch"}, grads_like="trainable",
-            max_flops_ratio=0.2, batch=B), out_shardings=(None, grads, None, None, None))
-        # ... and are placed so, as jax.jit places an output with out_shardings.
-        assert [normalized(g.sharding.spec) for g in c.result[1]] == [("batch",)] * len(grads)
-    else:
-        c = check_step(step, args, BP4_MP2, [BP, MP], Expect(
-            specs={"trainable/0": P(None, "model"), "trainable/1": P("model"),
-                   "trainable/2": P("model"), "trainable/4": P("model", None)},
-            grads_like="trainable", max_flops_ratio=0.25, batch=B))
+def test_bp():
+    c = check_bp(*setup(), BP, batch=B)
     # The normalization's moving statistics, updated from the whole (sharded) batch.
     assert_tree_close(c.result[4], c.expected[4])
+
+
+def test_zero3():
+    # Each trainable variable's first dimension is divisible by 8: ZeRO-3 shards dimension
+    # 0, and the gradients are asked to come back the same way with `out_shardings` ...
+    step, args = setup()
+    grads = [P("batch")] * len(args[0])
+    c = check_zero3(step, args, BP, batch=B, state=("trainable", "opt_state"),
+                    out_shardings=(None, grads, None, None, None))
+    # ... and are placed so, as jax.jit places an output with out_shardings.
+    assert [normalized(g.sharding.spec) for g in c.result[1]] == [("batch",)] * len(grads)
+
+
+@pytest.mark.slow
+def test_megatron():
+    check_megatron(*setup(), BP, MP, batch=B, params="trainable", specs={
+        "trainable/0": P(None, "model"), "trainable/1": P("model"),
+        "trainable/2": P("model"), "trainable/4": P("model", None)})
