@@ -17,7 +17,7 @@ __getattr__, __dir__ = exports(__name__, globals(), {
     "partir.metadata": ("Metadata",),
     "partir.program": ("Program",),
     "partir.tactics": ("FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "AutomaticPartition",
-                       "ManualPartition"),
+                       "ManualPartition", "ShardingConstraints", "SpecPartition"),
 })
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
@@ -43,6 +43,8 @@ __all__ = [
     "PartitionError",
     "PartitionedFunction",
     "Program",
+    "ShardingConstraints",
+    "SpecPartition",
     "SubAxisOverlapError",
     "TracingError",
     "UnknownInputError",

@@ -31,7 +31,13 @@ from partir.metadata import Deferred, Metadata, TacticMetadata
 from partir.pipeline import Lowered, lower
 from partir.runtime.specs import partition_spec
 from partir.sim import DEFAULT_DEVICE, DeviceSpec, get_device, simulate
-from partir.tactics import ManualPartition, TacticRecord, apply_schedule, as_schedule
+from partir.tactics import (
+    ManualPartition,
+    TacticRecord,
+    annotation_notes,
+    apply_schedule,
+    as_schedule,
+)
 from partir.tactics.search import register_evaluator
 
 
@@ -51,6 +57,9 @@ class CorePartition:
     initial: CoreProgram
     tactics: list[TacticRecord]
     frontend_s: float
+    # On the program rather than a tactic: the model's sharding annotations the schedule
+    # ignores (`annotation_notes`), one per line, whatever the number of tactics.
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def program(self) -> CoreProgram:
@@ -104,8 +113,10 @@ def core_partition(fn: Callable, mesh: Mesh | Any,
     start = time.perf_counter()
     traced = trace(fn, *args, static_argnums=static_argnums)
     frontend_s = time.perf_counter() - start
-    initial, records = apply_schedule(traced, mesh, as_schedule(schedule))
-    return CorePartition(traced, mesh, initial, records, frontend_s)
+    tactics = as_schedule(schedule)
+    initial, records = apply_schedule(traced, mesh, tactics)
+    return CorePartition(traced, mesh, initial, records, frontend_s,
+                         annotation_notes(traced, tactics))
 
 
 def _specs(shardings: Sequence, tree: Any, mesh: Mesh) -> tuple:
@@ -208,7 +219,7 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
             spmd_ir=Deferred(lambda: final.text("spmd")),
             hlo_ir=Deferred(lambda: final.text("hlo")),
             collectives=collectives, executed_collectives=executed, cost=cost,
-            padding=Deferred(lambda: padding_report(result.program)))
+            padding=Deferred(lambda: padding_report(result.program)), notes=result.notes)
     return result, meta, final
 
 

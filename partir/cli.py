@@ -213,7 +213,8 @@ def _seconds(s: float) -> str:
 def _report(schedule_file: ScheduleFile, result: CorePartition,
             device: str = DEFAULT_DEVICE) -> str:
     lines = [f"{schedule_file.path}: {result.traced.function.name} on mesh {result.mesh}, "
-             f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms", ""]
+             f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms",
+             *(f"note: {note}" for note in result.notes), ""]
     shardings = [(t.program.input_shardings(), t.program.output_shardings())
                  for t in result.tactics]
     header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "conflicts",
@@ -323,7 +324,8 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
             "padding": meta.padding,
         })
     return {"file": schedule_file.path, "function": result.traced.function.name,
-            "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "tactics": tactics}
+            "mesh": dict(result.mesh), "frontend_s": result.frontend_s, "notes": result.notes,
+            "tactics": tactics}
 
 
 def _run(args: argparse.Namespace) -> int:

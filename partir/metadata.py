@@ -117,6 +117,9 @@ class Metadata(_Resolved):
     cost: Cost | None = None  # the simulator's estimate for the final program
     # The final program's padded dimensions (see TacticMetadata.padding).
     padding: list[dict[str, Any]] = Lazy(())
+    # Notes on the program rather than a tactic: the model's sharding annotations the
+    # schedule ignores.
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

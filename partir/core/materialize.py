@@ -44,9 +44,13 @@ from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.monoids import MONOIDS
-from partir.ir.opnames import ATOMIC, NAMESPACE, TILE
+from partir.ir.opnames import ATOMIC, NAMESPACE, SHARDING_CONSTRAINT, TILE
 from partir.ir.types import tile_size
 from partir.rules.catalogue import Slicing
+
+# Identities that compute nothing: where every use slices away the tiles their loops make
+# (a model's sharding annotation outside any loop, say), the uses read the operand.
+_ELIDED = (TILE, SHARDING_CONSTRAINT)
 
 
 def _cancels(identity_nest: Nest, consumer_nest: Nest, i: int) -> bool:
@@ -105,7 +109,7 @@ class _Materializer:
     def _elide_identities(self) -> None:
         outputs = set(self.prog.results)
         candidates = [op for op in self.prog.ops
-                      if op.name == TILE and op.results[0] not in outputs]
+                      if op.name in _ELIDED and op.results[0] not in outputs]
         # Only the uses of the candidates' results are needed.
         uses: dict[Value, list[tuple[CoreOp, int]]] = {op.results[0]: [] for op in candidates}
         for op in self.prog.ops:

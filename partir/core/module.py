@@ -79,6 +79,9 @@ class CoreModule:
         self.results: list[Value] = list(fn.results)
         self.result_names: list[str] = list(fn.result_names)
         self.tags: dict[str, list[Value]] = {k: list(v) for k, v in traced.tags.items()}
+        # What tactics read of the model besides its values: its inputs' pytree, its
+        # sharding annotations (never rewritten, so shared by forks).
+        self.traced = traced
         self.ops: list[CoreOp] = []
         self.by_uid: dict[int, CoreOp] = {}
         self.nests: dict[int, Nest] = {}
@@ -162,6 +165,7 @@ class CoreModule:
         new.results = list(self.results)
         new.result_names = list(self.result_names)
         new.tags = {k: list(v) for k, v in self.tags.items()}
+        new.traced = self.traced
         new.ops = list(self.ops)
         new._orders = list(self._orders)
         new.by_uid = dict(self.by_uid)

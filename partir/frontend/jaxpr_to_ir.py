@@ -14,13 +14,21 @@ import numpy as np
 from jax.extend import core as jcore
 
 from partir.errors import TracingError
+from partir.frontend.annotation import (
+    Annotation,
+    annotation_p,
+    annotation_params,
+    own_annotations,
+    untyped,
+)
 from partir.frontend.names import leaf_names, parameter_names, path_to_name
-from partir.frontend.source import is_user_file, user_location
+from partir.frontend.source import is_user_file, model_location, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
 from partir.rules.control import CALLS, CONTROL_FLOW, body_eqns, carry_inits
+from partir.rules.elementwise import ANNOTATIONS
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
 INLINED_CALLS = CALLS
@@ -38,6 +46,8 @@ class TracedProgram:
     static_argnums: tuple[int, ...] = ()
     tags: dict[str, list[Value]] = field(default_factory=dict)
     body_tags: dict[str, list[BodyTag]] = field(default_factory=dict)
+    # The model's sharding annotations, in program order (`partir.frontend.annotation`).
+    annotations: list[Annotation] = field(default_factory=list)
 
     @property
     def in_types(self) -> list[TensorType]:
@@ -81,6 +91,7 @@ class _Builder:
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
         self.body_tags: dict[str, list[BodyTag]] = {}
+        self.annotations: list[Annotation] = []
         # The constants and broadcasts, by result: all `is_zero` looks at.
         self.producers: dict[Value, Op] = {}
 
@@ -98,6 +109,20 @@ class _Builder:
         if key is not None:
             self.scalar_consts[key] = v
         return v
+
+    def body_annotation(self, body: Any, eqn: Any, op_loc: Location) -> None:
+        """Record an annotation inside the bodies of the control-flow op about to be
+        appended, as tags there are."""
+        if user_location(eqn.source_info) is not UNKNOWN_LOCATION:
+            loc = model_location(eqn.source_info)
+        elif op_loc is not UNKNOWN_LOCATION:
+            loc = op_loc
+        else:
+            return
+        var = eqn.outvars[0]
+        self.annotations.append(Annotation(
+            BodyTag(f"sharding annotation at {loc}", len(self.ops), body, var,
+                    _tensor_type(var.aval)), loc, **eqn.params))
 
     def is_zero(self, v: Value) -> bool:
         """Whether v is a constant zero, or one broadcast: how JAX starts the gradient
@@ -140,20 +165,31 @@ class _Builder:
                 outs = [Value(_tensor_type(v.aval)) for v in eqn.outvars]
                 # JAX's own dict, shared (IR is never mutated), but where a parameter is
                 # added.
-                params = eqn.params
+                params, prim = eqn.params, eqn.primitive
+                if name in ANNOTATIONS:
+                    params = annotation_params(name, params)
+                    name, prim = annotation_p.name, annotation_p
+                    if loc is not UNKNOWN_LOCATION:  # else JAX's own: a gradient's seed
+                        loc = model_location(eqn.source_info) if user_frames else loc
+                        self.annotations.append(Annotation(outs[0], loc, **params))
+                else:
+                    params = untyped(params)
                 inits = carry_inits(name, params, operands)
                 if inits is not None:
                     params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
                 if name in CONTROL_FLOW:
+                    params = own_annotations(params)
                     for body, tagged in body_eqns(params):
                         if tagged.primitive.name == TAG:
                             self.body_tags.setdefault(tagged.params["name"], []).append(
                                 BodyTag(tagged.params["name"], len(self.ops), body,
                                         tagged.outvars[0], _tensor_type(tagged.outvars[0].aval)))
+                        elif tagged.primitive is annotation_p:
+                            self.body_annotation(body, tagged, loc)
                 if name == TAG:
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
-                self.ops.append(Op(name, operands, outs, params, loc=loc, prim=eqn.primitive))
+                self.ops.append(Op(name, operands, outs, params, loc=loc, prim=prim))
                 if name == "broadcast_in_dim":
                     self.producers[outs[0]] = self.ops[-1]
             for var, v in zip(eqn.outvars, outs, strict=True):
@@ -229,4 +265,5 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
     function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
                         builder.ops, results, output_names)
     return TracedProgram(function, in_tree, out_tree, input_names, output_names,
-                         static_argnums, builder.tags, builder.body_tags)
+                         static_argnums, builder.tags, builder.body_tags,
+                         annotations=builder.annotations)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sysconfig
 
 from jax._src import source_info_util
 
@@ -12,6 +13,11 @@ from partir.ir.location import UNKNOWN_LOCATION, Location
 # The `partir` package directory (this file is partir/frontend/source.py), found without
 # importing the package, which imports every stage.
 _PARTIR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+# Where installed packages live (flax, haiku, ...).
+_INSTALLED = tuple(sorted({os.path.abspath(p) + os.sep for key, p in sysconfig.get_paths().items()
+                           if key in ("purelib", "platlib")}))
 
 
 def is_user_file(filename: str) -> bool:
@@ -70,3 +76,18 @@ def _traceback_location(traceback: object) -> Location:
 def _location(code: object, filename: str, lasti: int) -> Location:
     frame = source_info_util.raw_frame_to_frame(code, lasti)
     return Location(frame.file_name, frame.start_line, frame.function_name)
+
+
+def model_location(source_info: object) -> Location:
+    """The model's line an equation comes from, past the installed libraries it called
+    (flax's `nn.with_logical_constraint` binds JAX's annotation in flax's own file); the
+    user's location where no frame of the model is found."""
+    traceback = getattr(source_info, "traceback", None)
+    if traceback is not None:
+        for code, lasti in zip(*traceback.raw_frames(), strict=True):
+            file = code.co_filename
+            if (not file.startswith("<") and _outside_jax_and_partir(file)
+                    and not os.path.abspath(file).startswith(_INSTALLED)):
+                loc = _location(code, file, lasti)
+                return _backward(loc) if _in_backward(source_info.name_stack) else loc
+    return user_location(source_info)

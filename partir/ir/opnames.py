@@ -19,6 +19,11 @@ TILE = NAMESPACE + "tile"
 ATOMIC = NAMESPACE + "atomic"
 # A literal or closed-over array, which the frontend makes an op.
 CONSTANT = NAMESPACE + "constant"
+# A sharding annotation in the model (JAX's `sharding_constraint`, `reshard`), which the
+# frontend makes this identity: the computation never runs JAX's annotation, whose
+# sharding names a mesh the device-local program is not on; the ShardingConstraints
+# tactic reads it.
+SHARDING_CONSTRAINT = NAMESPACE + "sharding_constraint"
 
 # Every name above: `rules.catalogue.declare(..., jax=False)` takes only namespaced names.
-OWN_OPS = (TAG, TILE, ATOMIC, CONSTANT)
+OWN_OPS = (TAG, TILE, ATOMIC, CONSTANT, SHARDING_CONSTRAINT)

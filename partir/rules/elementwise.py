@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from partir.ir.opnames import ATOMIC, TAG, TILE
+from partir.ir.opnames import ATOMIC, SHARDING_CONSTRAINT, TAG, TILE
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops, per_point
 from partir.rules.factors import RuleBuilder, ShardingRule
 
@@ -82,10 +82,14 @@ declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY + EXPENSIVE_NARY,
                   doc=ELEMENTWISE_DOC))
 # The result is the operand's buffer.
 declare("stop_gradient", Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC))
-# partir's own identities: `tag` from partir.tag, and the Core value actions (a value
-# tiling loop `tile` and `atomic`), which materialization removes before lowering.
-declare((TAG, TILE, ATOMIC),
+# partir's own identities: `tag` from partir.tag, the Core value actions (a value
+# tiling loop `tile` and `atomic`) and the model's sharding annotations, which
+# materialization removes before lowering where their uses read the value as it is.
+declare((TAG, TILE, ATOMIC, SHARDING_CONSTRAINT),
         Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC), jax=False)
+# JAX's sharding annotations, each with the parameter holding its sharding: the identity
+# for the computation, which the frontend makes a `partir.sharding_constraint` op.
+ANNOTATIONS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 # A bitcast between widths adds (or drops) a trailing dim holding one element's bytes.
 declare("bitcast_convert_type",
         Primitive(Kind.FREE, no_flops, leading_dims_rule,

@@ -4,10 +4,11 @@ tactic's report and the editor's diagnostics).
 
 `UNSUPPORTED` holds the primitives `jax.numpy`, `jax.nn`, `jax.lax` and `jax.random` can
 emit; `NOT_EMITTED` those they never emit (JAX's internals, and what other modules emit:
-callbacks, state, shard_map, shape polymorphism). Together with the catalogue and the calls
-the frontend inlines they account for every primitive JAX registers, which
-tests/rules/test_primitive_coverage.py checks: a new JAX primitive fails it until it is
-given a rule or a place here. A primitive is in one place only.
+callbacks, state, shard_map, shape polymorphism). Together with the catalogue, the calls
+the frontend inlines and the sharding annotations it reads (`elementwise.ANNOTATIONS`)
+they account for every primitive JAX registers, which tests/rules/test_primitive_coverage.py
+checks: a new JAX primitive fails it until it is given a rule or a place here. A primitive
+is in one place only.
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ UNSUPPORTED: Mapping[str, str] = _reasons(
     ("a random bit generator on an explicit state (lax.rng_bit_generator, the 'rbg' PRNG "
      "implementations): its bits depend on the whole shape, so a tile cannot make its own",
      ("rng_bit_generator", "rng_uniform")),
-    ("a GSPMD sharding annotation (lax.with_sharding_constraint): partir's schedule decides "
-     "shardings, and does not read annotations as actions yet", ("sharding_constraint",)),
     ("a lax.composite: an opaque call with a decomposition, not inlined yet", ("composite",)),
     ("lax.platform_dependent's choice of a branch by platform", ("platform_index",)),
     ("an uninitialized array (lax.empty)", ("empty",)),
@@ -82,7 +81,7 @@ NOT_EMITTED: Mapping[str, str] = _reasons(
               "unreduced_reduce_scatter_start", "vary_unreduced_cast_p")),
     ("a nested SPMD program or explicit placement (shard_map, device_put, reshard, layouts, "
      "memory spaces, custom_partitioning)",
-     ("shard_map", "device_put", "reshard", "layout_constraint",
+     ("shard_map", "device_put", "layout_constraint",
       "with_memory_space_constraint", "custom_partitioning", "inspect_sharding", "pin",
       "unpin")),
     ("shape polymorphism (jax.export): symbolic dimensions", ("dim_as_value",

@@ -2,10 +2,11 @@
 
 from partir.tactics.auto import AutomaticPartition, manual_tactics
 from partir.tactics.base import Tactic
+from partir.tactics.constraints import ShardingConstraints, annotation_notes
 from partir.tactics.driver import TacticRecord, apply_schedule, as_schedule
 from partir.tactics.forms import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN
-from partir.tactics.manual import ManualPartition
+from partir.tactics.manual import ManualPartition, SpecPartition
 
 __all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "AutomaticPartition",
-           "ManualPartition", "Tactic", "TacticRecord", "apply_schedule", "as_schedule",
-           "manual_tactics"]
+           "ManualPartition", "ShardingConstraints", "SpecPartition", "Tactic", "TacticRecord",
+           "annotation_notes", "apply_schedule", "as_schedule", "manual_tactics"]

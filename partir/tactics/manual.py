@@ -10,11 +10,15 @@ from __future__ import annotations
 import difflib
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from partir.errors import InvalidTacticError, UnknownInputError
+import jax
+from jax.sharding import PartitionSpec
+
+from partir.errors import DimensionOutOfRangeError, InvalidTacticError, UnknownInputError
+from partir.frontend.names import path_to_name
 from partir.frontend.source import is_user_file
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
@@ -102,15 +106,160 @@ class ManualPartition(Tactic):
 
     def select(self, names: Mapping[str, list[Value]]) -> list[tuple[str, Any, InputValue]]:
         """The (name, value, form) triples the input dict selects, in order."""
-        out = []
-        for key, form in self.inputs.items():
-            matched = [n for n in names if n == key or n.startswith(key + "/")]
-            if not matched:
-                raise UnknownInputError(_unknown_message(key, names), tactic=self.label,
-                                        loc=self.loc)
-            for n in matched:
-                out += [(n, v, form) for v in names[n]]
+        return select(self.inputs.items(), names, self.label, self.loc)
+
+    @staticmethod
+    def from_specs(specs: Any, name: str | None = None, pad: bool = True) -> SpecPartition:
+        """The tactic that tiles inputs as `jax.sharding.PartitionSpec`s say: one tile
+        action per mesh axis a spec names (the axes of one dimension major first), then
+        propagation (`SpecPartition`).
+
+        `specs` is a tuple of one pytree per positional argument of the function (static
+        ones left out, as `jax.jit`'s `in_shardings`), each a prefix of the argument's
+        pytree with a PartitionSpec or None ("no spec") at its leaves; or a dict of input
+        (or tag) name -> spec, or pytree of specs under that name, a name applying to
+        every input under it: `{"params": flax.linen.get_partition_spec(params)}`,
+        `nnx.get_partition_spec(state)` or a checkpoint's layout."""
+        return SpecPartition(specs, name, pad=pad)
+
+
+def select(items: Iterable[tuple[str, Any]], names: Mapping[str, list[Value]], tactic: str,
+           loc: Location) -> list[tuple[str, Any, Any]]:
+    """(name, value, what) for every value named by or under each item's name, in order;
+    a name that selects nothing is an UnknownInputError that suggests names."""
+    out = []
+    for key, what in items:
+        matched = [n for n in names if n == key or n.startswith(key + "/")]
+        if not matched:
+            raise UnknownInputError(_unknown_message(key, names), tactic=tactic, loc=loc)
+        for n in matched:
+            out += [(n, v, what) for v in names[n]]
+    return out
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def spec_axes(spec: PartitionSpec, shape: tuple[int, ...], label: str, tactic: str,
+              loc: Location) -> list[tuple[str, ...] | None]:
+    """Per dimension of a value of `shape`, the mesh axes the spec tiles it on, major
+    first; None where the spec is `P.UNCONSTRAINED`. Dimensions past the spec's end are
+    replicated, as JAX reads a short spec; a spec longer than the value's rank is a
+    DimensionOutOfRangeError."""
+    if len(spec) > len(shape):
+        raise DimensionOutOfRangeError(
+            f"{label} has {len(shape)} dimension{'s' if len(shape) != 1 else ''} (shape "
+            f"{list(shape)}), but its spec {spec} has {len(spec)} entries", tactic=tactic,
+            loc=loc)
+    out: list[tuple[str, ...] | None] = []
+    for entry in (*spec, *(None,) * (len(shape) - len(spec))):
+        if entry is PartitionSpec.UNCONSTRAINED:
+            out.append(None)
+        else:
+            out.append(() if entry is None else (entry,) if isinstance(entry, str)
+                       else tuple(entry))
+    return out
+
+
+def spec_tiles(name: str, value: Any, axes: list[tuple[str, ...] | None]
+               ) -> list[tuple[int, ActionSpec]]:
+    """The tile actions that shard a value as `spec_axes` says, each with its round
+    (`issue_rounds`): the position of its axis among its dimension's, major first."""
+    return [(k, ActionSpec("tile", name, value, a, d)) for d, dim_axes in enumerate(axes)
+            if dim_axes for k, a in enumerate(dim_axes)]
+
+
+def issue_rounds(module: CoreModule, ranked: list[tuple[int, ActionSpec]], tactic: str,
+                 loc: Location, pad: bool) -> tuple[list[str], float]:
+    """`issue` the actions round by round, each round then propagated: a dimension's
+    minor axis then tiles the tiles its major axis made of the value's uses (a deep loop
+    nest), as a later tactic's would."""
+    actions: list[str] = []
+    prop_s = 0.0
+    for k in sorted({k for k, _ in ranked}) or [0]:
+        acts, s = issue(module, [a for r, a in ranked if r == k], tactic, loc, pad=pad)
+        actions += acts
+        prop_s += s
+    return actions, prop_s
+
+
+@dataclass
+class SpecPartition(Tactic):
+    """Tile inputs (and tagged values) as PartitionSpecs say (`ManualPartition.from_specs`):
+    a dimension whose spec names axes is tiled on each in turn, major first; dimensions a
+    spec leaves unsharded (None, `P.UNCONSTRAINED`) are left to propagation, as a
+    ManualPartition leaves what it does not name. One propagation follows the tiles of
+    every major axis, another those of the next axes of dimensions with several, ..."""
+
+    specs: Any
+    name: str | None = None
+    loc: Location = field(default_factory=caller_location, compare=False)
+    pad: bool = True  # as ManualPartition.pad
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.specs, Mapping | tuple | list | PartitionSpec):
+            raise InvalidTacticError(
+                f"ManualPartition.from_specs takes a tuple of PartitionSpec pytrees (one per "
+                f"positional argument) or a dict of input name -> spec, got "
+                f"{type(self.specs).__name__}", tactic=self.label, loc=self.loc)
+        for leaf in jax.tree.leaves(self.specs, is_leaf=_is_spec):
+            if not _is_spec(leaf):
+                raise InvalidTacticError(f"ManualPartition.from_specs takes PartitionSpecs "
+                                         f"(or None) at the leaves, got {leaf!r}",
+                                         tactic=self.label, loc=self.loc)
+
+    @property
+    def label(self) -> str:
+        return self.name or "ManualPartition.from_specs"
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The mesh axes the specs name, in the order they first do."""
+        axes: dict[str, None] = {}
+        for spec in jax.tree.leaves(self.specs, is_leaf=_is_spec):
+            for entry in spec or ():
+                if entry is not PartitionSpec.UNCONSTRAINED and entry is not None:
+                    axes.update(dict.fromkeys((entry,) if isinstance(entry, str) else entry))
+        return tuple(axes)
+
+    @property
+    def axis_label(self) -> str:
+        return ",".join(self.axis_names)
+
+    def key_items(self) -> list[tuple[str, Any]]:
+        # PartitionSpecs and the containers of a spec pytree print what they hold.
+        return [("specs", repr(self.specs)), ("pad", self.pad)]
+
+    def named_specs(self, module: CoreModule) -> list[tuple[str, PartitionSpec | None]]:
+        """(input name or name prefix, spec) for every leaf of the specs, in order."""
+        if isinstance(self.specs, Mapping):
+            return [(path_to_name(str(key), path), spec) for key, tree in self.specs.items()
+                    for path, spec in jax.tree_util.tree_flatten_with_path(
+                        tree, is_leaf=_is_spec)[0]]
+        traced = module.traced
+        names_tree = jax.tree_util.tree_unflatten(traced.in_tree, traced.input_names)
+        out: list[tuple[str, PartitionSpec | None]] = []
+        try:
+            jax.tree.map(lambda spec, sub: out.extend((n, spec) for n in jax.tree.leaves(sub)),
+                         tuple(self.specs) if isinstance(self.specs, list) else self.specs,
+                         names_tree, is_leaf=_is_spec)
+        except ValueError as e:
+            raise InvalidTacticError(f"the specs are not a prefix of the inputs' pytree (a "
+                                     f"tuple of the positional arguments): {e}",
+                                     tactic=self.label, loc=self.loc) from e
         return out
+
+    def run(self, module: CoreModule, names: Mapping[str, list[Value]]) -> TacticResult:
+        for axis in self.axis_names:
+            module.mesh.check_axis(axis, tactic=self.label, loc=self.loc, splits=module.splits)
+        ranked: list[tuple[int, ActionSpec]] = []
+        named = [(n, spec) for n, spec in self.named_specs(module) if spec is not None]
+        for n, value, spec in select(named, names, self.label, self.loc):
+            ranked += spec_tiles(n, value, spec_axes(spec, value.type.shape, repr(n),
+                                                     self.label, self.loc))
+        actions, prop_s = issue_rounds(module, ranked, self.label, self.loc, self.pad)
+        return TacticResult(actions, [], prop_s)
 
 
 def expand(tactic: ManualPartition, module: CoreModule,
@@ -216,4 +365,5 @@ def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
 
 
 __all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec", "ManualPartition",
-           "expand", "issue", "resolve_form"]
+           "SpecPartition", "expand", "issue", "issue_rounds", "resolve_form", "select",
+           "spec_axes", "spec_tiles"]

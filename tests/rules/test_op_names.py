@@ -16,7 +16,7 @@ import partir.core.dialect  # each dialect registers its ops' printers and type 
 import partir.hlo.ops
 import partir.spmd.ops
 from partir.core.program import IDENTITY_KINDS
-from partir.frontend import tag_p
+from partir.frontend import annotation_p, tag_p
 from partir.ir import opnames
 from partir.ir.printer import OP_PRINTERS
 from partir.ir.verifier import TYPE_RULES
@@ -26,9 +26,10 @@ from partir.rules.catalogue import OWN_NAMES, declare, no_flops
 
 def _registered_jax_primitives() -> set[str]:
     """Every primitive JAX has registered, read afresh (not the catalogue's cached set), but
-    partir's own `tag`."""
+    partir's own (`tag`, and the sharding annotation the frontend makes JAX's)."""
     import jax.random  # noqa: F401
-    return {o.name for o in gc.get_objects() if isinstance(o, JaxPrimitive) and o is not tag_p}
+    return {o.name for o in gc.get_objects()
+            if isinstance(o, JaxPrimitive) and o not in (tag_p, annotation_p)}
 
 
 def _own_op_names() -> set[str]:
