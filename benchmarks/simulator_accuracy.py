@@ -10,7 +10,8 @@ Per schedule:
   schedules taking turns in `--rounds` rounds).
 
 Then the Spearman rank correlation of estimated and measured step times (targets: memory
-within 15% per schedule, Spearman >= 0.8).
+within 10% per schedule and never more than 5% below XLA's, since an under-estimate is the
+dangerous side; Spearman >= 0.85).
 
     python benchmarks/simulator_accuracy.py [--steps 60] [--rounds 6] [--device cpu]
 """
@@ -34,8 +35,9 @@ import jax
 import partir
 from examples.transformer import model, schedules
 
-MEMORY_TARGET = 0.15
-SPEARMAN_TARGET = 0.8
+MEMORY_TARGET = 0.10
+MEMORY_UNDER_TARGET = 0.05
+SPEARMAN_TARGET = 0.85
 
 
 def ranks(values: Sequence[float]) -> list[float]:
@@ -121,10 +123,10 @@ def main() -> None:
               f"{'GFLOP':>6}")
     print(header)
     print("-" * len(header))
-    worst = 0.0
+    worst = lowest = 0.0
     for name, cost, xla, stats, measured in rows:
         error = cost.peak_memory_bytes / xla - 1
-        worst = max(worst, abs(error))
+        worst, lowest = max(worst, abs(error)), min(lowest, error)
         parts = "/".join(f"{b / 1024:.0f}" for b in (stats.argument_size_in_bytes,
                                                      stats.output_size_in_bytes,
                                                      stats.temp_size_in_bytes))
@@ -134,8 +136,10 @@ def main() -> None:
               f"{measured * 1e3:>7.2f}ms  {cost.flops / 1e9:>6.3f}")
     rho = spearman([r[1].step_time_s for r in rows], [r[4] for r in rows])
     print()
-    print(f"peak memory: worst |error| {worst:.1%} (target <= {MEMORY_TARGET:.0%}: "
-          f"{'met' if worst <= MEMORY_TARGET else 'NOT met'})")
+    met = worst <= MEMORY_TARGET and lowest >= -MEMORY_UNDER_TARGET
+    print(f"peak memory: worst |error| {worst:.1%}, lowest {lowest:+.1%} (target: within "
+          f"{MEMORY_TARGET:.0%}, none below -{MEMORY_UNDER_TARGET:.0%}: "
+          f"{'met' if met else 'NOT met'})")
     print(f"step time: Spearman rank correlation {rho:.3f} (target >= {SPEARMAN_TARGET}: "
           f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'})")
     print("estimated ranks: " + ", ".join(

@@ -9,9 +9,18 @@ Fusion heuristic (what XLA's fusion passes do to elementwise chains, simplified)
   elementwise chain fuses into one loop) or the producer is cheap (XLA duplicates cheap
   producers into every consumer rather than store them; it does not duplicate
   transcendentals such as exp, log, tanh, rsqrt). The fused consumer then reads the
-  buffers the fused producers read;
+  buffers the fused producers read. Where the device runs large reductions as library
+  calls (`DeviceSpec.library_reduction_elements`: XLA's CPU backend and YNNPACK), a
+  producer such a call reads, directly or through a chain of single-consumer producers,
+  is materialized when it has other consumers;
 * everything else is materialized: matmuls, gathers, scatters, collectives, values used
   by several consumers or by a non-fusible one, and the program's results.
+
+Common subexpressions. XLA's CSE merges a collective identical to an earlier one (same
+operand, same axes): the ZeRO-3 re-gather of a parameter for the backward pass is the
+forward's gather, whose buffer then stays live from the forward to the backward. Such a
+collective is the earlier one's buffer here (no kernel, no traffic), which is what
+XLA's buffer assignment shows: every gathered parameter live across the step.
 
 Live ranges. XLA allocates the arguments, the results and one pool of temporaries before
 the program runs, so
@@ -24,7 +33,11 @@ reads it (directly or through fused producers), in program order. An op's result
 reuse the buffer of an operand of the same size whose last read is that op, when the op
 is fusible (XLA's in-place buffer sharing for elementwise users). Constants are part of
 the executable, not temporaries. Ops whose results nobody reads are dead code, which XLA
-removes: they cost nothing.
+removes: they cost nothing. Temporaries may live in the results' allocations, which the
+results take only at the end (`_Scan`).
+
+Measured against XLA's buffer assignment (`benchmarks/simulator_accuracy.py`, the dumps
+of `--xla_dump_to`): the peak's live values are the same ones, within a few percent.
 """
 
 from __future__ import annotations
@@ -33,8 +46,11 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from partir.ir import Function, TensorType, Value
+import numpy as np
+
+from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import itemsize
+from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import CONSTANT
 from partir.sim.cost import (
     COST_RULES,
@@ -92,8 +108,10 @@ class BufferPlan:
 
 
 def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
+                 library_reduction_elements: int | None = None,
                  explain: bool = False) -> BufferPlan:
-    """The buffer plan of `fn`; `explain` also lists the temporaries live at the peak."""
+    """The buffer plan of `fn`; `explain` also lists the temporaries live at the peak.
+    `library_reduction_elements` is the device's `DeviceSpec` field of that name."""
     sizes = sizes or size_table()
     ops = fn.ops
     n_ops = len(ops)
@@ -102,10 +120,13 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     rules = [rule_of(op.name, UNKNOWN_RULE) for op in ops]
     kinds = [rule.kind for rule in rules]
 
-    # Pass 1: buffers (FREE results are their operand's buffer) and their consumers' kinds.
+    # Pass 1: buffers (FREE results are their operand's buffer, a repeated collective's
+    # the first one's) and their consumers' kinds.
     root: dict[Value, Value] = {}
-    producer: dict[Value, int] = {}
     consumers: dict[Value, list[Kind]] = {}
+    producer: dict[Value, int] = {}
+    collectives: dict[tuple, Op] = {}
+    repeated = [False] * n_ops
     for i, op in enumerate(ops):
         kind = kinds[i]
         if kind is Kind.FREE and op.operands and isinstance(op.operands[0].type, TensorType):
@@ -114,12 +135,24 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             for r in op.results:
                 root[r] = base
             continue
+        if kind is Kind.COLLECTIVE:
+            key = (op.name, tuple(root.get(u, u) for u in op.operands),
+                   tuple(sorted((k, _frozen(v)) for k, v in op.params.items())))
+            first = collectives.setdefault(key, op)
+            if first is not op:
+                repeated[i] = True
+                for r, f in zip(op.results, first.results, strict=True):
+                    root[r] = root.get(f, f)
+                continue
         for r in op.results:
             producer[r] = i
         for u in op.operands:
             consumers.setdefault(root.get(u, u), []).append(kind)
 
     outputs = {root.get(v, v) for v in fn.results}
+    reduced = (set() if library_reduction_elements is None else
+               _library_reduced(ops, kinds, root, consumers, sizes,
+                                library_reduction_elements))
 
     # Pass 2: per op, the materialized buffers it reads (through fused producers), the
     # bytes it moves, and the last reader of every buffer.
@@ -132,7 +165,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     for i, op in enumerate(ops):
         kind = kinds[i]
         # Dead: no result is read or returned (set tests in C rather than a generator).
-        if kind is Kind.FREE or (consumers.keys().isdisjoint(op.results)
+        if kind is Kind.FREE or repeated[i] or (consumers.keys().isdisjoint(op.results)
                                  and outputs.isdisjoint(op.results)):
             continue
         live[i] = True
@@ -154,7 +187,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             users = consumers.get(r) if fusible else None
             if (users and r not in outputs
                     and FUSIBLE_CONSUMERS.issuperset(users)
-                    and (len(users) == 1 or not rules[i].expensive)):
+                    and (len(users) == 1 or (not rules[i].expensive
+                         and r not in reduced))):
                 sources[r] = tuple(dict.fromkeys(read))
             else:
                 written += sizes(r.type)[1]
@@ -164,15 +198,19 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
         for b in read:
             last_read[b] = i
 
-    # Pass 3: the temporaries live in program order.
-    outputs_at = {producer.get(v, n_ops): v for v in outputs}  # op writing it (or the end)
+    # Pass 3: the temporaries live in program order. A result nothing in the program
+    # reads can be written last; one that is read, no later than its writer's place.
+    allocations = [_ResultAllocation(sizes(v.type)[1], n_ops if v not in consumers else w,
+                                     frozenset(reads[w]))
+                   for v, w in sorted(((v, producer.get(v, -1)) for v in outputs),
+                                      key=lambda vw: vw[1]) if w >= 0]
     scan = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
-                 outputs_at, sizes)
+                 allocations, sizes)
     peak, peak_op = scan.run()
     at_peak: list[tuple[int, int]] = []
     if explain and peak_op >= 0:
         again = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
-                      outputs_at, sizes)
+                      allocations, sizes)
         again.run(stop_at=peak_op)
         at_peak = sorted(((sizes(b.type)[1], j) for b, j in again.holder.items()
                           if again.placed.get(b) is None), reverse=True)
@@ -182,50 +220,97 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                       peak, peak_op, at_peak)
 
 
+_LIBRARY_REDUCTIONS = frozenset(MONOIDS[m].reduce for m in ("add", "max", "min"))
+
+
+def _library_reduced(ops: list[Op], kinds: list[Kind], root: dict[Value, Value],
+                     consumers: dict[Value, list[Kind]], sizes: SizesFn,
+                     threshold: int) -> set[Value]:
+    """The values a library reduction's fusion reads: the operands of a float32 sum, max
+    or min of at least `threshold` elements, and those of a fusible producer whose one
+    consumer is such a fusion. XLA forms those fusions before its loop fusions and does
+    not repeat a producer with other consumers into them, so such a producer is
+    materialized however cheap it is (a layer norm's `x - mean`, read by the variance's
+    sum and by the normalization)."""
+    reduced: set[Value] = set()
+    for i in range(len(ops) - 1, -1, -1):
+        op, kind = ops[i], kinds[i]
+        if kind is Kind.REDUCTION:
+            x = op.operands[0]
+            if (op.name in _LIBRARY_REDUCTIONS and x.type.dtype == np.float32
+                    and sizes(x.type)[0] >= threshold):
+                reduced.update(root.get(u, u) for u in op.operands)
+        elif (kind in FUSIBLE_PRODUCERS and len(op.results) == 1
+                and op.results[0] in reduced and len(consumers[op.results[0]]) == 1):
+            reduced.update(root.get(u, u) for u in op.operands)
+    return reduced
+
+
+def _frozen(v: object) -> object:
+    """A collective's parameter, hashable: its axes come as lists or tuples."""
+    if isinstance(v, list | tuple):
+        return tuple(_frozen(x) for x in v)
+    return v
+
+
+@dataclass(frozen=True)
+class _ResultAllocation:
+    nbytes: int
+    free_until: int  # the op index before which the result need not be written
+    writer_reads: frozenset[Value]  # the buffers its writer reads: never placed in it
+
+
 class _Scan:
     """Walks the kernels in program order, allocating and freeing temporaries.
 
     XLA allocates the results before the run, and its buffer assignment places a
-    temporary in a result's allocation that is not written yet when the temporary dies
-    before that write (the live ranges do not overlap). So a new temporary first goes to
-    such a result allocation with room for it (the roomiest one, kept in a heap), and
-    only otherwise to the temporaries' pool, whose peak is the reported temp bytes.
+    temporary in a result's allocation when their live ranges do not overlap. Its
+    scheduler writes the results as late as it can (a step's parameter and
+    optimizer-state updates come in the last fifth of its schedule, after the whole
+    backward pass, wherever the program computes them), so a result's allocation hosts
+    the temporaries that die before its writer runs, those its writer reads excepted. A
+    new temporary first goes to such an allocation with room for it (the roomiest one,
+    kept in a heap), and only otherwise to the temporaries' pool, whose peak is the
+    reported temp bytes.
     """
 
     def __init__(self, ops: list, kinds: list[Kind], kernel: list[bool],
                  reads: list[tuple[Value, ...]], last_read: dict[Value, int],
                  sources: dict[Value, tuple[Value, ...]], consumers: dict[Value, list[Kind]],
-                 outputs: set[Value], outputs_at: dict[int, Value], sizes: SizesFn) -> None:
+                 outputs: set[Value], allocations: list[_ResultAllocation],
+                 sizes: SizesFn) -> None:
         self.ops, self.kinds, self.kernel, self.reads = ops, kinds, kernel, reads
         self.last_read, self.sources, self.consumers = last_read, sources, consumers
-        self.outputs, self.outputs_at, self.sizes = outputs, outputs_at, sizes
+        self.outputs, self.allocations, self.sizes = outputs, allocations, sizes
         self.holder: dict[Value, int] = {}  # live temporary -> op that wrote it
         self.placed: dict[Value, int | None] = {}  # temporary -> result allocation or pool
-        # Result allocations not yet written: index of the writing op -> free bytes.
-        self.room = {w: sizes(v.type)[1] for w, v in outputs_at.items()}
-        self.heap = [(-room, w) for w, room in self.room.items()]
+        self.room = [a.nbytes for a in allocations]  # free bytes, by allocation index
+        self.heap = [(-room, k) for k, room in enumerate(self.room)]
         heapq.heapify(self.heap)
 
-    def _place(self, nbytes: int, until: int) -> int | None:
-        """A result allocation (its writer's index) free until after `until` with room for
-        `nbytes`, taking the room; None if there is none."""
+    def _fits(self, k: int, b: Value, until: int) -> bool:
+        a = self.allocations[k]
+        return a.free_until > until and b not in a.writer_reads
+
+    def _place(self, b: Value, nbytes: int, until: int) -> int | None:
+        """A result allocation that may hold temporary `b`, last read at op `until`, with
+        room for its `nbytes`, taking the room; None if there is none."""
         skipped = []
         found = None
         while self.heap:
-            neg, w = self.heap[0]
-            room = self.room.get(w)
-            if room is None or -neg != room:  # written already, or a stale entry
+            neg, k = self.heap[0]
+            if -neg != self.room[k]:  # a stale entry
                 heapq.heappop(self.heap)
                 continue
-            if room < nbytes:
+            if self.room[k] < nbytes:
                 break
             heapq.heappop(self.heap)
-            if w > until:
-                found = w
-                self.room[w] = room - nbytes
-                heapq.heappush(self.heap, (nbytes - room, w))
+            if self._fits(k, b, until):
+                found = k
+                self.room[k] -= nbytes
+                heapq.heappush(self.heap, (-self.room[k], k))
                 break
-            skipped.append((neg, w))
+            skipped.append((neg, k))
         for entry in skipped:
             heapq.heappush(self.heap, entry)
         return found
@@ -237,9 +322,8 @@ class _Scan:
         nbytes = self.sizes(b.type)[1]
         if w is None:
             return nbytes
-        if w in self.room:
-            self.room[w] += nbytes
-            heapq.heappush(self.heap, (-self.room[w], w))
+        self.room[w] += nbytes
+        heapq.heappush(self.heap, (-self.room[w], w))
         return 0
 
     def run(self, stop_at: int | None = None) -> tuple[int, int]:
@@ -247,8 +331,6 @@ class _Scan:
         peak_op = -1
         sizes, holder, placed = self.sizes, self.holder, self.placed
         for i, op in enumerate(self.ops):
-            if i in self.outputs_at:
-                self.room.pop(i, None)  # its result is written now
             if not self.kernel[i]:
                 continue
             # A list in read order, not a set: the donor choice must not depend on hashes.
@@ -261,8 +343,9 @@ class _Scan:
                 nbytes = sizes(r.type)[1]
                 if self.kinds[i] in FUSIBLE_PRODUCERS:
                     donor = next((b for b in dying if sizes(b.type)[1] == nbytes), None)
-                    if donor is not None and (placed[donor] is None or
-                                              placed[donor] > self.last_read.get(r, i)):
+                    if donor is not None and (
+                            placed[donor] is None
+                            or self._fits(placed[donor], r, self.last_read.get(r, i))):
                         # In place: the result takes the operand's buffer.
                         dying.remove(donor)
                         del holder[donor]
@@ -270,7 +353,7 @@ class _Scan:
                         placed[r] = placed.pop(donor)
                         continue
                 holder[r] = i
-                placed[r] = where = self._place(nbytes, self.last_read.get(r, i))
+                placed[r] = where = self._place(r, nbytes, self.last_read.get(r, i))
                 if where is None:
                     current += nbytes
             if current > peak:

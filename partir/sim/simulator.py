@@ -90,7 +90,7 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     mesh = fn.attributes.get("mesh") or {}
     link_of = axis_links(spec, list(mesh), links)
     sizes = size_table()
-    plan = plan_buffers(fn, sizes)
+    plan = plan_buffers(fn, sizes, library_reduction_elements=spec.library_reduction_elements)
     rules = plan.rules
 
     flops = compute = comm = 0.0
@@ -115,6 +115,8 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         if rule is UNKNOWN_RULE:
             unknown.add(op.name)
         if rule.kind is Kind.COLLECTIVE:
+            if not plan.live[i]:  # dead, or a repeat XLA merges with the first
+                continue
             c = collective_cost(op, sizes(op.operands[0].type)[1], mesh, link_of)
             moved[c.kind] += c.bytes_sent
             if combiner.join(op, c.kind, merged):

@@ -12,7 +12,7 @@ import pytest
 
 import partir
 from partir.hlo.ops import make_all_gather, make_all_reduce, make_all_to_all, make_reduce_scatter
-from partir.ir import Function, TensorType, Value
+from partir.ir import Function, Op, TensorType, Value
 from partir.mesh import Mesh
 from partir.pipeline import lower
 from partir.sim import (
@@ -199,6 +199,55 @@ def test_value_with_two_consumers_of_an_expensive_op_is_materialized():
     plan = plan_buffers(hlo(f, S((128, 128), F32)))
     # At the max: exp's 64 KiB, the sum's scalar and the max's scalar.
     assert plan.temp_bytes == 128 * 128 * 4 + 2 * 4
+
+
+def test_a_repeated_gather_is_the_first_one_kept_live_between():
+    """XLA's CSE merges a ZeRO-3 re-gather with the forward's gather: one buffer, live
+    from the first use to the last, and one transfer."""
+    x = x_local()
+    g1 = make_all_gather(x, [("a",), ("b",)], MESH)
+    t = Op("tanh", [g1.results[0]], [Value(g1.results[0].type)])
+    g2 = make_all_gather(x, [("a",), ("b",)], MESH)  # the same gather, later
+    u = Op("mul", [t.results[0], g2.results[0]], [Value(g1.results[0].type)])
+    fn = Function("f", [x], [g1, t, g2, u], [u.results[0]],
+                  attributes={"mesh": Mesh(MESH), "in_shardings": ((("a",), ("b",)),),
+                              "out_shardings": (((), ()),)})
+    plan = plan_buffers(fn, explain=True)
+    assert plan.live == [True, True, False, True]
+    # One gathered buffer (4 KiB), read by the mul that tanh fuses into; two without CSE.
+    assert plan.temp_bytes == 4096
+    cost = simulate(fn, TOY, links=TOY_LINKS)
+    assert cost.bytes_moved["all_gather"] == cost_of(g1).bytes_sent
+
+
+def test_a_library_reduction_materializes_a_producer_with_other_consumers():
+    """A layer norm's x - mean feeds the variance's sum and the normalization: repeated
+    into both by loop fusions, stored where the sum is a library call (XLA's CPU and
+    YNNPACK from 4096 elements)."""
+    def f(x):
+        d = x - jnp.mean(x, axis=-1, keepdims=True)
+        return d * jax.lax.rsqrt(jnp.mean(d * d, axis=-1, keepdims=True))
+    h = hlo(f, S((64, 64), F32))
+    sub = next(i for i, op in enumerate(h.ops) if op.name == "sub")
+    assert not plan_buffers(h).kernel[sub]
+    assert plan_buffers(h, library_reduction_elements=4096).kernel[sub]
+    assert not plan_buffers(h, library_reduction_elements=8192).kernel[sub]
+    assert get_device("cpu").library_reduction_elements == 4096
+
+
+def test_a_result_nothing_reads_is_written_last_and_hosts_temporaries():
+    """sin(x) is computed first but written last by XLA's scheduler: x @ w and its tanh
+    (in place), dead before the end, live in its allocation. (A temporary the writer of
+    a result reads never lives in that result's allocation: the small program above.)"""
+    def f(x, w):
+        a = jnp.sin(x)
+        y = x @ w
+        return a, jnp.tanh(y) @ w
+    h = hlo(f, S((64, 64), F32), S((64, 64), F32))
+    assert h.ops[0].name == "sin"
+    plan = plan_buffers(h)
+    kib16 = 64 * 64 * 4
+    assert plan.temp_bytes == 0 and plan.peak_bytes == 4 * kib16
 
 
 # --- registry --------------------------------------------------------------------------------
