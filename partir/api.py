@@ -38,6 +38,7 @@ from partir.tactics import (
     apply_schedule,
     as_schedule,
 )
+from partir.tactics.outputs import OutShardings, check_out_shardings
 from partir.tactics.search import register_evaluator
 
 
@@ -105,15 +106,21 @@ class CorePartition:
 
 def core_partition(fn: Callable, mesh: Mesh | Any,
                    schedule: Sequence[ManualPartition] | ManualPartition,
-                   *args: Any, static_argnums: Sequence[int] = ()) -> CorePartition:
+                   *args: Any, static_argnums: Sequence[int] = (),
+                   out_shardings: Any = None) -> CorePartition:
     """Trace `fn(*args)` and apply `schedule` (tactics, or one tactic) on `mesh`,
     returning the Core program after each tactic. Arguments may be arrays or
-    `jax.ShapeDtypeStruct`s."""
+    `jax.ShapeDtypeStruct`s. `out_shardings`, as `jax.jit`'s (a pytree prefix of the
+    outputs of `PartitionSpec`s, None where unconstrained), is one more tactic after the
+    schedule (`partir.tactics.OutShardings`)."""
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
     start = time.perf_counter()
     traced = trace(fn, *args, static_argnums=static_argnums)
     frontend_s = time.perf_counter() - start
     tactics = as_schedule(schedule)
+    constraint = None if out_shardings is None else OutShardings.of(out_shardings, traced)
+    if constraint is not None:
+        tactics = [*tactics, constraint]
     initial, records = apply_schedule(traced, mesh, tactics)
     return CorePartition(traced, mesh, initial, records, frontend_s,
                          annotation_notes(traced, tactics))
@@ -193,14 +200,15 @@ def tactic_metadata(record: TacticRecord, device: str | DeviceSpec = DEFAULT_DEV
 
 def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartition],
                       args: tuple, static_argnums: Sequence[int],
-                      device: str | DeviceSpec = DEFAULT_DEVICE
+                      device: str | DeviceSpec = DEFAULT_DEVICE, out_shardings: Any = None
                       ) -> tuple[CorePartition, Metadata, Lowered]:
     """The Core partition, its `Metadata` and the final program's lowering. The final
     program is lowered and simulated at once (its errors are the caller's); the texts and
     the earlier tactics' collectives and costs wait until they are read."""
     device = get_device(device)  # an unknown name fails before any work
     with paused_gc():
-        result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums)
+        result = core_partition(fn, mesh, schedule, *args, static_argnums=static_argnums,
+                                out_shardings=out_shardings)
         final = lower(result.program)
         cost = simulate(final.hlo, device)
         tactics = [tactic_metadata(record, device, defer=True) for record in result.tactics]
@@ -226,9 +234,11 @@ def partition_program(fn: Callable, mesh: Mesh, schedule: Sequence[ManualPartiti
 def partition(fn: Callable, mesh: Mesh | Any,
               schedule: Sequence[ManualPartition] | ManualPartition, *args: Any,
               static_argnums: Sequence[int] = (),
-              device: str | DeviceSpec = DEFAULT_DEVICE) -> Metadata:
+              device: str | DeviceSpec = DEFAULT_DEVICE, out_shardings: Any = None) -> Metadata:
     """Partition `fn(*args)` without devices: arguments may be `jax.ShapeDtypeStruct`s and
     the mesh may be larger than the local device count. `device` names the spec the
-    simulator estimates `cost` for (`partir.sim.registered_devices()`, e.g. "h100")."""
+    simulator estimates `cost` for (`partir.sim.registered_devices()`, e.g. "h100");
+    `out_shardings` is `partir.jit`'s."""
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-    return partition_program(fn, mesh, schedule, args, static_argnums, device)[1]
+    return partition_program(fn, mesh, schedule, args, static_argnums, device,
+                             check_out_shardings(out_shardings))[1]

@@ -2,7 +2,9 @@
 
 Names become positions as `jax.jit` does it (`static_argnames` -> `static_argnums`,
 `donate_argnames` -> `donate_argnums`), because partir traces and caches by position.
-`in_shardings`/`out_shardings` are refused: the schedule decides the shardings.
+`out_shardings` (a pytree prefix of the outputs of `PartitionSpec`s, None where
+unconstrained) becomes one more tactic after the schedule
+(`partir.tactics.OutShardings`); `in_shardings` is refused: the schedule decides them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from partir.errors import PartitionError
+from partir.tactics.outputs import check_out_shardings
 
 
 class JitOptionError(PartitionError):
@@ -20,7 +23,7 @@ class JitOptionError(PartitionError):
 
 
 # Options that would override what the schedule decides.
-_SCHEDULE_DECIDES = ("in_shardings", "out_shardings")
+_SCHEDULE_DECIDES = ("in_shardings",)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class JitOptions:
     donate_argnums: tuple[int, ...] = ()
     keep_unused: bool = False
     compiler_options: dict[str, Any] = field(default_factory=dict)
+    out_shardings: Any = None  # jax.jit's, of PartitionSpecs (checked)
 
 
 def _as_tuple(value: int | str | Sequence[Any] | None) -> tuple[Any, ...]:
@@ -63,18 +67,19 @@ def resolve_jit_options(fn: Callable, options: dict[str, Any]) -> JitOptions:
     for key in _SCHEDULE_DECIDES:
         if key in options:
             raise JitOptionError(f"partir.jit does not take {key}: the schedule decides the "
-                                 f"shardings (see the returned Metadata's in_specs/out_specs)")
+                                 f"inputs' shardings (see the returned Metadata's in_specs)")
     static = _as_tuple(options.pop("static_argnums", ()))
     static += _positions(fn, _as_tuple(options.pop("static_argnames", ())), "static_argnames")
     donate = _as_tuple(options.pop("donate_argnums", ()))
     donate += _positions(fn, _as_tuple(options.pop("donate_argnames", ())), "donate_argnames")
     keep_unused = bool(options.pop("keep_unused", False))
     compiler_options = dict(options.pop("compiler_options", None) or {})
+    out_shardings = check_out_shardings(options.pop("out_shardings", None))
     if options:
         raise TypeError(f"partir.jit got unexpected keyword argument(s) "
                         f"{', '.join(sorted(options))}; it accepts static_argnums, "
-                        f"static_argnames, donate_argnums, donate_argnames, keep_unused and "
-                        f"compiler_options")
+                        f"static_argnames, donate_argnums, donate_argnames, keep_unused, "
+                        f"compiler_options and out_shardings")
     if any(i < 0 for i in static + donate):
         raise JitOptionError(f"static_argnums/donate_argnums must be non-negative positions, "
                              f"got {list(static)} and {list(donate)}")
@@ -82,4 +87,4 @@ def resolve_jit_options(fn: Callable, options: dict[str, Any]) -> JitOptions:
         raise JitOptionError(f"arguments {sorted(set(static) & set(donate))} are both static "
                              f"and donated")
     return JitOptions(tuple(sorted(set(static))), tuple(sorted(set(donate))), keep_unused,
-                      compiler_options)
+                      compiler_options, out_shardings)

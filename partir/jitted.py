@@ -100,7 +100,8 @@ class PartitionedFunction:
         found = self._compiled.get(key)
         if found is None:
             result, meta, final = partition_program(self.fn, self.mesh, self.schedule, args,
-                                                    self.static_argnums)
+                                                    self.static_argnums,
+                                                    out_shardings=self.options.out_shardings)
             executable = build_callable(
                 final.hlo, self.jax_mesh, donate_argnums=self._donated_leaves(args),
                 keep_unused=self.options.keep_unused,
@@ -275,8 +276,10 @@ def jit(fn: Callable, mesh: Mesh | Any, schedule: Sequence[ManualPartition] | Ma
     Returns the partitioned function and its `Metadata`, which is filled when the function
     is first called or lowered (as `jax.jit` traces on first use). Keyword arguments are
     `jax.jit`'s: `static_argnums`, `static_argnames`, `donate_argnums`,
-    `donate_argnames`, `keep_unused` and `compiler_options` (`in_shardings` and
-    `out_shardings` are refused: the schedule decides them)."""
+    `donate_argnames`, `keep_unused`, `compiler_options` and `out_shardings` (a pytree
+    prefix of the outputs of `PartitionSpec`s, None where unconstrained: each output
+    comes back with exactly its spec's sharding, by one more tactic after the schedule,
+    `partir.tactics.OutShardings`; `in_shardings` is refused: the schedule decides it)."""
     options = resolve_jit_options(fn, jit_options)
     # A jax.sharding.Mesh says which device holds which tile: the program runs on it.
     jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None

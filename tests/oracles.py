@@ -59,14 +59,14 @@ def assert_tree_close(actual, expected) -> None:
     assert not wrong, f"{len(wrong)} outputs differ: {wrong[:10]}"
 
 
-def check_oracles(fn, mesh: partir.Mesh, schedule, *args):
+def check_oracles(fn, mesh: partir.Mesh, schedule, *args, out_shardings=None):
     """fn(*args) by the Core interpreter of the partitioned program and by the executed
     program, both equal to `jax.jit(fn)`; the metadata."""
     expected = jax.jit(fn)(*args)
-    cp = partir.core_partition(fn, mesh, schedule, *args)
+    cp = partir.core_partition(fn, mesh, schedule, *args, out_shardings=out_shardings)
     core = cp.interpret(*args)
     # the results of several outputs come as a list, the function's as a tuple
     assert_same(tuple(core) if isinstance(core, list) else core, expected, "Core interpreter")
-    jitted, meta = partir.jit(fn, mesh, schedule)
+    jitted, meta = partir.jit(fn, mesh, schedule, out_shardings=out_shardings)
     assert_same(jitted(*args), expected, "executed")
     return meta

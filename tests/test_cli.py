@@ -122,7 +122,7 @@ def test_error_in_a_tactic_exits_2_with_its_line(capsys, tmp_path):
     (tmp_path / "model.py").write_text((ROOT / "examples" / "mlp" / "model.py").read_text())
     code, _, err = run(capsys, "partition", str(path))
     assert code == 2
-    assert err.startswith("partir: error: tactic MP: no input or tag named 'w3'")
+    assert err.startswith("partir: error: tactic MP: no input, output or tag named 'w3'")
     assert f"{path}:16" in err
 
 

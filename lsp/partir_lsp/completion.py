@@ -1,5 +1,5 @@
-"""Completion inside a tactic's string literals: input names, pytree path prefixes and tag
-names in the keys of a `ManualPartition` inputs dict (from the last analysis), and mesh
+"""Completion inside a tactic's string literals: input, output and tag names and pytree
+path prefixes in the keys of a `ManualPartition` inputs dict (from the last analysis), and mesh
 axes in its `axis` (from the last analysis, else from the text's `mesh = {...}`).
 
 The literal is found in the editor's current text; each item replaces the literal's

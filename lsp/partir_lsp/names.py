@@ -1,6 +1,6 @@
 """The names a tactic's inputs dict can use, from a partition result's values: the
-program's inputs and tags (outputs cannot be selected) and every pytree path prefix of
-them, as `ManualPartition` matches a key (`params/layers` selects each value named
+program's inputs, outputs (`out/1/w`) and tags, and every pytree path prefix of them, as
+`ManualPartition` matches a key (`params/layers` selects each value named
 `params/layers/...`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from partir_daemon import protocol as P
 
-SELECTABLE = ("input", "tag")
+SELECTABLE = ("input", "output", "tag")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from lsprotocol import types as lsp
 
 from partir_daemon import protocol as P
+from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
 
 SOURCE = "partir"
@@ -496,10 +497,10 @@ def layout_table(shape: Sequence[int], sharding: Sequence[Sequence[str]],
 
 def key_values(result: P.PartitionResult, key: str) -> P.ExplainResult:
     """What the daemon's `explain` answers for an input key, from a partition result
-    alone: the inputs and tags the key selects (itself, or every leaf under it as a pytree
-    prefix) and the final program's collectives moving them."""
+    alone: the inputs, outputs and tags the key selects (itself, or every leaf under it as
+    a pytree prefix) and the final program's collectives moving them."""
     values = [v for v in result.values
-              if v.kind in ("input", "tag") and _selects(key, v.name)]
+              if v.kind in SELECTABLE and _selects(key, v.name)]
     collectives = [c for c in result.collectives
                    if c.value is not None and _selects(key, c.value)]
     return P.ExplainResult(result.path, result.version, values, collectives)
@@ -516,7 +517,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
     bytes, and (for a single value) the devices holding each tile."""
     values = explained.values
     if not values:
-        return f"`{key}`: no input or tag of the program by this name"
+        return f"`{key}`: no input, output or tag of the program by this name"
     m = Mesh.of(mesh)
     parts = []
     if len(values) == 1:

@@ -200,6 +200,12 @@ class _Materializer:
         fn = Function(prog.name, list(prog.args), ops, [self.resolve(v) for v in prog.results],
                       list(prog.result_names))
         fn.attributes["mesh"] = str(prog.mesh)
+        if any(c is not None for c in prog.out_constraints):
+            # In the program's axes: a user's axis split into sub-axes is all of them.
+            fn.attributes["out_constraints"] = tuple(
+                None if c is None else
+                tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
+                for c in prog.out_constraints)
         return fn
 
     def _loop_nest(self, g: _Group, escaping: list[Value]) -> Op:

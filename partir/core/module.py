@@ -78,6 +78,10 @@ class CoreModule:
                                                 reversed(list(enumerate(self.args)))}
         self.results: list[Value] = list(fn.results)
         self.result_names: list[str] = list(fn.result_names)
+        # Per output, the exact sharding `out_shardings` asks for (per dim, the user's
+        # mesh axes major to minor), or None: the lowering returns it laid out so.
+        self.out_constraints: list[tuple[tuple[str, ...], ...] | None] = \
+            [None] * len(self.results)
         self.tags: dict[str, list[Value]] = {k: list(v) for k, v in traced.tags.items()}
         # What tactics read of the model besides its values: its inputs' pytree, its
         # sharding annotations (never rewritten, so shared by forks).
@@ -150,7 +154,8 @@ class CoreModule:
 
     def snapshot(self) -> CoreProgram:
         return CoreProgram(self.name, self.mesh, tuple(self.args), tuple(self.ops),
-                           dict(self.nests), tuple(self.results), tuple(self.result_names))
+                           dict(self.nests), tuple(self.results), tuple(self.result_names),
+                           tuple(self.out_constraints))
 
     def fork(self) -> CoreModule:
         """An independent copy to continue rewriting from this state (the daemon resumes
@@ -164,6 +169,7 @@ class CoreModule:
         new._arg_position = self._arg_position  # never changes, as the arguments do not
         new.results = list(self.results)
         new.result_names = list(self.result_names)
+        new.out_constraints = list(self.out_constraints)
         new.tags = {k: list(v) for k, v in self.tags.items()}
         new.traced = self.traced
         new.ops = list(self.ops)

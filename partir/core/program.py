@@ -195,6 +195,8 @@ class CoreProgram:
     nests: Mapping[int, Nest]  # by op uid; ops outside any loop are absent
     results: tuple[Value, ...]
     result_names: tuple[str, ...]
+    # Per output, the sharding `out_shardings` asks for exactly (`CoreModule`), or None.
+    out_constraints: tuple[tuple[tuple[str, ...], ...] | None, ...] = ()
 
     @functools.cached_property
     def producers(self) -> dict[Value, tuple[CoreOp, int]]:
@@ -281,5 +283,8 @@ class CoreProgram:
         return out
 
     def output_shardings(self) -> dict[str, Sharding]:
-        return {n: self.sharding(v) for n, v in zip(self.result_names, self.results,
-                                                    strict=True)}
+        """Each output's sharding: that of its value, or the one `out_shardings` asks
+        for, which the lowering lays it out in."""
+        constraints = self.out_constraints or (None,) * len(self.results)
+        return {n: self.sharding(v) if c is None else Sharding(c)
+                for n, v, c in zip(self.result_names, self.results, constraints, strict=True)}

@@ -21,7 +21,7 @@ from partir.frontend.annotation import (
     own_annotations,
     untyped,
 )
-from partir.frontend.names import leaf_names, parameter_names, path_to_name
+from partir.frontend.names import leaf_names, output_root, parameter_names
 from partir.frontend.source import is_user_file, model_location, user_location
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
 from partir.ir.dtypes import is_extended
@@ -256,11 +256,9 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
     builder = _Builder()
     results = builder.inline(jaxpr, closed.consts, arg_values)
 
-    out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
-    if len(out_leaves) == 1 and not out_leaves[0][0]:
-        output_names = ["out"]
-    else:
-        output_names = [path_to_name("", path) for path, _ in out_leaves]
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    output_names = leaf_names(out_shape, output_root(
+        [*input_names, *builder.tags, *builder.body_tags]))
     fn_name = name or getattr(fn, "__name__", "main")
     function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
                         builder.ops, results, output_names)

@@ -687,7 +687,10 @@ def localize_results(fn: Function) -> Function:
     producer = {r: op for op in fn.ops for r in op.results}
     results, shardings = list(fn.results), list(fn.attributes["out_shardings"])
     sizes = list(fn.attributes.get("out_sizes") or (None,) * len(fn.results))
+    constrained = fn.attributes.get("out_constraints") or (None,) * len(fn.results)
     for i, v in enumerate(fn.results):
+        if constrained[i] is not None:  # laid out as asked: `constrain_results`
+            continue
         op = producer.get(v)
         if (op is not None and op.name == "slice" and not any(shardings[i])
                 and sizes[i] is None and not any(op.params["start_indices"])
@@ -709,6 +712,41 @@ def localize_results(fn: Function) -> Function:
     if any(s is not None for s in sizes):
         attributes["out_sizes"] = tuple(sizes)
     return replace(fn, results=results, attributes=attributes)
+
+
+def constrain_results(fn: Function) -> Function:
+    """A result `out_shardings` constrains (attribute `out_constraints`: per dimension,
+    the axes asked) is returned with exactly that sharding. Where the all_gather that
+    makes it (the lowering gathers every result) gathers the asked axes and maybe more,
+    minor to them, the gather's operand is returned, gathered over those more only;
+    otherwise the whole result is sliced as asked, which moves no data."""
+    constraints = fn.attributes.get("out_constraints")
+    if constraints is None:
+        return fn
+    producer = {r: op for op in fn.ops for r in op.results}
+    mesh = fn.attributes["mesh"]
+    ops, results = list(fn.ops), list(fn.results)
+    shardings = list(fn.attributes["out_shardings"])
+    for i, (v, asked) in enumerate(zip(fn.results, constraints, strict=True)):
+        if asked is None or shardings[i] == asked or any(shardings[i]):
+            continue  # unconstrained, or laid out already
+        op = producer.get(v)
+        if op is not None and op.name == ALL_GATHER and all(
+                g[:len(a)] == a for g, a in zip(op.params["axes"], asked, strict=True)):
+            rest = _drop(op.params["axes"], asked)
+            if any(rest):
+                ops.append(make_all_gather(op.operands[0], rest, mesh, v.name, op.loc))
+                results[i] = ops[-1].results[0]
+            else:
+                results[i] = op.operands[0]
+        else:
+            ops.append(make_all_slice(v, asked, mesh, v.name))
+            results[i] = ops[-1].results[0]
+        shardings[i] = asked
+    if results == fn.results:
+        return fn
+    return replace(fn, ops=ops, results=results,
+                   attributes={**fn.attributes, "out_shardings": tuple(shardings)})
 
 
 def dce(fn: Function) -> Function:
@@ -851,6 +889,7 @@ def optimize(fn: Function) -> Function:
     while True:
         start = fn
         # dce last: the gathers localize_results bypasses die in this round, not the next
-        fn = dce(localize_results(localize_arguments(_sweep(cse(fn), LOCAL_PATTERNS))))
+        fn = dce(constrain_results(localize_results(localize_arguments(
+            _sweep(cse(fn), LOCAL_PATTERNS)))))
         if fn is start:
             return schedule_by_demand(regather_for_backward(sum_in_loop_bodies(fn)))

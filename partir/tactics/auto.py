@@ -97,13 +97,22 @@ class AutomaticPartition(Tactic):
     def run(self, module: CoreModule, names: Mapping[str, list[Value]]) -> TacticResult:
         for a in self.axis_names:
             module.mesh.check_axis(a, tactic=self.label, loc=self.loc)
-        if self.inputs is not None:
-            for p in self.inputs:
-                if not any(n == p or n.startswith(p + "/") for n in names):
-                    from partir.errors import UnknownInputError
-                    from partir.tactics.manual import _unknown_message
-                    raise UnknownInputError(_unknown_message(p, names), tactic=self.label,
-                                            loc=self.loc)
+        # The outputs' layout is the caller's to ask (`out_shardings`, a ManualPartition
+        # naming them): a search that tiled them would change what the function returns.
+        outputs = set(module.result_names)
+        for p in self.inputs or ():
+            selected = [n for n in names if n == p or n.startswith(p + "/")]
+            if not selected:
+                from partir.errors import UnknownInputError
+                from partir.tactics.manual import _unknown_message
+                raise UnknownInputError(_unknown_message(p, names), tactic=self.label,
+                                        loc=self.loc)
+            if outputs.issuperset(selected):
+                raise InvalidTacticError(
+                    f"AutomaticPartition inputs: {p!r} selects outputs only, which the "
+                    f"search does not lay out (tile them with a ManualPartition, or ask "
+                    f"partir.jit for out_shardings)", tactic=self.label, loc=self.loc)
+        names = {n: v for n, v in names.items() if n not in outputs}
         found = search(module, names, self)
         actions, prop_s = replay(module, names, found, self)
         return TacticResult(actions, found.notes, prop_s, found.record)

@@ -40,9 +40,11 @@ class TacticRecord:
 
 def named_values(module: CoreModule, traced: TracedProgram
                  ) -> dict[str, list[Value | BodyValue]]:
-    """What tactics may name: inputs, tags, and tags inside loop bodies."""
+    """What tactics may name: inputs, outputs (the values returned, under the output root
+    of `partir.frontend.names`), tags, and tags inside loop bodies."""
     names: dict[str, list[Value | BodyValue]] = {
         n: [v] for n, v in zip(traced.input_names, module.args, strict=True)}
+    names.update((n, [v]) for n, v in zip(traced.output_names, module.results, strict=True))
     for tag, values in module.tags.items():
         names.setdefault(tag, []).extend(values)
     for tag, tagged in traced.body_tags.items():

@@ -360,7 +360,7 @@ def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(key, sorted(candidates), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
     top = sorted({n.split("/")[0] for n in names})
-    return (f"no input or tag named {key!r}{hint} (inputs and tags: "
+    return (f"no input, output or tag named {key!r}{hint} (inputs, outputs and tags: "
             f"{', '.join(top[:12])}{', ...' if len(top) > 12 else ''})")
 
 

@@ -1,5 +1,6 @@
 """partir.jit takes jax.jit's keyword arguments: static and donated arguments by position
-or name, keep_unused and compiler_options; it refuses shardings the schedule decides."""
+or name, keep_unused, compiler_options and out_shardings (tests/api/test_out_shardings.py);
+it refuses the in_shardings the schedule decides."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ def test_keep_unused_and_compiler_options_reach_jax_jit():
 
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"in_shardings": None}, JitOptionError, "schedule decides"),
-    ({"out_shardings": None}, JitOptionError, "schedule decides"),
+    ({"out_shardings": ("batch",)}, partir.PartitionError, "out_shardings at [0]: expected "
+                                                           "a jax.sharding.PartitionSpec"),
     ({"static_argnames": "nope"}, JitOptionError, "'nope'"),
     ({"static_argnums": 2, "donate_argnums": 2}, JitOptionError, "both static and donated"),
     ({"static_argnums": -1}, JitOptionError, "non-negative"),

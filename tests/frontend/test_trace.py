@@ -30,6 +30,31 @@ def test_names_from_parameters_and_pytree_paths():
     assert prog.output_names == ["out"]
 
 
+def test_outputs_are_named_by_pytree_path_under_out():
+    def f(x, w):
+        return x.sum(), {"w": w * 2, "b": (x, w)}
+
+    prog = trace(f, S((2,), jnp.float32), S((3,), jnp.float32))
+    assert prog.output_names == ["out/0", "out/1/b/0", "out/1/b/1", "out/1/w"]
+    assert prog.function.result_names == prog.output_names
+
+
+def test_the_output_root_never_clashes_with_an_input_or_a_tag():
+    # A parameter named `out`: the outputs are named under "out_", as the VJP's cotangent
+    # is named past a parameter `cotangent`.
+    def f(out, out_):
+        return out * 2, out_
+
+    prog = trace(f, S((2,), jnp.float32), S((2,), jnp.float32))
+    assert prog.input_names == ["out", "out_"]
+    assert prog.output_names == ["out__/0", "out__/1"]
+
+    def g(x):
+        return partir.tag(x * 2, "out/h")
+
+    assert trace(g, S((2,), jnp.float32)).output_names == ["out_"]
+
+
 def test_static_argnums_are_not_inputs():
     def f(x, n):
         return x * n

@@ -70,7 +70,7 @@ def test_zero_turns_the_sharded_gradients_reductions_into_reduce_scatters(zero):
     names = res.traced.output_names
     sharded_params = sum(1 for name, s in zip(names, fn.attributes["out_shardings"],
                                               strict=True)
-                         if name.startswith("0/") and "batch" in sum(s, ()))
+                         if name.startswith("out/0/") and "batch" in sum(s, ()))
     if zero == "Z2":
         assert ag + sharded_params == ZERO_SHARDED
     else:

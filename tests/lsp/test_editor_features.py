@@ -87,7 +87,7 @@ async def test_completion_of_paths_and_axes_in_unfinished_code(session: Session)
     text = TINY_BP_MP_Z3.replace('{"batch": 0}', '{"batch": 0, ""}')
     session.change(uri, text)
     top = await complete(session, uri, text, '{"batch": 0, "|"}')
-    assert [i.label for i in top] == ["params", "opt_state", "batch"]
+    assert [i.label for i in top] == ["params", "opt_state", "batch", "out"]
     assert top[0].kind == T.CompletionItemKind.Module
     assert top[0].detail == f"{9 * 4 + 1} inputs"
 
@@ -99,7 +99,7 @@ async def test_completion_of_paths_and_axes_in_unfinished_code(session: Session)
     session.close(uri)
 
 
-async def test_completion_of_inputs_and_tags(session: Session) -> None:
+async def test_completion_of_inputs_outputs_and_tags(session: Session) -> None:
     uri = session.open("mlp/es.partir.py")
     await analysed(session, uri)
     text = session.workspace.path("mlp/es.partir.py").read_text().replace(
@@ -108,7 +108,8 @@ async def test_completion_of_inputs_and_tags(session: Session) -> None:
     items = await complete(session, uri, text, '"y": 1, "|')
     assert [(i.label, i.detail) for i in items] == [
         ("x", "input · tensor<256x8xf32>"), ("w1", "input · tensor<8x16xf32>"),
-        ("w2", "input · tensor<16x8xf32>"), ("y", "tag · tensor<256x8xf32>")]
+        ("w2", "input · tensor<16x8xf32>"), ("out", "output · tensor<256x8xf32>"),
+        ("y", "tag · tensor<256x8xf32>")]
     session.close(uri)
 
 

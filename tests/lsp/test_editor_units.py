@@ -43,7 +43,8 @@ TRANSFORMER_VALUES = [
     value("opt_state/0/mu/embed", shape=(64, 32)),
     value("batch/tokens", shape=(8, 16)),
     value("y", kind="tag"),
-    value("loss", kind="output", shape=()),
+    value("out/0", kind="output", shape=()),
+    value("out/1", kind="output", shape=(4, 8)),
 ]
 
 
@@ -125,12 +126,13 @@ def test_mesh_axes_from_the_text() -> None:
 # --- names ----------------------------------------------------------------------------------
 
 
-def test_names_are_inputs_and_tags_with_their_prefixes() -> None:
+def test_names_are_inputs_outputs_and_tags_with_their_prefixes() -> None:
     names = Names.of(TRANSFORMER_VALUES)
-    assert "loss" not in names.paths()  # an output: tactics cannot select it
     assert names.paths()[:5] == ["params", "params/embed", "params/layers",
                                  "params/layers/0", "params/layers/0/w_up"]
-    assert names.children("") == ["params", "opt_state", "batch", "y"]
+    assert names.paths()[-3:] == ["out", "out/0", "out/1"]
+    assert names.children("") == ["params", "opt_state", "batch", "y", "out"]
+    assert names.children("out/") == ["out/0", "out/1"]
     assert names.children("params/l") == ["params/embed", "params/layers"]
     assert names.children("params/layers/") == ["params/layers/0", "params/layers/1"]
     assert [v.name for v in names.under("params/layers/0")] == [
@@ -166,13 +168,18 @@ def test_completion_of_keys_offers_the_next_path_segment() -> None:
         ("params/layers/0/b_up", "input · tensor<128xf32>")]
 
 
-def test_completion_of_a_new_key_offers_inputs_and_tags() -> None:
+def test_completion_of_a_new_key_offers_inputs_outputs_and_tags() -> None:
     text = MLP_BP_MP_Z3.replace('{"w1": 1}', '{"w1": 1, "')
     items = complete(text, '{"w1": 1, "|', result()).items
     assert [(i.label, i.kind) for i in items] == [
         ("params", T.CompletionItemKind.Module), ("opt_state", T.CompletionItemKind.Module),
-        ("batch", T.CompletionItemKind.Module), ("y", T.CompletionItemKind.Reference)]
+        ("batch", T.CompletionItemKind.Module), ("y", T.CompletionItemKind.Reference),
+        ("out", T.CompletionItemKind.Module)]
     assert items[3].detail == "tag · tensor<4x8xf32>"
+    assert items[4].detail == "2 outputs"
+    items = complete(text.replace('"w1": 1, "', '"w1": 1, "out/'), '"out/|', result()).items
+    assert [(i.label, i.detail) for i in items] == [("out/0", "output · tensor<f32>"),
+                                                     ("out/1", "output · tensor<4x8xf32>")]
 
 
 def test_completion_of_axes_from_the_result_else_the_text() -> None:

@@ -184,7 +184,7 @@ def test_neovim_lsp_client_gets_diagnostic_and_hover(workspace: Workspace,
     errors = [d for d in report["diagnostics"] if d["severity"] == 1]
     assert [(d["lnum"], SCHEDULE.splitlines()[mp_line][d["col"]:d["end_col"]])
             for d in errors] == [(mp_line, '"xx"')], context
-    assert "no input or tag named 'xx'" in errors[0]["message"], context
+    assert "no input, output or tag named 'xx'" in errors[0]["message"], context
 
     hover = report["hover"]
     assert isinstance(hover, str), f"no hover on the input key \"x\"\n{context}"

@@ -182,7 +182,7 @@ def test_tactic_hover_speaks_in_user_terms() -> None:
            "over this axis" in text
 
 
-def test_key_values_select_inputs_and_tags_under_a_prefix() -> None:
+def test_key_values_select_inputs_outputs_and_tags_under_a_prefix() -> None:
     def value(name: str, kind: str) -> P.ExplainedValue:
         return P.ExplainedValue(name, kind, [8], "float32",
                                 [P.ShardingStep(1, "BP", [["batch"]], [2], True)])
@@ -192,7 +192,7 @@ def test_key_values_select_inputs_and_tags_under_a_prefix() -> None:
                                       P.SourceLocation("/ws/model.py", 3), 1, "BP")
 
     values = [value("params/w", "input"), value("params/b", "input"),
-              value("params2", "input"), value("params/w", "output"),
+              value("params2", "input"), value("out/params/w", "output"),
               value("params", "tag")]
     collectives = [moving("params/w"), moving("params2"), moving(None)]
     explained = render.key_values(result(values=values, collectives=collectives), "params")
@@ -200,6 +200,7 @@ def test_key_values_select_inputs_and_tags_under_a_prefix() -> None:
         ("params/w", "input"), ("params/b", "input"), ("params", "tag")]
     assert [c.value for c in explained.collectives] == ["params/w"]
     assert render.key_values(result(values=values), "params/w").values == [values[0]]
+    assert render.key_values(result(values=values), "out").values == [values[3]]
 
 
 def test_every_lens_runs_a_server_command() -> None:
