@@ -121,6 +121,39 @@ def _source_of(name: str, file: str, data: bytes, is_package: bool) -> ModuleSou
     return ModuleSource(name, file, hashlib.sha256(data).hexdigest(), imports)
 
 
+def local_imports(path: str, text: str | None = None) -> list[str]:
+    """The files in the directory of the schedule file `path` (its source: `text`, else
+    the file) that it imports, directly or through each other, read from the sources
+    alone. For a load that never finished (its process was killed or crashed), which
+    recorded nothing: the files whose fix on disk must bring the schedule file back."""
+    directory = os.path.dirname(os.path.abspath(path))
+    found: set[str] = set()
+    # (file, its module name, whether it is a package's __init__, its source if known)
+    todo: list[tuple[str, str, bool, str | bytes | None]] = [
+        (os.path.abspath(path), "", False, text)]
+    while todo:
+        file, name, is_package, data = todo.pop()
+        try:
+            if data is None:
+                with open(file, "rb") as f:
+                    data = f.read()
+            tree = ast.parse(data, file)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for imported in imported_names(tree, name if is_package else name.rpartition(".")[0]):
+            if is_own(imported):
+                continue
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                base = os.path.join(directory, *parts[:i])
+                for candidate, package in ((base + ".py", False),
+                                           (os.path.join(base, "__init__.py"), True)):
+                    if candidate not in found and os.path.isfile(candidate):
+                        found.add(candidate)
+                        todo.append((candidate, ".".join(parts[:i]), package, None))
+    return sorted(found)
+
+
 class _Recorder(importlib.abc.MetaPathFinder):
     """First on `sys.meta_path` while a schedule file runs: finds specs with the finders
     after it and, for the user's source files, reads and hashes them before the loader

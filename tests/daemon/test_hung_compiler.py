@@ -1,0 +1,53 @@
+"""A compiler process stuck in native code, or crashed by the user's code (issue 31,
+items 3 and 4): a diagnostic, a process replaced at once, and the fix on disk analysed
+again."""
+
+from __future__ import annotations
+
+import pytest
+
+from partir_daemon import protocol as P
+from tests.daemon.support import BP_MP_Z3, processes_mentioning, wait_until
+
+# `sum` over a range runs in C: no signal interrupts it, only the daemon's kill.
+NATIVE_LOOP = "x = sum(range(10**15))\n"
+SEGFAULT = "import ctypes\n\nctypes.string_at(0)\n"
+
+
+def _compilers(env) -> list[int]:
+    return processes_mentioning(f"partir_daemon.worker --workspace {env.workspace}")
+
+
+@pytest.mark.slow
+def test_a_model_looping_in_native_code_times_out_and_its_fix_is_analysed(env):
+    notes: list[tuple[str, dict]] = []
+    client = env.connect(on_notification=lambda m, p: notes.append((m, p)))
+    model = env.workspace / "mlp" / "native.py"
+    model.write_text(NATIVE_LOOP)
+    path = env.write("native.partir.py", "import native  # noqa\n" + BP_MP_Z3)
+    result = client.partition(path)
+    (d,) = result.diagnostics
+    assert d.kind == "timeout" and "could not be interrupted" in d.message
+    assert str(model) in result.dependencies
+    # Replaced at once, not at the next request.
+    assert wait_until(lambda: len(_compilers(env)) >= 1, timeout=30)
+    # The fix on disk is reported, for the editor to analyse the schedule file again.
+    model.write_text("x = 1\n")
+    assert wait_until(lambda: any(m == P.INVALIDATED and str(model) in p["paths"]
+                                  for m, p in notes), timeout=30), notes
+    assert client.partition(path).ok
+    log = env.paths.log.read_text()
+    assert "never retrieved" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_segfault_while_loading_is_a_diagnostic_and_a_failed_job(env):
+    client = env.connect()
+    path = env.write("segfault.partir.py", SEGFAULT + BP_MP_Z3)
+    result = client.partition(path)
+    (d,) = result.diagnostics
+    assert d.kind == "execution" and "SIGSEGV" in d.message and d.file == path
+    job = client.run(path, steps=1)
+    assert job.state == "failed" and "SIGSEGV" in job.error
+    assert {j.id: j.state for j in client.jobs()}[job.id] == "failed"
+    assert client.partition(env.write("good.partir.py", BP_MP_Z3)).ok
