@@ -4,9 +4,13 @@ again."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
 
 from partir_daemon import protocol as P
+from partir_daemon.client import RequestCancelled
 from tests.daemon.support import BP_MP_Z3, processes_mentioning, wait_until
 
 # `sum` over a range runs in C: no signal interrupts it, only the daemon's kill.
@@ -51,3 +55,18 @@ def test_a_segfault_while_loading_is_a_diagnostic_and_a_failed_job(env):
     assert job.state == "failed" and "SIGSEGV" in job.error
     assert {j.id: j.state for j in client.jobs()}[job.id] == "failed"
     assert client.partition(env.write("good.partir.py", BP_MP_Z3)).ok
+
+
+@pytest.mark.slow
+def test_a_newer_revision_frees_its_file_from_a_process_stuck_in_native_code(env):
+    env.config = dataclasses.replace(env.config, load_timeout_s=120.0)
+    client = env.connect()
+    path = env.write("edited.partir.py", NATIVE_LOOP + BP_MP_Z3)
+    stuck = client.request_future("partition", P.PartitionParams(path, NATIVE_LOOP + BP_MP_Z3,
+                                                                  version=1))
+    time.sleep(3)  # loading
+    start = time.monotonic()
+    fixed = client.partition(path, BP_MP_Z3, version=2)
+    assert fixed.ok and time.monotonic() - start < 60  # not the load timeout of 120 s
+    with pytest.raises(RequestCancelled):
+        stuck.result(timeout=5)
