@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from partir_daemon import protocol as P
-from tests.daemon.support import BP_MP_Z3, raw_connection, read_reply, wait_until
+from tests.daemon.support import (
+    STUBBORN,
+    raw_connection,
+    read_reply,
+    wait_until,
+)
 
 
 def _still_serving(env, sock: socket.socket) -> None:
@@ -126,22 +131,6 @@ def test_file_params_must_be_bounded_regular_files(shared):
     # A file that is not there is still the worker's "read" diagnostic.
     (d,) = shared.connect().partition(str(shared.workspace / "nope.partir.py")).diagnostics
     assert d.kind == "read"
-
-
-# A schedule file whose job ignores SIGTERM: stopping the daemon waits the jobs' grace
-# period (2 s) for it, a window in which the daemon is shutting down but listening.
-STUBBORN = '''\
-import os
-import signal
-import sys
-import time
-from pathlib import Path
-
-if os.environ.get("PARTIR_JOB_ID"):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print("SIGTERM-IGNORED", file=sys.stderr, flush=True)
-    time.sleep(120)
-''' + BP_MP_Z3
 
 
 @pytest.mark.slow
