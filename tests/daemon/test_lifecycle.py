@@ -162,10 +162,19 @@ def test_the_cli(env, monkeypatch, capsys):
     assert cli(["daemon", "start", "--workspace", workspace]) == 0
     assert f"already running for {env.workspace}: pid {pid}" in capsys.readouterr().out
     assert cli(["daemon", "status", "--workspace", workspace]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"partir daemon for {env.workspace}: running, pid {pid}, for ")
+    assert f"log     {env.paths.log}" in text and "jobs    none" in text
+    assert cli(["daemon", "status", "--workspace", workspace, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pid"] == pid
     assert cli(["daemon", "stop", "--workspace", workspace]) == 0
     assert not pid_alive(pid)
     assert cli(["daemon", "stop", "--workspace", workspace]) == 1
+    capsys.readouterr()
+    # The workspace named as what it is, not as the "." it defaults to.
+    monkeypatch.chdir(env.workspace)
+    assert cli(["daemon", "status"]) == 1
+    assert capsys.readouterr().out == f"no partir daemon is running for {env.workspace}\n"
 
 
 @pytest.mark.slow
