@@ -74,10 +74,10 @@ STARTUP_FAILED = 4
 # worker interrupts Python code; this catches code that cannot be interrupted).
 LOAD_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 120.0
-# How long a cancelled request may run on before its compiler process is killed: the
-# process checks its token within milliseconds, so one that does not answer is stuck (in
-# native code) and would hold the next revision of its file until its deadline.
-CANCEL_GRACE_S = 10.0
+# How long the compiler process has to say that it read a request's cancellation: one
+# that does not is stuck in native code holding the interpreter (its stdin reader cannot
+# run), and would hold the next revision of its file until its deadline: it is killed.
+CANCEL_GRACE_S = 5.0
 # How long a daemon refused the workspace's lock waits for the holder's identity file.
 HOLDER_WAIT_S = 2.0
 
@@ -158,6 +158,7 @@ class WorkItem:
     worker_id: int = 0
     loaded: bool = False
     cancelled_at: float | None = None  # the loop's time when it was cancelled
+    cancel_seen: bool = False  # the compiler process said it read the cancellation
 
     def progress(self, message: str, step: int | None, total: int | None) -> None:
         if self.conn is not None and self.request_id is not None:
@@ -338,6 +339,8 @@ class WorkerSupervisor:
                 item.progress(p["message"], p.get("step"), p.get("total"))
             elif "partial" in message:
                 item.partial(message["partial"])
+            elif "cancelling" in message:
+                item.cancel_seen = True
             else:
                 future = self._responses.get(item.worker_id)
                 if future is not None and not future.done():
@@ -371,8 +374,8 @@ class WorkerSupervisor:
                 limit = self.config.compile_timeout_s if item.loaded else \
                     self.config.load_timeout_s + LOAD_GRACE_S
                 remaining = start + limit - loop.time()
-                if item.cancelled_at is not None:
-                    # A newer revision (often the fix) waits for no hung process.
+                if item.cancelled_at is not None and not item.cancel_seen:
+                    # A newer revision (often the fix) waits for no stuck process.
                     remaining = min(remaining, item.cancelled_at + CANCEL_GRACE_S -
                                     loop.time())
                 if remaining <= 0:
@@ -415,12 +418,13 @@ class WorkerSupervisor:
         self.start_soon()
 
     async def _timed_out(self, item: WorkItem, limit: float) -> None:
-        """The worker did not answer in time (or, cancelled, within CANCEL_GRACE_S) and
-        did not interrupt itself: kill it."""
+        """The worker did not answer in time (or, cancelled, did not read it within
+        CANCEL_GRACE_S) and did not interrupt itself: kill it."""
         phase = "compiling" if item.loaded else "executing the schedule file"
-        if item.cancelled_at is not None:
-            log.warning("%s: cancelled, and no answer after %.0f s (%s); killing the "
-                        "compiler process", item.method, CANCEL_GRACE_S, phase)
+        if item.cancelled_at is not None and not item.cancel_seen:
+            log.warning("%s: cancelled, and the compiler process did not read it within "
+                        "%.0f s (%s: stuck in native code?); killing it", item.method,
+                        CANCEL_GRACE_S, phase)
             await self._replace_worker()
             self._fail(item, P.REQUEST_CANCELLED, "cancelled: superseded by a newer "
                        "revision, or on request (the compiler process did not stop, and was "

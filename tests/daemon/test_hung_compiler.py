@@ -70,3 +70,21 @@ def test_a_newer_revision_frees_its_file_from_a_process_stuck_in_native_code(env
     assert fixed.ok and time.monotonic() - start < 60  # not the load timeout of 120 s
     with pytest.raises(RequestCancelled):
         stuck.result(timeout=5)
+
+
+@pytest.mark.slow
+def test_a_cancelled_request_in_slow_python_code_is_not_killed(env):
+    # Tracing that takes longer than the cancel grace, in Python (as a large model's):
+    # the process reads the cancellation, so it is left to finish, caches and all.
+    slow = BP_MP_Z3.replace(
+        "program = partir.Program(mlp, *example_args())",
+        "import time\n\n\ndef slow(x, w1, w2):\n    time.sleep(8)\n"
+        "    return mlp(x, w1, w2)\n\n\nprogram = partir.Program(slow, *example_args())")
+    client = env.connect()
+    path = env.write("slow.partir.py", slow)
+    tracing = client.request_future("partition", P.PartitionParams(path, slow, version=1))
+    time.sleep(2)
+    assert client.partition(path, BP_MP_Z3, version=2).ok
+    with pytest.raises(RequestCancelled):
+        tracing.result(timeout=5)
+    assert client.cache_stats().worker_restarts == 0
