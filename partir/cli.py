@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
@@ -130,7 +131,6 @@ class ProgressLine:
             sys.stderr.flush()
             self._shown = True
             return
-        import time
         # Messages differing in their numbers only (steps, evaluations) are one stage.
         stage, now = message.translate(_NO_DIGITS), time.monotonic()
         if stage == self._last[0] and now - self._last[1] < 1.0:
@@ -469,8 +469,6 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
     if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_force_host_platform_device_count=8").strip()
-    import time
-
     import jax
     import numpy as np
 
