@@ -259,10 +259,12 @@ class WorkerSupervisor:
             self._cancel_running(current)
 
     def _cancel_running(self, item: WorkItem) -> None:
-        # The worker checks between tactics and answers with REQUEST_CANCELLED.
-        if item.cancelled_at is None and self.proc is not None and \
-                self.proc.stdin is not None:
-            item.cancelled_at = asyncio.get_running_loop().time()
+        # The worker checks between tactics and answers with REQUEST_CANCELLED; a request
+        # not sent yet (its process is starting) is failed before it is (`_serve`).
+        if item.cancelled_at is not None:
+            return
+        item.cancelled_at = asyncio.get_running_loop().time()
+        if item.worker_id and self.proc is not None and self.proc.stdin is not None:
             self.proc.stdin.write(P.encode({"cancel": item.worker_id}))
 
     @staticmethod
@@ -363,6 +365,11 @@ class WorkerSupervisor:
     async def _serve(self, item: WorkItem) -> None:
         await self._ensure_process()
         assert self.proc is not None and self.proc.stdin is not None
+        if item.cancelled_at is not None:  # while the process started
+            self.cancelled += 1
+            self._fail(item, P.REQUEST_CANCELLED, "cancelled: superseded by a newer "
+                       "revision, or on request")
+            return
         item.worker_id = next(self._worker_ids)
         loop = asyncio.get_running_loop()
         response = self._responses[item.worker_id] = loop.create_future()

@@ -72,19 +72,38 @@ def test_a_newer_revision_frees_its_file_from_a_process_stuck_in_native_code(env
         stuck.result(timeout=5)
 
 
+# Tracing that takes longer than the cancel grace, in Python (as a large model's).
+SLOW_TRACE = BP_MP_Z3.replace(
+    "program = partir.Program(mlp, *example_args())",
+    "import time\n\n\ndef slow(x, w1, w2):\n    time.sleep(8)\n    return mlp(x, w1, w2)\n\n\n"
+    "program = partir.Program(slow, *example_args())")
+
+
 @pytest.mark.slow
 def test_a_cancelled_request_in_slow_python_code_is_not_killed(env):
-    # Tracing that takes longer than the cancel grace, in Python (as a large model's):
-    # the process reads the cancellation, so it is left to finish, caches and all.
-    slow = BP_MP_Z3.replace(
-        "program = partir.Program(mlp, *example_args())",
-        "import time\n\n\ndef slow(x, w1, w2):\n    time.sleep(8)\n"
-        "    return mlp(x, w1, w2)\n\n\nprogram = partir.Program(slow, *example_args())")
+    # The process reads the cancellation, so it is left to finish, caches and all.
     client = env.connect()
-    path = env.write("slow.partir.py", slow)
-    tracing = client.request_future("partition", P.PartitionParams(path, slow, version=1))
+    assert client.partition(env.write("warm.partir.py", BP_MP_Z3)).ok  # a process ready
+    path = env.write("slow.partir.py", SLOW_TRACE)
+    tracing = client.request_future("partition", P.PartitionParams(path, SLOW_TRACE,
+                                                                   version=1))
     time.sleep(2)
     assert client.partition(path, BP_MP_Z3, version=2).ok
     with pytest.raises(RequestCancelled):
         tracing.result(timeout=5)
+    assert client.cache_stats().worker_restarts == 0, env.paths.log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_request_cancelled_while_its_process_starts_is_never_sent(env):
+    client = env.connect()
+    path = env.write("slow.partir.py", SLOW_TRACE)
+    start = time.monotonic()
+    first = client.request_future("partition", P.PartitionParams(path, SLOW_TRACE,
+                                                                 version=1))
+    time.sleep(0.5)  # taken from the queue; its process takes seconds to start
+    assert client.partition(path, BP_MP_Z3, version=2).ok
+    with pytest.raises(RequestCancelled):
+        first.result(timeout=5)
+    assert time.monotonic() - start < 8  # the slow trace never ran
     assert client.cache_stats().worker_restarts == 0
