@@ -13,16 +13,23 @@
     partir partition FILE --emit-schedule
                                         the schedule as source, each AutomaticPartition
                                         replaced by the ManualPartitions it found
-    partir run FILE [--steps N]         run the partitioned program on the local devices,
-                                        check it against the unpartitioned function and
-                                        report the step time
-    partir daemon start|stop|status [--workspace DIR]
+    partir run FILE [--steps N] [--seed S] [--no-check] [--json]
+                                        run the partitioned program on the local devices,
+                                        check it against the unpartitioned function (inputs
+                                        drawn with seed S) and report the step time
+    partir daemon start|stop|status [--workspace DIR] [--json]
                                         the compiler daemon of a workspace (default: the
                                         current directory), see `partir_daemon`
+    partir jobs [list|show ID|cancel ID|logs ID] [--workspace DIR]
+                                        the jobs the workspace's daemon runs
     partir lsp                          the language server over stdio, see `partir_lsp`
 
 FILE is a schedule file (`*.partir.py`, see `partir.schedule_file`). Bad schedule files
-and bad tactics are reported as `partir: error: ...` with exit status 2.
+and bad tactics are reported as `partir: error: FILE:LINE: ...` with exit status 2.
+
+Long work (loading the schedule file, each tactic, a search, lowering, compiling, the
+steps) shows its progress on one line of stderr when stderr is a terminal; `--progress`
+writes it to any stderr (one message a line, no carriage returns), `--no-progress` never.
 
 The tools built on the library add their commands (`daemon`, `lsp`) through the
 `partir.commands` entry points: each is a function given the subparsers that adds its
@@ -34,14 +41,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
 from partir import __version__
 from partir.api import CorePartition, tactic_metadata
+from partir.cancel import Progress, reporting
+from partir.conflict_groups import group_conflicts
 from partir.core.program import Sharding
 from partir.errors import PartitionError
 from partir.pipeline import Lowered, lower
@@ -64,9 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = getattr(args, "run", None)
     if run is not None:
         return run(args)
+    progress = ProgressLine.of(args.progress)
     try:
-        return _partition(args) if args.command == "partition" else _run(args)
+        return _partition(args, progress) if args.command == "partition" else \
+            _run(args, progress)
     except PartitionError as e:
+        return _fail(str(e))
+    except _Failed as e:
         return _fail(str(e))
     except BrokenPipeError:
         # The reader stopped early (`partir partition FILE | head`): not an error. Python
@@ -75,9 +90,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+class _Failed(Exception):
+    """The schedule file could not be analysed: its first diagnostic, as the message."""
+
+
 def _fail(message: str) -> int:
     print(f"partir: error: {message}", file=sys.stderr)
     return 2
+
+
+_NO_DIGITS = str.maketrans("", "", "0123456789")
+
+
+class ProgressLine:
+    """Progress messages on stderr. On a terminal: one line, rewritten in place and
+    cleared at the end. Elsewhere (forced with `--progress`): one message a line, never a
+    carriage return, and messages of one stage (a search's evaluations, the steps) at
+    most one a second, so that logs stay short."""
+
+    def __init__(self, enabled: bool, terminal: bool) -> None:
+        self.enabled = enabled
+        self.terminal = terminal
+        self._shown = False
+        self._last: tuple[str, float] = ("", 0.0)
+
+    @classmethod
+    def of(cls, flag: bool | None) -> ProgressLine:
+        """`flag`: --progress (True), --no-progress (False), else whether stderr is a
+        terminal."""
+        terminal = sys.stderr.isatty()
+        return cls(terminal if flag is None else flag, terminal)
+
+    def __call__(self, message: str, step: int | None = None,
+                 total: int | None = None) -> None:
+        if not self.enabled:
+            return
+        if self.terminal:
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            sys.stderr.write("\r\033[K" + message[:width])
+            sys.stderr.flush()
+            self._shown = True
+            return
+        # Messages differing in their numbers only (steps, evaluations) are one stage.
+        stage, now = message.translate(_NO_DIGITS), time.monotonic()
+        if stage == self._last[0] and now - self._last[1] < 1.0:
+            return
+        self._last = (stage, now)
+        print(message, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        """Clear the terminal's progress line, before the results are printed."""
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._shown = False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,39 +170,83 @@ def _parser() -> argparse.ArgumentParser:
     partition.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
                            help="device spec of the estimated cost columns (default "
                                 f"{DEFAULT_DEVICE}; one of {', '.join(registered_devices())})")
+    _progress_flag(partition)
     run = commands.add_parser(
         "run", help="run the partitioned program on the local devices",
         description="Partition the schedule file's program, run it on the local devices "
                     "(8 virtual CPU devices when there is no accelerator), compare it with "
                     "the unpartitioned function and report the step time.")
     run.add_argument("file", metavar="FILE", help="a schedule file (*.partir.py)")
-    run.add_argument("--steps", type=int, default=10, metavar="N",
+    run.add_argument("--steps", type=_at_least(0), default=10, metavar="N",
                      help="timed steps after the first (compiling) one (default 10)")
+    run.add_argument("--seed", type=_at_least(0), default=0, metavar="S",
+                     help="seed of the random values of the example arguments' abstract "
+                          "leaves (default 0)")
+    run.add_argument("--no-check", dest="check", action="store_false",
+                     help="do not run the unpartitioned function to compare with")
+    run.add_argument("--json", action="store_true",
+                     help="print the results as one JSON object instead of text")
+    _progress_flag(run)
     for command in entry_points(group="partir.commands"):
         command.load()(commands)
     return parser
 
 
-def _partition(args: argparse.Namespace) -> int:
+def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show progress on stderr (default: when it is a terminal)")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _partition(args: argparse.Namespace, progress: ProgressLine) -> int:
     device = get_device(args.device)  # an unknown name fails before any work
-    # Partitioning needs the example arguments' shapes only.
-    schedule_file = load_schedule_file(args.file, abstract_args=True)
-    result = schedule_file.program.core_partition(schedule_file.mesh, schedule_file.schedule)
+    schedule_file, result = analyse(args.file, progress)
     if args.ir is not None:
         if args.after is not None and not 0 <= args.after <= len(result.tactics):
             return _fail(f"--after {args.after}: the schedule has {len(result.tactics)} "
                          f"tactics (0 is the traced program)")
         if args.ir == "core":
-            print(result.core_ir(after=args.after))
+            text = result.core_ir(after=args.after)
         else:
-            print(lower(result.program_after(args.after)).text(args.ir))
+            progress(f"lowering to PartIR:{args.ir.upper()}")
+            text = lower(result.program_after(args.after)).text(args.ir)
     elif args.json:
-        print(json.dumps(_json(schedule_file, result, device.name), indent=2))
+        text = json.dumps(_json(schedule_file, result, device.name, progress), indent=2)
     elif args.emit_schedule:
-        print(emit_schedule(schedule_file, result))
+        text = emit_schedule(schedule_file, result)
     else:
-        print(_report(schedule_file, result, device.name))
+        text = _report(schedule_file, result, device.name, progress)
+    progress.done()
+    print(text)
     return 0
+
+
+def analyse(path: str, progress: Progress) -> tuple[ScheduleFile, CorePartition]:
+    """Load the schedule file and apply its tactics, reporting each stage (a search's
+    too) to `progress`: the daemon's pipeline (`partir.session`), run once, with the
+    example arguments' shapes only. Raises _Failed with the first diagnostic."""
+    from partir.session import Session
+
+    session = Session(os.getcwd(), load_timeout_s=0)  # no limit: the user is watching
+    analysis = session.analyse(path, progress=progress)
+    if analysis.diagnostics:
+        d = analysis.diagnostics[0]
+        where = f"{d.file}:{d.line}" if d.line else d.file
+        inner = f" (at {d.inner.file}:{d.inner.line})" if d.inner is not None else ""
+        raise _Failed(f"{where}: {d.message}{inner}")
+    sf, trace = analysis.schedule_file, analysis.trace
+    assert sf is not None and trace is not None and analysis.initial is not None
+    records = [st.record for st in analysis.states if st.record is not None]
+    return sf, CorePartition(trace.traced, sf.mesh, analysis.initial.module.snapshot(),
+                             records, trace.elapsed_s)
 
 
 def emit_schedule(schedule_file: ScheduleFile, result: CorePartition) -> str:
@@ -211,7 +321,7 @@ def _seconds(s: float) -> str:
 
 
 def _report(schedule_file: ScheduleFile, result: CorePartition,
-            device: str = DEFAULT_DEVICE) -> str:
+            device: str = DEFAULT_DEVICE, progress: Progress | None = None) -> str:
     lines = [f"{schedule_file.path}: {result.traced.function.name} on mesh {result.mesh}, "
              f"traced {len(result.initial.ops)} ops in {result.frontend_s * 1e3:.1f} ms",
              *(f"note: {note}" for note in result.notes), ""]
@@ -221,8 +331,13 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
               "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
     paddings = []
+    n = len(result.tactics)
+    if progress is not None and n:
+        progress(f"lowering the program after tactic {n}", n, n)
     final = lower(result.tactics[-1].program) if result.tactics else None
     for i, (t, (inputs, _)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
+        if progress is not None:
+            progress(f"lowering and simulating tactic {i}/{n}: {t.name}", i, n)
         meta = tactic_metadata(t, device, core_ir=False,
                                lowered=final if i == len(result.tactics) else None)
         # The padding each tactic introduces: that of the dimensions its axis pads.
@@ -249,7 +364,7 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
                      "(all devices)")
     for i, (t, (inputs, outputs)) in enumerate(zip(result.tactics, shardings, strict=True), 1):
         lines += ["", f"[{i}] {t.name}: " + "; ".join(t.actions)]
-        lines += [f"    conflict: {c}" for c in t.conflicts]
+        lines += _conflict_lines(t, i)
         lines += [f"    padding: {p['value']} dim {p['dim']}: {p['size']} -> {p['padded']} on "
                   f"{{{', '.join(p['axes'])}}} ({_bytes(p['wasted_bytes'])}, "
                   f"{_flops(p['wasted_flops'])} FLOP wasted)"
@@ -270,6 +385,25 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
     if final is not None:
         lines += _sites(final)
     return "\n".join(lines)
+
+
+def _conflict_lines(t: TacticRecord, index: int) -> list[str]:
+    """The tactic's conflicts grouped as the editor shows them (`partir.conflict_groups`):
+    their count, what they mean for the program, and one line per group."""
+    if not t.conflicts:
+        return []
+    groups = group_conflicts(c.to_json() for c in t.conflicts)
+    count = len(t.conflicts)
+    out = [f"    {count} conflict{'s' if count > 1 else ''} at {len(groups)} "
+           f"place{'s' if len(groups) > 1 else ''}: propagation stopped there and left "
+           f"those ops as they were on {t.axis!r} (each line says why; a tactic on their "
+           f"inputs, or a tag, decides them)"]
+    for group in groups[:MAX_SHOWN]:
+        site = f" [{group.site}]" if group.site else ""
+        out.append(f"    {group.message(f'tactic {index} ({t.name})')}{site}")
+    if len(groups) > MAX_SHOWN:
+        out.append(f"    ... conflicts at {len(groups) - MAX_SHOWN} more places")
+    return out
 
 
 def _sites(final: Lowered) -> list[str]:
@@ -300,10 +434,13 @@ def _sites(final: Lowered) -> list[str]:
 
 
 def _json(schedule_file: ScheduleFile, result: CorePartition,
-          device: str = DEFAULT_DEVICE) -> dict[str, Any]:
+          device: str = DEFAULT_DEVICE, progress: Progress | None = None) -> dict[str, Any]:
     tactics = []
     for i, (t, source) in enumerate(zip(result.tactics, schedule_file.tactics, strict=True),
                                     1):
+        if progress is not None:
+            progress(f"lowering and simulating tactic {i}/{len(result.tactics)}: {t.name}",
+                     i, len(result.tactics))
         span = source.span.to_json() if source.span else None
         meta = tactic_metadata(t, device, core_ir=False)
         tactics.append({
@@ -328,60 +465,89 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
             "tactics": tactics}
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
     # Without an accelerator, run on 8 virtual CPU devices; this must precede JAX's backend
     # initialisation, which happens on first use below.
-    import os
     if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_force_host_platform_device_count=8").strip()
-    import time
-
     import jax
     import numpy as np
 
     import partir
 
+    progress("loading the schedule file")
     schedule_file = load_schedule_file(args.file)
     program = schedule_file.program
-    inputs = _concrete_inputs(program.args)
+    inputs = _concrete_inputs(program.args, args.seed)
     fn, meta = partir.jit(program.fn, schedule_file.mesh, schedule_file.schedule,
                           static_argnums=program.static_argnums)
-    print(f"{schedule_file.path}: {len(jax.devices())} {jax.devices()[0].platform} devices, "
-          f"mesh {schedule_file.mesh}")
+    devices = jax.devices()
+    report = {"file": schedule_file.path, "platform": devices[0].platform,
+              "devices": len(devices), "mesh": dict(schedule_file.mesh), "seed": args.seed}
+    if not args.json:
+        progress.done()
+        print(f"{schedule_file.path}: {len(devices)} {devices[0].platform} devices, "
+              f"mesh {schedule_file.mesh}")
+    progress(f"partitioning ({len(schedule_file.schedule)} tactics) and compiling")
     start = time.perf_counter()
-    out = jax.block_until_ready(fn(*inputs))
-    print(f"partitioned and compiled in {time.perf_counter() - start:.2f} s; collectives "
-          + ", ".join(f"{k} {v}" for k, v in meta.collectives.items() if v))
-    want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
-    worst = max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                 for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True)
-                 if np.size(a)), default=0.0)
-    ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in
-             zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True))
-    print(f"check against the unpartitioned function: max |error| {worst:.2e} "
-          f"{'OK' if ok else 'MISMATCH'}")
+    with reporting(progress):  # a search's progress
+        out = jax.block_until_ready(fn(*inputs))
+    report |= {"compile_s": time.perf_counter() - start,
+               "collectives": {k: v for k, v in meta.collectives.items() if v}}
+    if not args.json:
+        progress.done()
+        print(f"partitioned and compiled in {report['compile_s']:.2f} s; collectives "
+              + ", ".join(f"{k} {v}" for k, v in report["collectives"].items()))
+    ok = True
+    if args.check:
+        progress("running the unpartitioned function to compare with")
+        worst, ok = compare_with_unpartitioned(program, inputs, out)
+        report |= {"max_abs_error": worst, "check_ok": ok}
+        if not args.json:
+            progress.done()
+            print(f"check against the unpartitioned function: max |error| {worst:.2e} "
+                  f"{'OK' if ok else 'MISMATCH'}")
     times = []
     for step in range(args.steps):
+        progress(f"step {step + 1}/{args.steps}", step + 1, args.steps)
         start = time.perf_counter()
         jax.block_until_ready(fn(*inputs))
         times.append(time.perf_counter() - start)
-        done = (step + 1) * 30 // args.steps
-        print(f"\r[{'#' * done}{' ' * (30 - done)}] {step + 1}/{args.steps}", end="",
-              flush=True)
-    if times:
-        print(f"\nstep time: median {np.median(times) * 1e3:.2f} ms, "
+    progress.done()
+    report |= {"steps": len(times),
+               "step_time_median_s": float(np.median(times)) if times else None,
+               "step_time_min_s": min(times) if times else None}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif times:
+        print(f"step time: median {np.median(times) * 1e3:.2f} ms, "
               f"min {min(times) * 1e3:.2f} ms over {len(times)} steps")
     return 0 if ok else 1
 
 
-def _concrete_inputs(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The example arguments, with abstract leaves replaced by seeded random values
-    (integers in [0, 2) so that they are valid indices)."""
+def compare_with_unpartitioned(program: Any, inputs: tuple[Any, ...],
+                               out: Any) -> tuple[float, bool]:
+    """The partitioned program's result `out` against the unpartitioned function's on
+    `inputs` (a `partir.Program`'s): the largest absolute difference, and whether every
+    leaf is close (rtol = atol = 1e-4)."""
     import jax
     import numpy as np
 
-    rng = np.random.default_rng(0)
+    want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
+    pairs = list(zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True))
+    worst = max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                 for a, b in pairs if np.size(a)), default=0.0)
+    return worst, all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
+
+
+def _concrete_inputs(args: tuple[Any, ...], seed: int = 0) -> tuple[Any, ...]:
+    """The example arguments, with abstract leaves replaced by random values drawn with
+    `seed` (integers in [0, 2) so that they are valid indices)."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
 
     def make(x: Any) -> Any:
         if not isinstance(x, jax.ShapeDtypeStruct):

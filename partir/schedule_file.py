@@ -31,6 +31,7 @@ from partir.ir.location import Location
 from partir.mesh import Mesh
 from partir.program import Program
 from partir.tactics.base import Tactic
+from partir.tactics.driver import as_schedule
 from partir.user_modules import USER_MODULES, imported_names, is_library
 
 # The name the file runs under while it executes: not "__main__", so that an
@@ -386,11 +387,14 @@ def _read_definitions(source: _Source, tree: ast.Module,
         except PartitionError as e:
             raise ScheduleTypeError(f"`mesh` is not a valid mesh: {e.message}",
                                     source.filename, span_of("mesh")) from None
-    if not isinstance(schedule, list | tuple):
+    single = isinstance(schedule, Tactic)  # one tactic, as `partir.jit` takes it
+    if not (single or isinstance(schedule, list | tuple)):
         raise ScheduleTypeError(f"`schedule` must be a list of tactics such as "
-                                f"partir.ManualPartition, got {type(schedule).__name__}",
-                                source.filename, span_of("schedule"))
-    tactics = _tactic_sources(source, bindings, len(schedule))
+                                f"partir.ManualPartition, or one tactic, got "
+                                f"{type(schedule).__name__}", source.filename,
+                                span_of("schedule"))
+    schedule = as_schedule(schedule)
+    tactics = _tactic_sources(source, bindings, len(schedule), single)
     for i, tactic in enumerate(schedule):
         if not isinstance(tactic, Tactic):
             raise ScheduleTypeError(f"`schedule[{i}]` must be a tactic such as "
@@ -468,10 +472,14 @@ def _target_names(target: ast.expr) -> list[str]:
 
 
 def _tactic_sources(source: _Source, bindings: dict[str, ast.stmt],
-                    count: int) -> list[TacticSource]:
+                    count: int, single: bool = False) -> list[TacticSource]:
+    """Where each tactic is written: the elements of the list `schedule` is assigned, or
+    (`single`) the value it is assigned."""
     stmt = bindings.get("schedule")
     value = getattr(stmt, "value", None) if isinstance(stmt, ast.Assign | ast.AnnAssign) \
         else None
+    if single and value is not None:
+        return [TacticSource(source.span(value), _input_keys(source, bindings, value))]
     if not (isinstance(value, ast.List | ast.Tuple) and len(value.elts) == count
             and not any(isinstance(e, ast.Starred) for e in value.elts)):
         return [TacticSource(None) for _ in range(count)]

@@ -7,7 +7,10 @@ only what changed on disk: a module whose file's content hash differs from the o
 *before* its import read it (so an edit made while it was importing is never cached under
 the new hash), and every module that imports it, directly or through others.
 
-User modules are those outside the interpreter's and partir's own directories. Each
+User modules are those outside the interpreter's and partir's own directories, and never
+partir's own packages (`OWN_PACKAGES`), wherever they were imported from: a workspace that
+is a partir checkout has folders named like them at its root, and the process loading
+its schedule files (the daemon's compiler) runs on those packages. Each
 directory of schedule files has its own set: two example directories may each have a
 `model.py`, and a schedule file must get the one next to it, as a fresh interpreter
 started there would. Before a load, `UserModules.enter` puts the directory's set in
@@ -37,6 +40,15 @@ _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key, p in
                               if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
+# partir's packages: the compiler library, its daemon and its language server.
+OWN_PACKAGES = frozenset({"partir", "partir_daemon", "partir_lsp"})
+
+
+def is_own(name: str) -> bool:
+    """Whether module `name` belongs to one of partir's own packages."""
+    return name.partition(".")[0] in OWN_PACKAGES
+
+
 def is_library(file: str) -> bool:
     file = os.path.abspath(file)
     return file.startswith(_PARTIR_DIR) or file.startswith(_LIBRARY_DIRS)
@@ -51,9 +63,10 @@ def content_hash(path: str) -> str | None:
         return None
 
 
-def _user_file(module: types.ModuleType) -> str | None:
+def _user_file(name: str, module: types.ModuleType) -> str | None:
     file = getattr(module, "__file__", None)
-    if not isinstance(file, str) or file.startswith("<") or is_library(file):
+    if is_own(name) or not isinstance(file, str) or file.startswith("<") or \
+            is_library(file):
         return None
     return os.path.abspath(file)
 
@@ -108,6 +121,39 @@ def _source_of(name: str, file: str, data: bytes, is_package: bool) -> ModuleSou
     return ModuleSource(name, file, hashlib.sha256(data).hexdigest(), imports)
 
 
+def local_imports(path: str, text: str | None = None) -> list[str]:
+    """The files in the directory of the schedule file `path` (its source: `text`, else
+    the file) that it imports, directly or through each other, read from the sources
+    alone. For a load that never finished (its process was killed or crashed), which
+    recorded nothing: the files whose fix on disk must bring the schedule file back."""
+    directory = os.path.dirname(os.path.abspath(path))
+    found: set[str] = set()
+    # (file, its module name, whether it is a package's __init__, its source if known)
+    todo: list[tuple[str, str, bool, str | bytes | None]] = [
+        (os.path.abspath(path), "", False, text)]
+    while todo:
+        file, name, is_package, data = todo.pop()
+        try:
+            if data is None:
+                with open(file, "rb") as f:
+                    data = f.read()
+            tree = ast.parse(data, file)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for imported in imported_names(tree, name if is_package else name.rpartition(".")[0]):
+            if is_own(imported):
+                continue
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                base = os.path.join(directory, *parts[:i])
+                for candidate, package in ((base + ".py", False),
+                                           (os.path.join(base, "__init__.py"), True)):
+                    if candidate not in found and os.path.isfile(candidate):
+                        found.add(candidate)
+                        todo.append((candidate, ".".join(parts[:i]), package, None))
+    return sorted(found)
+
+
 class _Recorder(importlib.abc.MetaPathFinder):
     """First on `sys.meta_path` while a schedule file runs: finds specs with the finders
     after it and, for the user's source files, reads and hashes them before the loader
@@ -125,7 +171,8 @@ class _Recorder(importlib.abc.MetaPathFinder):
             if spec is None:
                 continue
             origin = spec.origin
-            if isinstance(origin, str) and origin.endswith(".py") and not is_library(origin):
+            if isinstance(origin, str) and origin.endswith(".py") and not is_library(origin) \
+                    and not is_own(name):
                 try:
                     with open(origin, "rb") as f:
                         data = f.read()
@@ -195,7 +242,7 @@ class UserModules:
         local = _local_names(directory)
         for name in [n for n, m in sys.modules.items()
                      if (n in self._installed or n.partition(".")[0] in local)
-                     and _user_file(m) is not None and d.modules.get(n) is not m]:
+                     and _user_file(n, m) is not None and d.modules.get(n) is not m]:
             del sys.modules[name]
         sys.modules.update(d.modules)
         found: dict[str, ModuleSource] = {}
@@ -208,7 +255,7 @@ class UserModules:
             for name, source in found.items():
                 d.sources[name] = source
                 module = sys.modules.get(name)
-                if module is not None and _user_file(module) == source.file:
+                if module is not None and _user_file(name, module) == source.file:
                     d.modules[name] = module
             self._installed = set(d.modules)
 

@@ -15,8 +15,9 @@ API:
 - `DaemonClient.connect(workspace, autostart=True, config=None, timeout=120.0,
   on_progress=None, on_notification=None)`: connects to the workspace's daemon, starting
   one (detached, logging to `<workspace>/.partir/daemon.log`) when none runs and
-  `autostart` is set. `timeout` is the default per-request timeout in seconds (None: wait
-  forever); every method also takes `timeout=`.
+  `autostart` is set; a daemon answering that it is shutting down (asked to, or idle)
+  is waited for and replaced the same way. `timeout` is the default per-request timeout
+  in seconds (None: wait forever); every method also takes `timeout=`.
 - One method per RPC: `partition`, `ir`, `explain`, `run`, `jobs`, `job`, `cancel`,
   `cache_stats`, `status`, `shutdown`; each returns the result dataclass of
   `partir_daemon.protocol`. `request_future(method, params)` sends without waiting and
@@ -112,6 +113,12 @@ class SocketPathTooLongError(DaemonError):
 class NotADaemon(DaemonError):
     """Something that is not the partir daemon holds the socket: it does not answer the
     client's opening `status` request, or answers something else."""
+
+
+class _ShuttingDown(Exception):
+    """The daemon holding the socket answered that it is shutting down (it was asked to,
+    or idled out as the client arrived): `DaemonClient.connect` waits for it to exit and
+    starts a new one."""
 
 
 class RequestTimeout(DaemonError):
@@ -229,6 +236,9 @@ def _handshake(sock: socket.socket, paths: DaemonPaths) -> bytes:
             if P.is_notification(message):
                 before.append(line + b"\n")
                 continue
+            if message.get("id") == _HANDSHAKE_ID and \
+                    (message.get("error") or {}).get("code") == P.SHUTTING_DOWN:
+                raise _ShuttingDown
             if message.get("id") != _HANDSHAKE_ID or "result" not in message:
                 raise NotADaemon(f"{what}: it answered the status request with "
                                  f"{line[:200]!r}")
@@ -326,6 +336,53 @@ def stop_daemon(workspace: str | os.PathLike[str], *, runtime_dir: Path | None =
     return True
 
 
+def _open(paths: DaemonPaths, autostart: bool, config: P.DaemonConfig | None,
+          start_timeout: float) -> socket.socket:
+    """A socket connected to the workspace's daemon, started first if none runs and
+    `autostart` is set."""
+    try:
+        sock = _connect_socket(paths)
+        status = read_status(paths)
+        if status and not daemon_alive(status):
+            # A killed daemon's socket can outlive it for a moment in a child it was
+            # forking: what answers there is not a daemon.
+            sock.close()
+            raise ConnectionRefusedError(f"daemon pid {status.get('pid')} is gone")
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        if (elsewhere := _elsewhere(paths)) is not None:
+            raise elsewhere from None
+        if not autostart:
+            status = read_status(paths)
+            why = ""
+            if status and not daemon_alive(status):
+                why = (f" (its status file names pid {status.get('pid')}, which is not "
+                       f"running: it crashed or was killed; see {paths.log})")
+            raise DaemonNotRunning(f"no partir daemon is running for "
+                                   f"{paths.workspace}{why}") from e
+        try:
+            start_daemon(paths.workspace, config, runtime_dir=paths.dir,
+                         timeout=start_timeout)
+        except InsecurePathError as e2:
+            raise InsecureDaemonSocket(str(e2)) from None
+        try:
+            sock = _connect_socket(paths)
+        except (FileNotFoundError, ConnectionRefusedError) as e2:
+            raise DaemonNotRunning(f"the daemon for {paths.workspace} started but does "
+                                   f"not accept connections: {e2}") from None
+    return sock
+
+
+def _wait_for_exit(paths: DaemonPaths, deadline: float) -> None:
+    """Wait until the daemon that answered it is shutting down has exited: its process,
+    which holds the workspace's lock until its very end, not just its status file."""
+    status = read_status(paths)
+    while daemon_alive(status):
+        if time.monotonic() > deadline:
+            raise DaemonNotRunning(f"the daemon for {paths.workspace} is shutting down and "
+                                   f"did not exit in time; see {paths.log}")
+        time.sleep(0.05)
+
+
 @dataclass
 class Pending:
     """A request sent and not answered yet."""
@@ -364,43 +421,23 @@ class DaemonClient:
                 on_progress: ProgressCallback | None = None,
                 on_notification: NotificationCallback | None = None) -> DaemonClient:
         """Connect to the daemon of `workspace`, starting one if none runs and
-        `autostart` is set."""
+        `autostart` is set. A daemon that is shutting down is waited for (at most
+        `start_timeout`), and replaced as if none ran."""
         paths = DaemonPaths.of(workspace, runtime_dir)
-        try:
-            sock = _connect_socket(paths)
-            status = read_status(paths)
-            if status and not daemon_alive(status):
-                # A killed daemon's socket can outlive it for a moment in a child it was
-                # forking: what answers there is not a daemon.
+        deadline = time.monotonic() + start_timeout
+        while True:
+            sock = _open(paths, autostart, config, start_timeout)
+            try:
+                pending = _handshake(sock, paths)
+            except _ShuttingDown:
                 sock.close()
-                raise ConnectionRefusedError(f"daemon pid {status.get('pid')} is gone")
-        except (FileNotFoundError, ConnectionRefusedError) as e:
-            if (elsewhere := _elsewhere(paths)) is not None:
-                raise elsewhere from None
-            if not autostart:
-                status = read_status(paths)
-                why = ""
-                if status and not daemon_alive(status):
-                    why = (f" (its status file names pid {status.get('pid')}, which is not "
-                           f"running: it crashed or was killed; see {paths.log})")
-                raise DaemonNotRunning(f"no partir daemon is running for "
-                                       f"{paths.workspace}{why}") from e
-            try:
-                start_daemon(workspace, config, runtime_dir=paths.dir, timeout=start_timeout)
-            except InsecurePathError as e2:
-                raise InsecureDaemonSocket(str(e2)) from None
-            try:
-                sock = _connect_socket(paths)
-            except (FileNotFoundError, ConnectionRefusedError) as e2:
-                raise DaemonNotRunning(f"the daemon for {paths.workspace} started but does "
-                                       f"not accept connections: {e2}") from None
-        try:
-            pending = _handshake(sock, paths)
-        except NotADaemon:
-            sock.close()
-            raise
-        return cls(sock, paths, timeout=timeout, on_progress=on_progress,
-                   on_notification=on_notification, pending=pending)
+                _wait_for_exit(paths, deadline)
+                continue
+            except NotADaemon:
+                sock.close()
+                raise
+            return cls(sock, paths, timeout=timeout, on_progress=on_progress,
+                       on_notification=on_notification, pending=pending)
 
     def __enter__(self) -> DaemonClient:
         return self

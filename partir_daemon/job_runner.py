@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         import numpy as np
 
         import partir
+        from partir.cli import compare_with_unpartitioned
         from partir.schedule_file import load_schedule_file
 
         start = time.perf_counter()
@@ -143,12 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                            analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
         worst = ok = None
         if not args.no_check:
-            want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
-            pairs = list(zip(jax.tree.leaves(result), jax.tree.leaves(want), strict=True))
-            worst = max((float(np.max(np.abs(np.asarray(a, np.float64) -
-                                             np.asarray(b, np.float64))))
-                         for a, b in pairs if np.size(a)), default=0.0)
-            ok = all(np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
+            worst, ok = compare_with_unpartitioned(program, inputs, result)
             print(f"check against the unpartitioned function: max |error| {worst:.2e} "
                   f"{'OK' if ok else 'MISMATCH'}", flush=True)
         times = []

@@ -120,6 +120,19 @@ def _append(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def _damaged(record: Path, error: Exception) -> P.JobInfo:
+    """The job of a record an earlier daemon left unreadable (truncated by a crash or a
+    full disk, or edited by hand): its directory's name is its id."""
+    try:
+        created = record.stat().st_mtime
+    except OSError:
+        created = 0.0
+    what = error.message if isinstance(error, P.ProtocolError) else str(error)
+    return P.JobInfo(record.parent.name, "damaged", "", 0, created, finished=created,
+                     error=f"its record {record} is unreadable: {what}",
+                     record_path=str(record), log_path=str(record.with_name("log.txt")))
+
+
 class JobManager:
     def __init__(self, paths: DaemonPaths) -> None:
         self.root = paths.jobs
@@ -200,7 +213,9 @@ class JobManager:
             try:
                 job = P.from_json(P.JobInfo, json.loads(record.read_text()))
             except (OSError, ValueError, P.ProtocolError) as e:
-                log.warning("skipping unreadable job record %s: %s", record, e)
+                # Listed, not dropped: its log may still say what the job did.
+                log.warning("unreadable job record %s: %s", record, e)
+                self.jobs[record.parent.name] = _damaged(record, e)
                 continue
             if job.state not in P.FINAL_JOB_STATES:
                 runner = job.pid if job.pid is not None and _is_our_runner(job) else None

@@ -83,10 +83,14 @@ PARTIAL = "partir/partial"
 CANCEL_REQUEST = "$/cancelRequest"
 
 IrLevel = Literal["core", "spmd", "hlo"]
+# "damaged": a job whose record an earlier daemon left unreadable (e.g. truncated).
 JobState = Literal["queued", "running", "succeeded", "failed", "crashed", "timeout",
-                   "cancelled", "interrupted"]
+                   "cancelled", "interrupted", "damaged"]
 # States a job never leaves.
-FINAL_JOB_STATES = ("succeeded", "failed", "crashed", "timeout", "cancelled", "interrupted")
+FINAL_JOB_STATES = ("succeeded", "failed", "crashed", "timeout", "cancelled", "interrupted",
+                    "damaged")
+# Metadata of a params field naming a file: it may not hold a NUL byte (no file can).
+FILE = {"file": True}
 
 
 class ProtocolError(Exception):
@@ -139,7 +143,7 @@ class DocumentParams:
     """A schedule file, with the editor's unsaved text and revision if any. A request for
     a newer `version` of the same path cancels work still pending for older ones."""
 
-    path: str
+    path: str = field(metadata=FILE)
     text: str | None = None
     version: int | None = None
 
@@ -211,7 +215,7 @@ class ExplainParams(DocumentParams):
     `file`, and no values)."""
 
     name: str | None = None
-    file: str | None = None
+    file: str | None = field(default=None, metadata=FILE)
     line: int | None = None
 
 
@@ -230,10 +234,10 @@ class RunParams:
     schedule file's example arguments, abstract leaves filled with seeded random values),
     "random" (every leaf random), or a path to an .npz file whose keys are input names."""
 
-    path: str
+    path: str = field(metadata=FILE)
     steps: int = field(default=10, metadata={"min": 0})
-    inputs: str = "example"
-    seed: int = 0
+    inputs: str = field(default="example", metadata=FILE)
+    seed: int = field(default=0, metadata={"min": 0})
     timeout_s: float = field(default=1800.0, metadata={"min": 0, "exclusive": True})
     check: bool = True  # compare against the unpartitioned function
 
@@ -414,6 +418,17 @@ def _check_explain(params: ExplainParams) -> None:
         raise ProtocolError(INVALID_PARAMS, "explain needs `name`, or `file` (and `line`)")
 
 
+# What `RunParams.inputs` names besides an .npz file.
+RUN_INPUTS = ("example", "random")
+
+
+def _check_run(params: RunParams) -> None:
+    if params.inputs not in RUN_INPUTS and not params.inputs.endswith(".npz"):
+        raise ProtocolError(INVALID_PARAMS, f"RunParams.inputs: expected "
+                            f"{' or '.join(map(repr, RUN_INPUTS))} or the path of an .npz "
+                            f"file, got {params.inputs!r}")
+
+
 @dataclass(frozen=True)
 class Method:
     """One declaration per method, read by the server (routing, validation, deadlines),
@@ -443,7 +458,7 @@ METHODS: dict[str, Method] = {
                       validate=_check_explain),
     "invalidate": Method(InvalidateParams, InvalidatedParams, "compiler", public=False),
     "stats": Method(WorkerStatsParams, dict, "compiler", public=False),
-    "run": Method(RunParams, RunResult),
+    "run": Method(RunParams, RunResult, validate=_check_run),
     "jobs": Method(JobsParams, JobsResult),
     "job": Method(JobParams, JobResult),
     "cancel": Method(CancelParams, CancelResult),
@@ -752,23 +767,27 @@ def parse_params(method: str, params: Any) -> Any:
     if params is not None and not isinstance(params, dict):
         raise ProtocolError(INVALID_PARAMS, "params must be an object")
     parsed = from_json(spec.params, params or {})
-    check_numbers(parsed)
+    check_values(parsed)
     if spec.validate is not None:
         spec.validate(parsed)
     return parsed
 
 
-def check_numbers(params: Any) -> None:
-    """Raise ProtocolError(INVALID_PARAMS), naming the parameter, for a number field of
-    the params dataclass `params` that is not finite (NaN and infinities: Python's JSON
-    reads `NaN` and `Infinity`) or is below the bound its field's metadata sets (`min`,
-    and `exclusive` for a strict bound). Types (e.g. a bool for a number) are checked by
-    `from_json` already. Results are not checked: a job's error may well be NaN."""
+def check_values(params: Any) -> None:
+    """Raise ProtocolError(INVALID_PARAMS), naming the parameter, for a field of the
+    params dataclass `params` that names a file (metadata `FILE`) and holds a NUL byte, or
+    a number field that is not finite (NaN and infinities: Python's JSON reads `NaN` and
+    `Infinity`) or is below the bound its field's metadata sets (`min`, and `exclusive`
+    for a strict bound). Types (e.g. a bool for a number) are checked by `from_json`
+    already. Results are not checked: a job's error may well be NaN."""
     for f in dataclasses.fields(params):
         value = getattr(params, f.name)
+        where = f"{type(params).__name__}.{f.name}"
+        if f.metadata.get("file") and isinstance(value, str) and "\0" in value:
+            raise ProtocolError(INVALID_PARAMS, f"{where}: a file name cannot hold a NUL "
+                                f"byte, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        where = f"{type(params).__name__}.{f.name}"
         if not math.isfinite(value):
             raise ProtocolError(INVALID_PARAMS, f"{where}: expected a finite number, got "
                                 f"{value!r}")

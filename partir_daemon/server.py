@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from partir.user_modules import local_imports
 from partir_daemon import __version__
 from partir_daemon import protocol as P
 from partir_daemon.client import child_env, module_command
@@ -73,8 +74,24 @@ STARTUP_FAILED = 4
 # worker interrupts Python code; this catches code that cannot be interrupted).
 LOAD_GRACE_S = 5.0
 WORKER_START_TIMEOUT_S = 120.0
+# How long the compiler process has to say that it read a request's cancellation: one
+# that does not is stuck in native code holding the interpreter (its stdin reader cannot
+# run), and would hold the next revision of its file until its deadline: it is killed.
+CANCEL_GRACE_S = 5.0
 # How long a daemon refused the workspace's lock waits for the holder's identity file.
 HOLDER_WAIT_S = 2.0
+
+
+class CompilerExited(Exception):
+    """The compiler process exited while a request was pending: it crashed (e.g. a
+    segfault in a native extension the user's code loaded) or was killed."""
+
+    def __init__(self, status: int) -> None:
+        how = f"exited with status {status}"
+        with contextlib.suppress(ValueError):
+            how += f" ({signal.Signals(-status).name})" if status < 0 else ""
+        super().__init__(f"the compiler process {how}")
+        self.status = status
 
 
 class RpcError(Exception):
@@ -140,7 +157,8 @@ class WorkItem:
     future: asyncio.Future | None = None
     worker_id: int = 0
     loaded: bool = False
-    cancelled: bool = False
+    cancelled_at: float | None = None  # the loop's time when it was cancelled
+    cancel_seen: bool = False  # the compiler process said it read the cancellation
 
     def progress(self, message: str, step: int | None, total: int | None) -> None:
         if self.conn is not None and self.request_id is not None:
@@ -155,11 +173,20 @@ class WorkItem:
 
 
 class WorkerSupervisor:
-    """One compiler process: its queue, (re)start, deadlines and cancellation."""
+    """One compiler process: its queue, (re)start, deadlines and cancellation. A process
+    that is killed (past its deadline) or crashes is replaced at once, so the next request
+    (often the user's fix) does not wait for JAX's import.
 
-    def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
+    `unloaded` (shared by the pool's workers): schedule files whose last load never
+    finished (it timed out or crashed the process) -> the files their source imports: the
+    process recorded no imports, so these are what the watcher reports when they change
+    (`CompilerPool.invalidate`), for the editor to analyse the schedule file again."""
+
+    def __init__(self, config: P.DaemonConfig, paths: DaemonPaths,
+                 unloaded: dict[str, list[str]]) -> None:
         self.config = config
         self.paths = paths
+        self.unloaded = unloaded
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.cancelled = 0  # cancelled before reaching the worker
@@ -232,9 +259,12 @@ class WorkerSupervisor:
             self._cancel_running(current)
 
     def _cancel_running(self, item: WorkItem) -> None:
-        # The worker checks between tactics and answers with REQUEST_CANCELLED.
-        if not item.cancelled and self.proc is not None and self.proc.stdin is not None:
-            item.cancelled = True
+        # The worker checks between tactics and answers with REQUEST_CANCELLED; a request
+        # not sent yet (its process is starting) is failed before it is (`_serve`).
+        if item.cancelled_at is not None:
+            return
+        item.cancelled_at = asyncio.get_running_loop().time()
+        if item.worker_id and self.proc is not None and self.proc.stdin is not None:
             self.proc.stdin.write(P.encode({"cancel": item.worker_id}))
 
     @staticmethod
@@ -311,6 +341,8 @@ class WorkerSupervisor:
                 item.progress(p["message"], p.get("step"), p.get("total"))
             elif "partial" in message:
                 item.partial(message["partial"])
+            elif "cancelling" in message:
+                item.cancel_seen = True
             else:
                 future = self._responses.get(item.worker_id)
                 if future is not None and not future.done():
@@ -318,8 +350,7 @@ class WorkerSupervisor:
         code = await proc.wait()
         for future in self._responses.values():
             if not future.done():
-                future.set_exception(EOFError(f"the compiler process exited with status "
-                                              f"{code}"))
+                future.set_exception(CompilerExited(code))
 
     async def _kill_worker(self) -> None:
         proc, self.proc = self.proc, None
@@ -334,6 +365,11 @@ class WorkerSupervisor:
     async def _serve(self, item: WorkItem) -> None:
         await self._ensure_process()
         assert self.proc is not None and self.proc.stdin is not None
+        if item.cancelled_at is not None:  # while the process started
+            self.cancelled += 1
+            self._fail(item, P.REQUEST_CANCELLED, "cancelled: superseded by a newer "
+                       "revision, or on request")
+            return
         item.worker_id = next(self._worker_ids)
         loop = asyncio.get_running_loop()
         response = self._responses[item.worker_id] = loop.create_future()
@@ -345,20 +381,36 @@ class WorkerSupervisor:
                 limit = self.config.compile_timeout_s if item.loaded else \
                     self.config.load_timeout_s + LOAD_GRACE_S
                 remaining = start + limit - loop.time()
+                if item.cancelled_at is not None and not item.cancel_seen:
+                    # A newer revision (often the fix) waits for no stuck process.
+                    remaining = min(remaining, item.cancelled_at + CANCEL_GRACE_S -
+                                    loop.time())
                 if remaining <= 0:
                     await self._timed_out(item, limit)
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(response), min(remaining, 1.0))
             message = response.result()
-        except EOFError as e:
-            await self._kill_worker()
+        except CompilerExited as e:
+            await self._replace_worker()
+            if not item.loaded and P.METHODS[item.method].document:
+                # The user's code crashed the process (a segfault in a native extension):
+                # a diagnostic, as for an exception it raised.
+                self._unloaded(item, "execution", f"executing the schedule file crashed: "
+                               f"{e} (see {self.paths.log})")
+                return
             self._fail(item, P.WORKER_CRASHED, f"{item.method}: {e} while serving it; the "
                        f"compiler process is restarted for the next request (see "
                        f"{self.paths.log})")
             return
         finally:
             self._responses.pop(item.worker_id, None)
+            # Killed on purpose, the process leaves its answer failed: read here, it is not
+            # reported as an exception never retrieved.
+            if response.done() and not response.cancelled():
+                response.exception()
+        if item.path is not None:
+            self.unloaded.pop(item.path, None)
         if item.future is None or item.future.done():
             return
         if "error" in message:
@@ -367,25 +419,50 @@ class WorkerSupervisor:
         else:
             item.future.set_result(message["result"])
 
-    async def _timed_out(self, item: WorkItem, limit: float) -> None:
-        """The worker did not answer in time and did not interrupt itself: kill it."""
-        phase = "compiling" if item.loaded else "executing the schedule file"
-        log.warning("%s: no answer after %.0f s (%s); killing the compiler process",
-                    item.method, limit, phase)
+    async def _replace_worker(self) -> None:
         await self._kill_worker()
         self.restarts += 1
-        path = item.params.get("path", "")
+        self.start_soon()
+
+    async def _timed_out(self, item: WorkItem, limit: float) -> None:
+        """The worker did not answer in time (or, cancelled, did not read it within
+        CANCEL_GRACE_S) and did not interrupt itself: kill it."""
+        phase = "compiling" if item.loaded else "executing the schedule file"
+        if item.cancelled_at is not None and not item.cancel_seen:
+            log.warning("%s: cancelled, and the compiler process did not read it within "
+                        "%.0f s (%s: stuck in native code?); killing it", item.method,
+                        CANCEL_GRACE_S, phase)
+            await self._replace_worker()
+            self._fail(item, P.REQUEST_CANCELLED, "cancelled: superseded by a newer "
+                       "revision, or on request (the compiler process did not stop, and was "
+                       "killed)")
+            return
+        log.warning("%s: no answer after %.0f s (%s); killing the compiler process",
+                    item.method, limit, phase)
+        await self._replace_worker()
         if item.loaded or not P.METHODS[item.method].document:
             self._fail(item, P.WORKER_CRASHED, f"{item.method}: the compiler process did "
                        f"not answer within {limit:.0f} s while {phase}; it was killed")
             return
         # A schedule file that cannot be interrupted: a diagnostic, as for one that can.
-        diagnostic = P.Diagnostic("timeout", f"executing the schedule file did not finish "
-                                  f"within {self.config.load_timeout_s:g} s and could not be "
-                                  f"interrupted (an infinite loop in native code?)", path, 0)
+        self._unloaded(item, "timeout", f"executing the schedule file did not finish within "
+                       f"{self.config.load_timeout_s:g} s and could not be interrupted (an "
+                       f"infinite loop in native code?)")
+
+    def _unloaded(self, item: WorkItem, kind: P.DiagnosticKind, message: str) -> None:
+        """Answer a document request whose schedule file never finished loading (the
+        process was killed or crashed) with a diagnostic, and remember what the file
+        imports: their fix on disk must bring it back."""
+        path = item.params.get("path", "")
+        imports: list[str] = []
+        if item.path is not None:
+            imports = self.unloaded[item.path] = local_imports(item.path,
+                                                               item.params.get("text"))
+        diagnostic = P.Diagnostic(kind, message, path, 0)
         result: Any
         if item.method == "partition":
-            result = P.PartitionResult(path, item.version, False, [diagnostic])
+            result = P.PartitionResult(path, item.version, False, [diagnostic],
+                                       dependencies=imports)
         elif item.method == "ir":
             result = P.IrResult(path, item.version, item.params.get("level", "core"), 0,
                                 None, "", [diagnostic])
@@ -430,7 +507,8 @@ class CompilerPool:
 
     def __init__(self, config: P.DaemonConfig, paths: DaemonPaths) -> None:
         self.config = config
-        self.workers = [WorkerSupervisor(config, paths)
+        self.unloaded: dict[str, list[str]] = {}  # see `WorkerSupervisor`
+        self.workers = [WorkerSupervisor(config, paths, self.unloaded)
                         for _ in range(config.compiler_processes)]
         self._home: dict[str, WorkerSupervisor] = {}
 
@@ -487,11 +565,15 @@ class CompilerPool:
 
     async def invalidate(self, paths: list[str]) -> P.InvalidatedParams:
         """Drop what the running workers cached of changed files (one that is not running
-        has nothing cached)."""
+        has nothing cached). The changed files include those imported by schedule files
+        whose load never finished: no process saw them, and their fix must be seen."""
         answers = await self._everywhere("invalidate", {"paths": paths},
                                          [w for w in self.workers if w.pid is not None])
-        return P.InvalidatedParams(sorted({p for a in answers for p in a["paths"]}),
-                                   sum(a["traces"] for a in answers))
+        imported = {os.path.realpath(f) for files in self.unloaded.values() for f in files}
+        return P.InvalidatedParams(
+            sorted({p for a in answers for p in a["paths"]} |
+                   {p for p in paths if os.path.realpath(p) in imported}),
+            sum(a["traces"] for a in answers))
 
     async def stats(self) -> P.CacheStats:
         answers = await self._everywhere("stats", {}, [w for w in self.workers
@@ -695,15 +777,17 @@ class Daemon:
     def _source_file(self, params: Any, name: str = "path") -> str:
         """The absolute path of the file parameter `name` of `params`, after checking
         that it is a regular file of at most MAX_SOURCE_FILE_BYTES: reading /dev/zero, a
-        FIFO or a huge file would not end, or exhaust the memory. A file that cannot be
-        stat'ed (missing: the editor's unsaved text) passes: the worker reports it, as a
-        "read" diagnostic."""
+        FIFO or a huge file would not end, or exhaust the memory. A schedule file
+        (`path`) that cannot be stat'ed (missing: the editor's unsaved text) passes: the
+        worker reports it, as a "read" diagnostic; any other file must be there."""
         where = f"{type(params).__name__}.{name}"
         path = os.path.abspath(os.path.join(self.paths.workspace, getattr(params, name)))
         try:
             st = os.stat(path)
-        except OSError:
-            return path
+        except OSError as e:
+            if name == "path":
+                return path
+            raise RpcError(P.INVALID_PARAMS, f"{where}: {path}: {e.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
             raise RpcError(P.INVALID_PARAMS, f"{where}: {path} is not a regular file")
         if name == "path" and st.st_size > P.MAX_SOURCE_FILE_BYTES:
@@ -720,7 +804,7 @@ class Daemon:
     async def _m_run(self, conn: Connection, request_id: Any,
                      params: P.RunParams) -> P.RunResult:
         path = self._source_file(params)
-        if params.inputs not in ("example", "random"):
+        if params.inputs not in P.RUN_INPUTS:
             # An .npz of the inputs: a regular file (it may be large), relative to the
             # schedule file's directory, where the job runs.
             inputs = os.path.join(os.path.dirname(path), params.inputs)

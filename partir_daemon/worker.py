@@ -13,6 +13,10 @@ It speaks line-delimited JSON with the daemon on its stdin/stdout:
     worker -> daemon   {"ready": pid}                  once, when it can take requests
                        {"id": n, "progress": {"message", "step", "total"}}
                        {"id": n, "partial": {...}}     a partition's partial result
+                       {"id": n, "cancelling": true}   cancel n was read: the process is
+                                                       not stuck in native code that holds
+                                                       the interpreter (the daemon kills
+                                                       one that does not say so in time)
                        {"id": n, "result": {...}} | {"id": n, "error": {code, message}}
 
 Benchmarks: with `PARTIR_DAEMON_COARSE_CANCEL=1`, a cancelled request stops only at its
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                     token.cancel("superseded by a newer revision, or on request")
                 if loading[0] == message["cancel"]:
                     os.kill(os.getpid(), INTERRUPT_SIGNAL)
+                send({"id": message["cancel"], "cancelling": True})
             else:
                 requests.put(message)
         os._exit(0)  # the daemon is gone: so are we, whatever is running

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from partir.cli import main
+from partir.cli import MAX_SHOWN, main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "mlp"
@@ -49,7 +50,10 @@ def test_table_lists_each_tactic(capsys):
     assert 'w1   [{"batch"}, {"model"}]' in z3 and 'w2   [{"model"}, {"batch"}]' in z3
     # MP's sum over "model" is still pending at the output (an all_reduce once lowered).
     assert 'out  [{"batch"}, {}] partial{"model"}' in z3
-    assert "conflict: axis_in_scope at dot_general" in z3 and "model.py:" in z3
+    # Its conflicts grouped as in the editor, with their count and what they mean.
+    assert "    2 conflicts at 1 place: propagation stopped there" in z3
+    assert ("    conflict in tactic 3 (Z3) at `dot_general` on axis 'batch', 2 times: the op "
+            "is already inside a loop over this axis [model.py:17]") in z3
 
 
 def test_core_ir_after_a_tactic(capsys):
@@ -122,8 +126,8 @@ def test_error_in_a_tactic_exits_2_with_its_line(capsys, tmp_path):
     (tmp_path / "model.py").write_text((ROOT / "examples" / "mlp" / "model.py").read_text())
     code, _, err = run(capsys, "partition", str(path))
     assert code == 2
-    assert err.startswith("partir: error: tactic MP: no input, output or tag named 'w3'")
-    assert f"{path}:16" in err
+    assert err.startswith(f"partir: error: {path}:16: tactic 2 (MP): no input, output or tag "
+                          f"named 'w3'")
 
 
 def test_console_script():
@@ -153,8 +157,25 @@ def test_ir_hlo_of_the_es_schedule(capsys):
 
 def test_run_checks_and_times_the_partitioned_program(capsys):
     assert main(["run", str(EXAMPLES / "bp_mp_z3.partir.py"), "--steps", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "OK" in out and "step time" in out and "3/3" in out
+    out, err = capsys.readouterr()
+    assert "OK" in out and "step time" in out and "over 3 steps" in out
+    assert "\r" not in out + err and err == ""  # no progress bar into a pipe or a log
+
+
+def test_run_as_json_with_a_seed_and_without_the_check(capsys):
+    argv = ["run", str(EXAMPLES / "bp_mp_z3.partir.py"), "--steps", "2", "--json"]
+    assert main([*argv, "--seed", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["seed"] == 3 and report["steps"] == 2 and report["check_ok"] is True
+    assert report["devices"] == 8 and report["mesh"] == {"batch": 4, "model": 2}
+    assert report["max_abs_error"] < 1e-4 and report["step_time_min_s"] > 0
+    assert report["collectives"]
+    assert main([*argv, "--no-check"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "check_ok" not in report and "max_abs_error" not in report
+    with pytest.raises(SystemExit):
+        main([*argv, "--seed", "-1"])
+    assert "must be >= 0" in capsys.readouterr().err
 
 
 def test_version_is_the_installed_packages(capsys):
@@ -205,3 +226,92 @@ def test_collectives_moving_different_values_on_one_line_are_counted_together(ca
     assert code == 0
     listed = out[out.index("collectives of the final program by model line:"):]
     assert "model.py:17 (mlp): all_gather {batch} x2; all_reduce {model} x1" in listed
+
+
+AUTO = '''\
+from model import example_args, mlp
+
+import partir
+
+program = partir.Program(mlp, *example_args())
+mesh = {"batch": 4, "model": 2}
+schedule = [
+    partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+    partir.AutomaticPartition(axis="model", name="Auto", max_evaluations=30),
+]
+'''
+
+
+def _cli(*argv: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c",
+                           "import sys; from partir.cli import main; sys.exit(main())",
+                           *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          **kw)
+
+
+@pytest.mark.slow
+def test_progress_goes_to_stderr_as_lines_only_when_asked(tmp_path):
+    (tmp_path / "model.py").write_text((EXAMPLES / "model.py").read_text())
+    (tmp_path / "auto.partir.py").write_text(AUTO)
+    quiet = _cli("partition", "auto.partir.py", "--ir", "spmd", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    shown = _cli("partition", "auto.partir.py", "--ir", "spmd", "--progress", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout == quiet.stdout
+    lines = shown.stderr.splitlines()
+    assert "\r" not in shown.stderr
+    assert lines[:3] == ["loading the schedule file", "loaded", "tracing"]
+    assert "tactic 1/2: BP" in lines and "tactic 2/2: Auto" in lines
+    # The search's evaluations, at most one line a second, of one search.
+    searching = [line for line in lines if line.startswith("tactic 2/2: Auto: ")]
+    assert searching and "evaluations" in searching[0]
+    assert lines[-1] == "lowering to PartIR:SPMD"
+    run = _cli("run", "auto.partir.py", "--steps", "2", "--progress", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "partitioning (2 tactics) and compiling" in run.stderr
+    assert "step 1/2" in run.stderr and "\r" not in run.stderr + run.stdout
+
+
+@pytest.mark.slow
+def test_progress_on_a_terminal_is_one_line_rewritten_and_cleared(tmp_path):
+    import pty
+    parent, child = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c",
+                               "import sys; from partir.cli import main; sys.exit(main())",
+                               "partition", str(Path(BP_MP_Z3).name)], cwd=EXAMPLES,
+                              stdout=subprocess.PIPE, stderr=child, timeout=300)
+        os.close(child)
+        child = -1
+        err = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(parent, 65536):
+                err += chunk
+    finally:
+        os.close(parent)
+        if child >= 0:
+            os.close(child)
+    assert proc.returncode == 0
+    assert b"\r\x1b[Ktactic 3/3: Z3" in err and err.endswith(b"\r\x1b[K")
+    assert b"\r" not in proc.stdout
+
+
+def test_conflicts_are_grouped_as_in_the_editor(capsys):
+    # The transformer's layers repeat each conflict on one model line: the report says
+    # each place once, with how many conflicts it holds.
+    schedule = str(ROOT / "examples" / "transformer" / "bp_mp_z3.partir.py")
+    code, out, _ = run(capsys, "partition", schedule, "--json")
+    assert code == 0
+    tactics = json.loads(out)["tactics"]
+    code, out, _ = run(capsys, "partition", schedule)
+    for i, t in enumerate(tactics, 1):
+        places = {(c["kind"], c["op"], c["loc"]["line"]) for c in t["conflicts"]}
+        section = out[out.index(f"[{i}] {t['name']}:"):].split("\n\n")[0]
+        listed = [line for line in section.splitlines()
+                  if line.startswith(f"    conflict in tactic {i} ")]
+        assert len(listed) == min(len(places), MAX_SHOWN)
+        if places:
+            n = len(t["conflicts"])
+            assert f"    {n} conflict{'s' if n > 1 else ''} at {len(places)} place" in section
+    # Many conflicts made a few lines.
+    assert any(len(t["conflicts"]) > 2 * len({(c["kind"], c["op"], c["loc"]["line"])
+                                              for c in t["conflicts"]}) for t in tactics)

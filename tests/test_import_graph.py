@@ -39,6 +39,7 @@ LAYERS = {
     "__init__": "tools", "api": "tools", "cli": "tools", "jitted": "tools",
     "jit_options": "tools", "metadata": "tools", "pipeline": "tools", "program": "tools",
     "schedule_file": "tools", "user_modules": "tools", "session": "tools",
+    "conflict_groups": "tools",
 }
 
 OUTSIDE_LIBRARY = ("partir_daemon", "partir_lsp", "lsp")

@@ -331,3 +331,15 @@ def test_program_keeps_static_argnums_and_shape_structs():
     assert result.traced.input_names == ["x"]
     with pytest.raises(partir.PartitionError, match="function to partition"):
         partir.Program(3)
+
+
+def test_one_tactic_without_a_list_is_a_schedule(tmp_path):
+    # As `partir.jit(fn, mesh, partir.ManualPartition(...))` takes it.
+    text = GOOD + 'schedule = partir.ManualPartition({"x": 0}, axis="batch", name="BP")\n'
+    sf = load_schedule_file(write(tmp_path, text))
+    (tactic,) = sf.schedule
+    assert isinstance(tactic, partir.ManualPartition) and tactic.name == "BP"
+    (source,) = sf.tactics
+    assert source.span.line == text.count("\n") and source.span.col == 11
+    assert list(source.inputs) == ["x"]
+    assert len(sf.program.core_partition(sf.mesh, sf.schedule).tactics) == 1

@@ -99,6 +99,25 @@ def test_dependencies_are_the_imported_user_files(tmp_path):
                                                           "umodel.py"))
 
 
+def test_partirs_own_packages_are_never_user_modules(tmp_path):
+    # A partir checkout as the directory: folders named like partir's packages at its
+    # root, and the running ones (e.g. the daemon's, imported before) stay as they are.
+    import partir_daemon.protocol
+    d = workspace(tmp_path)
+    for package in ("partir", "partir_daemon", "partir_lsp"):
+        (d / package).mkdir()
+        (d / package / "__init__.py").write_text("")
+    (d / "uconfig.py").write_text("import partir_daemon.protocol\nBATCH = 16\n")
+    sf = load(d)
+    (d / "uconfig.py").write_text("import partir_daemon.protocol\nBATCH = 32\n")
+    assert load(d).program.args[0].shape == (32, 8)
+    assert sys.modules["partir_daemon.protocol"] is partir_daemon.protocol
+    assert not any("partir" in os.path.basename(os.path.dirname(f))
+                   for f in USER_MODULES.digests())
+    assert sf.dependencies == sorted(str(d / n) for n in ("uconfig.py", "uhelpers.py",
+                                                          "umodel.py"))
+
+
 def test_a_module_failing_to_import_is_a_dependency_and_its_fix_is_seen(tmp_path):
     d = workspace(tmp_path)
     (d / "umodel.py").write_text(MODEL + "\ndef broken(:\n")

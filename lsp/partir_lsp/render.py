@@ -15,6 +15,7 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
+from partir.conflict_groups import group_conflicts, meaning
 from partir_daemon import protocol as P
 from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
@@ -42,15 +43,6 @@ MAX_HOVER_VALUES = 24
 MAX_MESSAGE = 300
 # Related entries listing a grouped conflict's occurrences, at most.
 MAX_RELATED = 12
-# What each kind of conflict (`partir.core.conflicts`) means, in the user's terms.
-CONFLICT_MEANING = {
-    "axis_in_scope": "the op is already inside a loop over this axis",
-    "multiple_matches": "several shardings of the op fit and none was chosen",
-    "indivisible": "the axis size does not divide the dimensions the op would be sharded on",
-    "replicated_operand": "sharding the op would slice an operand kept replicated",
-    "unsupported": "partir has no propagation rule for this primitive",
-    "needs_replication": "the op cannot be sharded along the dimension propagation brings",
-}
 
 
 # --- formatting -----------------------------------------------------------------------------
@@ -259,63 +251,27 @@ def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
 
 
 def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
-    """One warning per kind of conflict, op and model line (a model's layers repeat the
-    same conflict on one line), with its occurrences as related information."""
-    groups: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
-    for c in tactic.metadata.get("conflicts") or []:
-        loc = c.get("loc") or {}
-        key = (c.get("kind", ""), c.get("op", ""), loc.get("file", ""), loc.get("line", 0))
-        groups.setdefault(key, []).append(c)
+    """One warning per group of conflicts (`partir.conflict_groups`: kind, op and model
+    line), with its occurrences as related information."""
     out = []
-    for (kind, op, file, line), items in groups.items():
-        axes = list(dict.fromkeys(c.get("axis", "") for c in items))
-        on = ("axis " if len(axes) == 1 else "axes ") + ", ".join(f"'{a}'" for a in axes)
-        meaning = CONFLICT_MEANING.get(kind, kind)
-        if kind == "unsupported":
-            message = (f"propagation of tactic {tactic.index} ({tactic.name}) on {on} is "
-                       f"blocked at `{op}`")
-            code = "unsupported"
-        else:
-            message = f"conflict in tactic {tactic.index} ({tactic.name}) at `{op}` on {on}"
-            code = f"conflict/{kind}"
-        if len(items) > 1:
-            message += f", {len(items)} times"
-        message += f": {meaning}"
-        if kind == "unsupported" and items[0].get("detail"):
-            message += f" ({items[0]['detail']})"  # why it has none, from the catalogue
+    for group in group_conflicts(tactic.metadata.get("conflicts") or []):
         related = []
         site = lsp.Location(uri, r)
-        if file and line and os.path.isabs(file):
-            site = lsp.Location(uri_of(file), line_range(line))
+        if group.site and os.path.isabs(group.file):
+            site = lsp.Location(uri_of(group.file), line_range(group.line))
             related.append(lsp.DiagnosticRelatedInformation(
-                site, f"the {'blocking' if kind == 'unsupported' else 'conflicting'} op "
-                      f"`{op}` ({os.path.basename(file)}:{line})"))
-        occurrences = list(dict.fromkeys(filter(None, (_occurrence(c, meaning)
-                                                       for c in items))))
+                site, f"the {'blocking' if group.blocked else 'conflicting'} op "
+                      f"`{group.op}` ({group.site})"))
+        occurrences = group.occurrences()
         related += [lsp.DiagnosticRelatedInformation(site, text)
                     for text in occurrences[:MAX_RELATED]]
         if len(occurrences) > MAX_RELATED:
             related.append(lsp.DiagnosticRelatedInformation(
                 site, f"… and {len(occurrences) - MAX_RELATED} more"))
-        out.append(_diagnostic(r, message, lsp.DiagnosticSeverity.Warning, code, related,
-                               uri))
+        code = "unsupported" if group.blocked else f"conflict/{group.kind}"
+        out.append(_diagnostic(r, group.message(f"tactic {tactic.index} ({tactic.name})"),
+                               lsp.DiagnosticSeverity.Warning, code, related, uri))
     return out
-
-
-def _occurrence(c: dict[str, Any], meaning: str) -> str:
-    """What one conflict adds to its group's message: the choices propagation could not
-    decide between, with a detail other than the kind's meaning, or the detail alone (why
-    a dimension cannot be sharded); "" when it has neither or is a blocked primitive (the
-    message says it all)."""
-    choices = c.get("choices") or []
-    if not choices:
-        detail = c.get("detail", "")
-        if not detail or c.get("kind") == "unsupported":
-            return ""
-        return f"on axis '{c.get('axis', '')}': {detail}"
-    text = f"on axis '{c.get('axis', '')}': " + " vs ".join(choices)
-    detail = c.get("detail", "")
-    return text + f" ({detail})" if detail and detail != meaning else text
 
 
 # --- code lenses and inlay hints ------------------------------------------------------------
@@ -615,7 +571,7 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
         for c in conflicts:
             kinds[c.get("kind", "")] = kinds.get(c.get("kind", ""), 0) + 1
         parts.append("Conflicts (warnings on this tactic): " + "; ".join(
-            f"{n} where {CONFLICT_MEANING.get(k, k)}" for k, n in kinds.items()))
+            f"{n} where {meaning(k)}" for k, n in kinds.items()))
     for note in md.get("notes") or []:
         parts.append(f"Note: {note}")
     return "\n\n".join(parts)

@@ -36,6 +36,21 @@ schedule = [
 ]
 '''
 
+# A schedule file whose job ignores SIGTERM: stopping the daemon waits the jobs' grace
+# period (2 s) for it, a window in which the daemon is shutting down but listening.
+STUBBORN = '''\
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("PARTIR_JOB_ID"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("SIGTERM-IGNORED", file=sys.stderr, flush=True)
+    time.sleep(120)
+''' + BP_MP_Z3
+
 
 def processes_mentioning(text: str) -> list[int]:
     """Pids of live processes whose command line contains `text` (not zombies)."""

@@ -235,3 +235,20 @@ def test_recovering_on_a_full_disk_keeps_the_interrupted_state(manager, monkeypa
     manager.recover()  # no event loop: retried by the next save or stop_all
     assert manager.jobs[job.id].state == "interrupted" and job.id in manager._unsaved
     assert manager.running == 0
+
+
+def test_a_truncated_record_is_listed_as_damaged(manager):
+    directory = manager.root / "20260101-000000-abcdef"
+    directory.mkdir(parents=True)
+    job = P.JobInfo("20260101-000000-abcdef", "succeeded", "x.partir.py", 3, 1.0,
+                    record_path=str(directory / "job.json"),
+                    log_path=str(directory / "log.txt"))
+    text = json.dumps(P.to_json(job))
+    (directory / "job.json").write_text(text[:len(text) // 2])  # a crash mid-write
+    (directory / "log.txt").write_text("step 1\n")
+    manager.recover()
+    damaged = manager.get(job.id)
+    assert damaged.state == "damaged" and damaged.state in P.FINAL_JOB_STATES
+    assert "unreadable" in damaged.error and str(directory / "job.json") in damaged.error
+    assert manager.log_tail(damaged, 5) == "step 1"
+    assert manager.running == 0

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +24,13 @@ from partir_daemon.client import (
     child_env,
 )
 from partir_daemon.paths import pid_alive, read_status
-from tests.daemon.support import BP_MP_Z3, processes_mentioning, wait_until
+from tests.daemon.support import (
+    BP_MP_Z3,
+    STUBBORN,
+    processes_mentioning,
+    read_reply,
+    wait_until,
+)
 
 
 def test_the_socket_and_status_file(env):
@@ -154,7 +162,34 @@ def test_the_cli(env, monkeypatch, capsys):
     assert cli(["daemon", "start", "--workspace", workspace]) == 0
     assert f"already running for {env.workspace}: pid {pid}" in capsys.readouterr().out
     assert cli(["daemon", "status", "--workspace", workspace]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"partir daemon for {env.workspace}: running, pid {pid}, for ")
+    assert f"log     {env.paths.log}" in text and "jobs    none" in text
+    assert cli(["daemon", "status", "--workspace", workspace, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pid"] == pid
     assert cli(["daemon", "stop", "--workspace", workspace]) == 0
     assert not pid_alive(pid)
     assert cli(["daemon", "stop", "--workspace", workspace]) == 1
+    capsys.readouterr()
+    # The workspace named as what it is, not as the "." it defaults to.
+    monkeypatch.chdir(env.workspace)
+    assert cli(["daemon", "status"]) == 1
+    assert capsys.readouterr().out == f"no partir daemon is running for {env.workspace}\n"
+
+
+@pytest.mark.slow
+def test_connecting_while_the_daemon_shuts_down_starts_a_new_one(env):
+    client = env.connect()
+    job = client.run(env.write("stubborn.partir.py", STUBBORN), steps=1)
+    assert wait_until(lambda: "SIGTERM-IGNORED" in Path(job.log_path).read_text(), timeout=60)
+    old = env.daemon_pid()
+    client.shutdown()
+    # The old daemon waits for its job's grace period, answering that it shuts down.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(env.paths.socket))
+        sock.sendall(P.encode(P.request(5, "status", P.StatusParams())))
+        assert read_reply(sock)["error"]["code"] == P.SHUTTING_DOWN
+    new = env.connect()
+    assert not pid_alive(old)
+    assert new.status().pid == env.daemon_pid() != old

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from partir_daemon import protocol as P
-from tests.daemon.support import BP_MP_Z3, raw_connection, read_reply, wait_until
+from tests.daemon.support import (
+    STUBBORN,
+    raw_connection,
+    read_reply,
+    wait_until,
+)
 
 
 def _still_serving(env, sock: socket.socket) -> None:
@@ -67,8 +72,21 @@ def test_a_malformed_cancel_request_is_ignored(shared, params):
     ("run", '{"path": "x.py", "steps": -1}', "RunParams.steps"),
     ("run", '{"path": "x.py", "steps": 1.5}', "RunParams.steps"),
     ("job", '{"id": "x", "log_tail": -5}', "JobParams.log_tail"),
+    # Files: no NUL byte; a run's inputs a keyword or an .npz that is there.
+    ("partition", '{"path": "mlp/a\\u0000.partir.py"}', "PartitionParams.path"),
+    ("ir", '{"path": "\\u0000"}', "IrParams.path"),
+    ("explain", '{"path": "mlp/bp_mp_z3.partir.py", "file": "m\\u0000.py"}',
+     "ExplainParams.file"),
+    ("run", '{"path": "mlp/bp\\u0000.partir.py"}', "RunParams.path"),
+    ("run", '{"path": "mlp/bp_mp_z3.partir.py", "inputs": "a\\u0000.npz"}',
+     "RunParams.inputs"),
+    ("run", '{"path": "mlp/bp_mp_z3.partir.py", "seed": -1}', "RunParams.seed"),
+    ("run", '{"path": "mlp/bp_mp_z3.partir.py", "inputs": "--no-check"}',
+     "RunParams.inputs"),
+    ("run", '{"path": "mlp/bp_mp_z3.partir.py", "inputs": "nowhere.npz"}',
+     "RunParams.inputs"),
 ])
-def test_bad_numeric_params_are_invalid_params(shared, method, params, name):
+def test_bad_params_are_invalid_params(shared, method, params, name):
     with raw_connection(shared) as sock:
         reply = _call(sock, method, params)
         assert reply["id"] == 7 and reply["error"]["code"] == P.INVALID_PARAMS, reply
@@ -103,30 +121,16 @@ def test_file_params_must_be_bounded_regular_files(shared):
                 assert f"Params.path: {path}" in error["message"], error
                 for word in words:
                     assert word in error["message"], error
+        zero = shared.workspace / "mlp" / "zero.npz"
+        zero.symlink_to("/dev/zero")
         reply = _call(sock, "run", '{"path": "mlp/bp_mp_z3.partir.py", '
-                                   '"inputs": "/dev/zero"}')
+                                   '"inputs": "zero.npz"}')
         assert reply["error"]["code"] == P.INVALID_PARAMS
-        assert "RunParams.inputs: /dev/zero is not a regular file" in reply["error"]["message"]
+        assert f"RunParams.inputs: {zero} is not a regular file" in reply["error"]["message"]
         _still_serving(shared, sock)
     # A file that is not there is still the worker's "read" diagnostic.
     (d,) = shared.connect().partition(str(shared.workspace / "nope.partir.py")).diagnostics
     assert d.kind == "read"
-
-
-# A schedule file whose job ignores SIGTERM: stopping the daemon waits the jobs' grace
-# period (2 s) for it, a window in which the daemon is shutting down but listening.
-STUBBORN = '''\
-import os
-import signal
-import sys
-import time
-from pathlib import Path
-
-if os.environ.get("PARTIR_JOB_ID"):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print("SIGTERM-IGNORED", file=sys.stderr, flush=True)
-    time.sleep(120)
-''' + BP_MP_Z3
 
 
 @pytest.mark.slow
@@ -154,3 +158,4 @@ def test_requests_while_shutting_down_get_an_error(env):
             assert during.recv(1) == b""
     assert wait_until(lambda: env.daemon_pid() != pid or not os.path.exists(f"/proc/{pid}"),
                       timeout=30)
+

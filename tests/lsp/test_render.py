@@ -8,6 +8,7 @@ from partir_lsp import render
 from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
+from partir.conflict_groups import meaning
 from partir_daemon import protocol as P
 
 
@@ -136,7 +137,7 @@ def test_a_dimension_that_needs_replication_says_why() -> None:
            "detail": "dimension 1 of operand 0 needs replication"}
     (d,) = render.schedule_diagnostics(result(tactic([why])), Lines.of(SCHEDULE))
     assert d.code == "conflict/needs_replication"
-    assert d.message.endswith(render.CONFLICT_MEANING["needs_replication"])
+    assert d.message.endswith(meaning("needs_replication"))
     _, occurrence = d.related_information
     assert occurrence.message == "on axis 'batch': dimension 1 of operand 0 needs replication"
 
