@@ -220,6 +220,18 @@ def test_a_repeated_gather_is_the_first_one_kept_live_between():
     assert cost.bytes_moved["all_gather"] == cost_of(g1).bytes_sent
 
 
+@pytest.mark.parametrize("axes, copy", [([(), ("b",)], 512), ([("b",), ()], 0)])
+def test_a_reduce_scatter_along_an_inner_dimension_needs_a_transposed_copy(axes, copy):
+    """XLA makes the scattered dimension major: the 512-byte operand exists transposed
+    while the collective runs, unless the dimension is already the outermost one."""
+    x = x_local()
+    rs = make_reduce_scatter(x, axes, MESH)
+    fn = Function("f", [x], [rs], [rs.results[0]],
+                  attributes={"mesh": Mesh(MESH), "in_shardings": (((), ()),),
+                              "out_shardings": (tuple(tuple(a) for a in axes),)})
+    assert plan_buffers(fn).temp_bytes == copy
+
+
 def test_a_library_reduction_materializes_a_producer_with_other_consumers():
     """A layer norm's x - mean feeds the variance's sum and the normalization: repeated
     into both by loop fusions, stored where the sum is a library call (XLA's CPU and
