@@ -8,9 +8,12 @@ For an op and a mesh axis it is not yet looped over:
 - inference: a supported mapping that also slices operands nobody tiled is taken as is,
   slicing them (and later propagating backward into their producers).
 A single supported mapping without contradiction is applied: the op gains a loop over
-the axis. Several, or only contradicted ones, is a conflict: propagation stops at that op
-and the conflict is recorded. There is no cost model; ops are visited in program order
-from a worklist, so results are deterministic.
+the axis. A mapping that reads whole an operand tiled on a dimension it tiles the result
+from (a concatenate along the tiled dimension: the loop gathers the operand, then cuts
+its tile out) is supported by that tiling only once propagation has reached a fixpoint
+without such mappings. Several, or only contradicted ones, is a conflict: propagation
+stops at that op and the conflict is recorded. There is no cost model; ops are visited
+in program order from a worklist, so results are deterministic.
 
 The multi-axis analysis of appendix B is the per-dimension comparison of a value's tiling
 axes (major to minor) with the slicing axes of a use: only the next axis after the common
@@ -151,13 +154,13 @@ def _unsliceable(rule: ShardingRule, sizes: tuple[int, ...], operand_dims: list[
 
 
 def _match(m: TileMapping, operand_dims: list[int | None], pinned: set[int],
-           result_dims: list[int | None]) -> tuple[bool, bool, bool]:
+           result_dims: list[int | None], gather: bool = True) -> tuple[bool, bool, bool]:
     """Whether the mapping slices some requested dimension as requested (support),
     slices one otherwise (contradiction), or slices an operand kept replicated."""
     support = contra = replicated = False
     for i, d in enumerate(operand_dims):
         if d is not None:
-            if m.operands[i] == d:
+            if m.operands[i] == d or (gather and m.gathers(i, d)):
                 support = True
             else:
                 contra = True
@@ -170,6 +173,11 @@ def _match(m: TileMapping, operand_dims: list[int | None], pinned: set[int],
             else:
                 contra = True
     return support, contra, replicated
+
+
+# A decision to wait: the request is supported only by mappings that gather a tiled
+# operand (`TileMapping.whole`), which are taken once propagation has settled without them.
+_DEFER = ("defer",)
 
 
 class _Refine(NamedTuple):
@@ -269,6 +277,12 @@ class Propagator:
         self._steps: dict[tuple, tuple] = {}
         self._conflicts_made = 0  # conflicts recorded so far (a look's are not replayed)
         self._woken: tuple = ((), ())  # the last `_apply`'s `_wake`, for `_step`
+        # Whether mappings that gather a tiled operand (a concatenate along a tiled dim)
+        # may be chosen: only after the fixpoint without them, so that they never
+        # pre-empt a tiling the tactic's own actions reach (a Megatron weight downstream),
+        # and the ops that waited for them.
+        self._late = False
+        self._deferred: list[int] = []
 
     # -- worklist ------------------------------------------------------------------------
     def push(self, uid: int) -> None:
@@ -279,13 +293,19 @@ class Propagator:
     def run(self) -> None:
         token = cancel.current()  # checked every 256 visits: cancelled within ~ms
         visits = 0
-        while self._queue:
-            visits += 1
-            if not visits & 255 and token is not None:
-                token.check()
-            uid = self.m.ops[heapq.heappop(self._queue)].uid
-            self._queued.discard(uid)
-            self._visit(uid)
+        while True:
+            while self._queue:
+                visits += 1
+                if not visits & 255 and token is not None:
+                    token.check()
+                uid = self.m.ops[heapq.heappop(self._queue)].uid
+                self._queued.discard(uid)
+                self._visit(uid)
+            if self._late or not self._deferred:
+                return
+            self._late = True
+            for uid in self._deferred:
+                self.push(uid)
 
     # -- one op --------------------------------------------------------------------------
     def _visit(self, uid: int) -> None:
@@ -323,7 +343,7 @@ class Propagator:
         # each use's index and operand. The op's index has one entry per operand and per
         # result, so the layout of two keys with one index is the same. NestInfos hash
         # and compare by identity, and the key holds them, so their ids are not reused.
-        key: list = [sig, info]
+        key: list = [sig, info, self._late]
         for v in op.operands:
             p = producers.get(v)
             if p is None:
@@ -440,7 +460,7 @@ class Propagator:
         # and the request; the layers of a model repeat them, so they are remembered.
         kind = op.signature
         request = (tuple(operand_dims), tuple(sorted(pinned)) if pinned else (),
-                   tuple(result_dims), axis)
+                   tuple(result_dims), axis, self._late)
         # The local shapes are those of the types (in `kind`) divided as the nest says,
         # and the ops of repeated layers share their nests' indices: a decision is first
         # looked up by the index itself, without dividing the shapes again.
@@ -465,6 +485,9 @@ class Propagator:
         if type(decision) is _Refine:
             self._refine(op, axis, decision.sizes)
             return True
+        if decision is _DEFER:
+            self._deferred.append(op.uid)
+            return False
         if decision:
             self._conflict(op, axis, *decision)
         return False
@@ -480,9 +503,13 @@ class Propagator:
                                  tuple([v.type for v in op.results])))
         sizes = rule.local_sizes(in_shapes, out_shapes)
         candidates, contested, indivisible, held = [], [], [], []
+        gathering = False
         for f, m in factor_mappings(rule, sizes):
-            support, contra, replicated = _match(m, operand_dims, pinned, result_dims)
+            support, contra, replicated = _match(m, operand_dims, pinned, result_dims,
+                                                 self._late)
             if not support:
+                if not self._late and _match(m, operand_dims, pinned, result_dims)[0]:
+                    gathering = True
                 continue
             if sizes[f] % n and (not self.pad or
                                  padding_refusal(entry, rule, f, op)):
@@ -495,6 +522,8 @@ class Propagator:
                 candidates.append(m)
         if len(candidates) == 1:
             return Loop(axis, candidates[0].results, candidates[0].operands)
+        if gathering and not (candidates or contested or held or indivisible):
+            return _DEFER
         if len(candidates) + len(contested) > 1 and rule.together:
             together = _together(rule, sizes, axis, n, operand_dims, pinned, result_dims)
             if together is not None:
@@ -615,9 +644,16 @@ class Propagator:
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:
         nest = self.m.nest(op.uid)
+        gathered = None
         for i, ex in enumerate(operand_ex):
             for axis, d in ex.in_scope if ex else ():
                 lp = next(lp for lp in nest if lp.axis == axis)
+                if gathered is None:
+                    gathered = _gathered(op)
+                if any(m.gathers(i, d) and lp.operands[i] is None and all(
+                        a == b for a, b in zip(m.results, lp.results, strict=True)
+                        if type(a) is Tile) for m in gathered):
+                    continue  # the loop tiles a factor read from it whole: no conflict
                 self._conflict(op, axis, AXIS_IN_SCOPE,
                                (f"loop {axis!r} [{', '.join(map(str, lp.results))}]",
                                 f"operand {i} tiled #tile<{d}>"),
@@ -675,6 +711,17 @@ class Propagator:
                     self.push(uid)
                     uses.append((k, j))
         return tuple(operands), tuple(uses)
+
+
+def _gathered(op: CoreOp) -> list[TileMapping]:
+    """The op's mappings that read an operand whole where their factor is one of its
+    dims (`Factor.whole`): a loop of one gathers a tiled operand as it should."""
+    entry = lookup(op.name)
+    if entry is None:
+        return []
+    rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
+                             tuple([v.type for v in op.results])))
+    return [m for _, m in factor_mappings(rule, rule.sizes) if m.whole]
 
 
 def _remembered(memo: dict, excess: Callable[[NestInfo, int, NestInfo, int], _Excess],

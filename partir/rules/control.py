@@ -9,7 +9,8 @@ branch of a `cond` alike, and, inside a body, the dimensions each body op's own 
 rule joins. A group is a factor of the op when slicing it everywhere runs the body on a
 slice: no body op needs it replicated, reduces it with any monoid but `add`, has it as
 the minor part of a compound dimension or computes from its position (iota, gather:
-`Primitive.positional`), and a `while` predicate does not depend on it. Each op result
+`Primitive.positional`; a concatenate only along the concatenated dimension,
+`Factor.whole`), and a `while` predicate does not depend on it. Each op result
 then has the group (the result is tiled), is only a sum of partial results over it (a
 body reduction that reaches a stacked output through linear ops alone: the weight
 gradients of a scan over layers, which make a `#sum` of the op), or does not depend on
@@ -183,15 +184,18 @@ class _Analysis:
         out_dims = [self.dims_of[o] for o in outs]
         reduced: list[tuple[Node, list[int]]] = []
         prim = CATALOGUE.get(name)
-        if prim is None or prim.rule is None or prim.positional:
+        view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
+                      tuple(_type(v.aval) for v in eqn.outvars))
+        rule = None if prim is None or prim.rule is None else prim.rule(view)
+        # A positional primitive computes from positions on every dim, unless its rule
+        # says on which: the factors cut out of whole operands (`Factor.whole`).
+        if rule is None or (prim.positional and not any(f.whole for f in rule.factors)):
             why = (f"{name} in the body computes from positions" if prim and prim.positional
                    else f"{name} in the body has no sharding rule")
             for dims in [*in_dims, *out_dims]:
                 self.block(dims or (), why)
         else:
-            view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
-                          tuple(_type(v.aval) for v in eqn.outvars))
-            reduced = self._factors(name, prim.rule(view), in_dims, out_dims)
+            reduced = self._factors(name, rule, in_dims, out_dims)
             if name in _EDGES:
                 self._nest(_groups(view), in_dims, out_dims)
         self.eqns.append((name, reduced))
@@ -243,6 +247,9 @@ class _Analysis:
                                                    for g in factors) > 1
             if factor.kind == REPLICATION:
                 self.block(touched, factor.why or f"{name} in the body needs it whole")
+                continue
+            if factor.whole:
+                self.block(touched, f"{name} in the body cuts it out of whole operands")
                 continue
             if compound:
                 self.block(touched, f"{name} in the body splits or merges it")

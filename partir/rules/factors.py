@@ -10,9 +10,14 @@ broadcasts of none. A factor is of one kind:
   and result that has it computes a tile of each such result;
 - *reduction*: it indexes operands only; slicing it computes partial results to combine
   with its monoid (a `#sum<monoid>` loop);
-- *need-replication*: it cannot be sliced (a sorted, scanned, reversed or concatenated
-  dimension, a reduction with no monoid among the `#sum` actions, the index vector of a
-  gather): propagation stops there.
+- *need-replication*: it cannot be sliced (a sorted, scanned or reversed dimension, a
+  reduction with no monoid among the `#sum` actions, the index vector of a gather):
+  propagation stops there.
+
+A pass-through factor may also be made of operand dimensions that each tile of the
+result reads whole (`Factor.whole`: the operands of a concatenate along the concatenated
+dimension): the tile is cut out of them where it lies, and an operand tiled there is
+gathered first.
 
 A rule is built once from an op's parameters and types (global or device-local alike);
 the sizes of its factors give its local shapes inside loops and its FLOPs.
@@ -46,10 +51,17 @@ class Factor:
     # The op sums over the factor's slices inside (a loop body's sync points): a tile
     # holding padding would add it into the sums, so an axis must divide the factor.
     summed_inside: bool = False
+    # (operand, dim) pairs that hold the factor's elements but that every tile of the
+    # result reads whole, cutting its chunk out at its offset (a concatenate's operands
+    # along the concatenated dim, whose chunk boundaries are not the result's): an
+    # operand tiled there is gathered first, and the op's TMR `apply` places the chunk.
+    whole: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"factor kind must be one of {KINDS}, got {self.kind!r}")
+        if self.whole and self.kind != PASS:
+            raise ValueError("only a pass-through factor reads operands whole")
         if (self.kind == REDUCTION) != (self.monoid is not None):
             raise ValueError("a reduction factor, and only it, has a monoid")
         if self.monoid is not None and self.monoid not in MONOIDS:
@@ -171,10 +183,13 @@ class RuleBuilder:
     def factor(self, size: int, operands: Mapping[int, int] | None = None,
                results: Mapping[int, int] | None = None, kind: str = PASS,
                monoid: str | None = None, unrelated: Sequence[int] = (),
-               summed_inside: bool = False) -> int:
+               summed_inside: bool = False, whole: Mapping[int, int] | None = None) -> int:
+        """`whole={i: d}`: operand i's dim d holds the factor's elements but is read
+        whole (`Factor.whole`); the dim is not made of this factor."""
         f = len(self.factors)
         self.factors.append(Factor(size, kind, monoid, tuple(unrelated),
-                                   summed_inside=summed_inside))
+                                   summed_inside=summed_inside,
+                                   whole=tuple(sorted((whole or {}).items()))))
         for i, d in (operands or {}).items():
             self.operands[i][d].append(f)
         for k, d in (results or {}).items():

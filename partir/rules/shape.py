@@ -2,8 +2,9 @@
 
 A dimension is a pass-through factor where the op maps a contiguous chunk of the operand
 onto a contiguous chunk of the result for every chunk count; dimensions whose elements
-are reordered, offset or strided (a reversed, padded or sliced dimension, the
-concatenation axis) need replication.
+are reordered, offset or strided (a reversed, padded or sliced dimension) need
+replication. The concatenation axis is tiled on the result alone, each tile cut out of
+the whole operands where it lies.
 """
 
 from __future__ import annotations
@@ -197,12 +198,31 @@ declare("rev", Primitive(Kind.MOVEMENT, no_flops, rev_rule,
 
 
 def concatenate_rule(view: OpView) -> ShardingRule:
-    return _per_dim(view, lambda d: d != view.params["dimension"])
+    """Every dim but the concatenated one passes through. The concatenated dim of the
+    result is a factor of its own that reads the operands whole (`Factor.whole`): device
+    k's chunk of the result is cut out of the concatenation at its offset, so a tiled
+    operand is gathered (once) and a replicated one only sliced, as GSPMD does; the
+    operands' concatenated dims themselves cannot be sliced (a chunk of the result is
+    not the concatenation of the operands' chunks)."""
+    axis = view.params["dimension"]
+    b = RuleBuilder([t.rank for t in view.in_types], [view.out_types[0].rank])
+    n = len(view.in_types)
+    for d, size in enumerate(view.out_types[0].shape):
+        if d != axis:
+            b.factor(size, dict.fromkeys(range(n), d), {0: d})
+            continue
+        for i, t in enumerate(view.in_types):
+            b.replicated(t.shape[d], operands={i: d},
+                         why="a chunk of the concatenation is not made of the operands' "
+                             "chunks: the operand is read whole")
+        b.factor(size, results={0: d}, whole=dict.fromkeys(range(n), d))
+    return b.build()
 
 
-declare("concatenate", Primitive(Kind.MOVEMENT, no_flops, concatenate_rule,
-                                 doc="t_d, ..., t_d -> t_d for every d but the "
-                                     "concatenated one"))
+declare("concatenate", Primitive(
+    Kind.MOVEMENT, no_flops, concatenate_rule, positional=True,
+    doc="t_d, ..., t_d -> t_d for every d but the concatenated one; ⊥, ..., ⊥ -> t_d "
+        "for the concatenated one, each tile cut out of the whole operands at its offset"))
 
 
 def pad_rule(view: OpView) -> ShardingRule:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from partir.core.tmr.registry import register_apply
 from partir.ir.opnames import CONSTANT
@@ -11,17 +10,9 @@ from partir.ir.opnames import CONSTANT
 
 def constant_apply(op, prim, operands, ctx):
     value = jnp.asarray(op.params["value"])
-    local = op.out_types[0].shape
-    for d, size in enumerate(local):
+    for d, size in enumerate(op.out_types[0].shape):
         if size != value.shape[d]:
-            # A padded dimension's last tiles reach past its end: pad it first, or the
-            # slice would be clamped back into the constant.
-            padded = size * ctx.result_tiles(0, d)
-            if padded > value.shape[d]:
-                widths = [(0, 0)] * value.ndim
-                widths[d] = (0, padded - value.shape[d])
-                value = jnp.pad(value, widths)
-            value = lax.dynamic_slice_in_dim(value, ctx.result_offset(0, d), size, axis=d)
+            value = ctx.cut(value, 0, d, size)
     return [value]
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+from jax import lax
 
 from partir.core.actions import Loop, Sum, Tile
 from partir.ir.types import TensorType, tile_size
@@ -59,6 +60,19 @@ class LocalContext:
             if lp.results[k] == Tile(dim):
                 n *= self.axis_size(lp.axis)
         return n
+
+    def cut(self, value: Any, k: int, dim: int, size: int) -> Any:
+        """Result k's local tile of `size` along `dim`, cut out of `value`, the whole
+        result along that dim. The last tiles of a padded dim reach past its end: the
+        value is padded first, or the slice would be clamped back into it."""
+        padded = size * self.result_tiles(k, dim)
+        if padded > value.shape[dim]:
+            widths = [(0, 0)] * value.ndim
+            widths[dim] = (0, padded - value.shape[dim])
+            value = jnp.pad(value, widths)
+        # Offsets are never negative: no wrap-around select to emit.
+        return lax.dynamic_slice_in_dim(value, self.result_offset(k, dim), size, axis=dim,
+                                        allow_negative_indices=False)
 
     def is_first(self, k: int) -> Any:
         """True on the single iteration of the `#sum` loops of result k whose indices are

@@ -25,10 +25,18 @@ from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
 class TileMapping:
     operands: tuple[int | None, ...]
     results: tuple[Action, ...]
+    # Per operand, the dim the mapping's factor is made of although the loop reads the
+    # operand whole (`Factor.whole`), else None; () where there is none. A tile of the
+    # operand on that dim supports the mapping: the loop gathers it.
+    whole: tuple[int | None, ...] = ()
 
     def __str__(self) -> str:
         ops = ", ".join("⊥" if d is None else f"#tile<{d}>" for d in self.operands)
         return f"({ops}) -> {', '.join(map(str, self.results))}"
+
+    def gathers(self, i: int, d: int) -> bool:
+        """Does a loop of this mapping read operand i whole where its factor is dim d?"""
+        return bool(self.whole) and self.whole[i] == d
 
 
 def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
@@ -51,7 +59,9 @@ def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
             else:
                 break  # in some results but not others: no single action
         if len(results) == len(rule.results):
-            out.append((f, TileMapping(rule.operand_dims[f], tuple(results))))
+            whole = dict(factor.whole)
+            out.append((f, TileMapping(rule.operand_dims[f], tuple(results), tuple(
+                [whole.get(i) for i in range(len(rule.operands))] if whole else ()))))
     return out
 
 

@@ -1,4 +1,6 @@
-"""iota: a tile along the counting dimension starts at its offset in the global iota."""
+"""Shape ops whose tiles depend on where they lie: a tile of iota along the counting
+dimension starts at its offset; a tile of a concatenate along the concatenated dimension
+is cut out of the whole operands at its offset."""
 
 from __future__ import annotations
 
@@ -17,3 +19,17 @@ def iota_apply(op, prim, operands, ctx):
 
 
 register_apply("iota", iota_apply)
+
+
+def concatenate_apply(op, prim, operands, ctx):
+    # The operands are whole along the dimension (`Factor.whole`), the other dims sliced
+    # alike; concatenated, they are the whole result there.
+    d = op.params["dimension"]
+    whole = prim.bind(*operands, **op.params)
+    size = op.out_types[0].shape[d]
+    if whole.shape[d] == size:
+        return [whole]
+    return [ctx.cut(whole, 0, d, size)]
+
+
+register_apply("concatenate", concatenate_apply)

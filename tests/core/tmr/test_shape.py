@@ -151,3 +151,9 @@ def test_iota_tiles_along_its_dimension_count_globally():
     for k in range(4):
         np.testing.assert_array_equal(jax.jit(tile)(jnp.int32(k)),
                                       np.broadcast_to(expected[k], (2, 2)))
+
+
+def test_concatenate_along_the_concatenated_dimension_cuts_tiles_out_of_the_operands():
+    # 8 and 4 are cut into tiles of 6 (2 devices) and 3 (4), across the operands' border.
+    assert check_entry(lambda a, b: jnp.concatenate([a, b], 0), _x(8, 4), _x(4, 4)) >= 6
+
