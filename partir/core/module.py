@@ -94,6 +94,7 @@ class CoreModule:
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
         self.splits: list[str] = []  # why each axis split into sub-axes was made
+        self.notes: list[str] = []  # what propagation chose that a user should know
         self._seq = 1  # the last part of the next identity op's `order`
         self.info: dict[int, NestInfo] = {}  # every op's nest, indexed
         # (id(info), id(loop)) -> (info, loop, info.extended(loop)): the ops of repeated
@@ -181,6 +182,7 @@ class CoreModule:
         new.conflicts = dict(self.conflicts)
         new.acted = dict(self.acted)
         new.splits = list(self.splits)
+        new.notes = list(self.notes)
         new._seq = self._seq
         new.info = dict(self.info)
         new._extended = {}  # a memo: the fork rebuilds its own, bounded by its own loops

@@ -480,6 +480,8 @@ class Propagator:
             if by_nest is not None:
                 self._by_nest[by_nest] = (info, decision)  # info: its id stays its own
         if type(decision) is Loop:
+            if self._late:
+                self._note_gathers(op, decision, operand_dims)
             self._apply(op, decision)
             return True
         if type(decision) is _Refine:
@@ -491,6 +493,21 @@ class Propagator:
         if decision:
             self._conflict(op, axis, *decision)
         return False
+
+    def _note_gathers(self, op: CoreOp, loop: Loop, operand_dims: list[int | None]) -> None:
+        """Say which collective each operand of a loop that reads a tiled operand whole
+        (a concatenate along its tiled dimension) gets, as GSPMD's partitioner does."""
+        gathered = [i for i, d in enumerate(operand_dims)
+                    if d is not None and loop.operands[i] is None]
+        if not gathered:
+            return
+        parts = [f"operand {i}{f' (%{v.name})' if v.name else ''} "
+                 + (f"all_gather<{loop.axis}>" if i in gathered else
+                    "sliced locally" if loop.operands[i] is not None else "cut out locally")
+                 for i, v in enumerate(op.operands)]
+        self.m.notes.append(f"{op.name} at {op.loc.file}:{op.loc.line} keeps its result "
+                            f"tiled on {loop.axis!r} along a dimension an operand is tiled "
+                            f"on: {', '.join(parts)}")
 
     def _decide(self, entry: Entry, op: CoreOp, in_shapes: tuple, out_shapes: tuple,
                 axis: str, operand_dims: list[int | None], pinned: set[int],

@@ -64,12 +64,12 @@ def apply_tactic(module: CoreModule, tactic: Tactic,
 def _apply_tactic(module: CoreModule, tactic: Tactic,
                   names: dict[str, list[Value]]) -> TacticRecord:
     start = time.perf_counter()
-    splits = len(module.splits)
+    splits, noted = len(module.splits), len(module.notes)
     before = set(module.conflicts)
     result = tactic.run(module, names)
     end = time.perf_counter()
     conflicts = [c for key, c in module.conflicts.items() if key not in before]
-    notes = result.notes + module.splits[splits:]
+    notes = result.notes + module.splits[splits:] + module.notes[noted:]
     return TacticRecord(tactic.label, tactic.axis_label, result.actions, conflicts,
                         module.snapshot(), end - start, result.propagation_s, notes,
                         result.search)

@@ -49,6 +49,11 @@ def test_self_edges_gather_the_senders_once_and_stay_partitioned():
     assert sum(meta.collectives.values()) == 2
     assert meta.in_specs[0] == jax.sharding.PartitionSpec("batch")
     assert flops_ratio(self_edges(8), [bp(senders=0)], senders, nodes) <= 0.25
+    # The tactic says which collective each operand gets.
+    (note,) = meta.tactics[0].notes
+    assert note.startswith("concatenate at ") and note.endswith(
+        "keeps its result tiled on 'batch' along a dimension an operand is tiled on: "
+        "operand 0 (%senders) all_gather<batch>, operand 1 cut out locally"), note
 
 
 @pytest.mark.parametrize("n, extra", [(60, 4), (60, 5), (64, 3)])
