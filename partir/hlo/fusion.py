@@ -107,6 +107,7 @@ class _Rewriter:
         self.dead: set[Op] = set()
         self.seen: dict[tuple, Op] = {}  # kept HLO ops by kind, operands and parameters
         self.producer: dict[Value, Op] = {}
+        self._readers: dict[Value, list[Op]] | None = None  # built when first asked
         self.uses: Counter = Counter()
         if count_uses:  # a pass that never reads the counts need not take them
             self.uses.update(chain.from_iterable([op.operands for op in fn.ops]))
@@ -114,6 +115,15 @@ class _Rewriter:
 
     def value(self, v: Value) -> Value:
         return self.sub.get(v, v)
+
+    def readers(self, v: Value) -> list[Op]:
+        """The ops of the function being swept that read v (as the sweep began)."""
+        if self._readers is None:
+            self._readers = {}
+            for op in self.fn.ops:
+                for u in op.operands:
+                    self._readers.setdefault(u, []).append(op)
+        return self._readers.get(v, [])
 
     def source(self, v: Value, name: str, single_use: bool = False) -> Op | None:
         """The live op named `name` that defines v (None for an argument or another
@@ -423,6 +433,11 @@ def _reduce_before_gather(rw: _Rewriter, op: Op) -> Value | None:
     gather = rw.source(op.operands[0], ALL_GATHER, single_use=True)
     if gather is None or not set(op.params["axes"]).isdisjoint(
             flat_axes(gather.params["axes"])):
+        return None
+    # A slice over the reduced axes fuses with the reduction into a reduce_scatter of
+    # the gathered value, which moves less than a reduction before the gather.
+    if any(r.name == ALL_SLICE and not set(op.params["axes"]).isdisjoint(
+            flat_axes(r.params["axes"])) for r in rw.readers(op.results[0])):
         return None
     name = op.results[0].name
     x = rw.emit(make_all_reduce(gather.operands[0], op.params["axes"], op.params["monoid"],

@@ -364,6 +364,21 @@ def test_a_reduction_over_other_axes_than_a_gather_goes_first():
     assert reduce_before_gather(shared) is shared
 
 
+def test_a_reduction_a_slice_scatters_stays_after_the_gather():
+    """all_slice<a>(all_reduce<a>(all_gather<b>(x))) is a reduce_scatter of the gathered
+    value, which moves less than the reduction moved before the gather would (a
+    layer-norm scale's gradient under BP+MP+Z3+EMB)."""
+    x = Value(_t(4, 4), "x")
+    g = make_all_gather(x, (("b",), ()), MESH)
+    r = make_all_reduce(g.results[0], ("a",))
+    s = make_all_slice(r.results[0], (("a",), ()), MESH)
+    fn = function([x], [g, r, s], s.results, ((("b",), ()),), ((("a",), ()),))
+    assert reduce_before_gather(fn) is fn
+    local = optimize(fn)
+    assert names(local) == [ALL_GATHER, REDUCE_SCATTER]
+    assert_same(fn, local)
+
+
 def test_a_transpose_of_a_gather_goes_first():
     x = Value(_t(4, 2), "x")
     g = make_all_gather(x, (("b",), ("c",)), MESH)
