@@ -137,8 +137,14 @@ def select(items: Iterable[tuple[str, Any]], names: Mapping[str, list[Value]], t
     return out
 
 
-def _is_spec(x: Any) -> bool:
+def is_spec_leaf(x: Any) -> bool:
+    """A leaf of a spec pytree: a PartitionSpec, or None (no spec)."""
     return x is None or isinstance(x, PartitionSpec)
+
+
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes one entry of a PartitionSpec names (None: none; a name; a tuple)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def spec_axes(spec: PartitionSpec, shape: tuple[int, ...], label: str, tactic: str,
@@ -157,8 +163,7 @@ def spec_axes(spec: PartitionSpec, shape: tuple[int, ...], label: str, tactic: s
         if entry is PartitionSpec.UNCONSTRAINED:
             out.append(None)
         else:
-            out.append(() if entry is None else (entry,) if isinstance(entry, str)
-                       else tuple(entry))
+            out.append(entry_axes(entry))
     return out
 
 
@@ -203,8 +208,8 @@ class SpecPartition(Tactic):
                 f"ManualPartition.from_specs takes a tuple of PartitionSpec pytrees (one per "
                 f"positional argument) or a dict of input name -> spec, got "
                 f"{type(self.specs).__name__}", tactic=self.label, loc=self.loc)
-        for leaf in jax.tree.leaves(self.specs, is_leaf=_is_spec):
-            if not _is_spec(leaf):
+        for leaf in jax.tree.leaves(self.specs, is_leaf=is_spec_leaf):
+            if not is_spec_leaf(leaf):
                 raise InvalidTacticError(f"ManualPartition.from_specs takes PartitionSpecs "
                                          f"(or None) at the leaves, got {leaf!r}",
                                          tactic=self.label, loc=self.loc)
@@ -217,7 +222,7 @@ class SpecPartition(Tactic):
     def axis_names(self) -> tuple[str, ...]:
         """The mesh axes the specs name, in the order they first do."""
         axes: dict[str, None] = {}
-        for spec in jax.tree.leaves(self.specs, is_leaf=_is_spec):
+        for spec in jax.tree.leaves(self.specs, is_leaf=is_spec_leaf):
             for entry in spec or ():
                 if entry is not PartitionSpec.UNCONSTRAINED and entry is not None:
                     axes.update(dict.fromkeys((entry,) if isinstance(entry, str) else entry))
@@ -236,14 +241,14 @@ class SpecPartition(Tactic):
         if isinstance(self.specs, Mapping):
             return [(path_to_name(str(key), path), spec) for key, tree in self.specs.items()
                     for path, spec in jax.tree_util.tree_flatten_with_path(
-                        tree, is_leaf=_is_spec)[0]]
+                        tree, is_leaf=is_spec_leaf)[0]]
         traced = module.traced
         names_tree = jax.tree_util.tree_unflatten(traced.in_tree, traced.input_names)
         out: list[tuple[str, PartitionSpec | None]] = []
         try:
             jax.tree.map(lambda spec, sub: out.extend((n, spec) for n in jax.tree.leaves(sub)),
                          tuple(self.specs) if isinstance(self.specs, list) else self.specs,
-                         names_tree, is_leaf=_is_spec)
+                         names_tree, is_leaf=is_spec_leaf)
         except ValueError as e:
             raise InvalidTacticError(f"the specs are not a prefix of the inputs' pytree (a "
                                      f"tuple of the positional arguments): {e}",
@@ -365,5 +370,5 @@ def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
 
 
 __all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec", "ManualPartition",
-           "SpecPartition", "expand", "issue", "issue_rounds", "resolve_form", "select",
-           "spec_axes", "spec_tiles"]
+           "SpecPartition", "entry_axes", "expand", "is_spec_leaf", "issue", "issue_rounds",
+           "resolve_form", "select", "spec_axes", "spec_tiles"]

@@ -21,18 +21,19 @@ from jax.sharding import PartitionSpec
 from partir.errors import InvalidTacticError, UnknownInputError
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
-from partir.tactics.manual import ActionSpec, caller_location, issue
+from partir.tactics.manual import (
+    ActionSpec,
+    caller_location,
+    entry_axes,
+    is_spec_leaf,
+    issue,
+)
 
 if TYPE_CHECKING:
     from partir.core.module import CoreModule
     from partir.frontend import TracedProgram
 
 AxesPerDim = tuple[tuple[str, ...], ...]
-
-
-def is_spec_leaf(x: Any) -> bool:
-    """A leaf of an `out_shardings` pytree: a PartitionSpec, or None (no constraint)."""
-    return x is None or isinstance(x, PartitionSpec)
 
 
 @dataclass
@@ -136,8 +137,8 @@ def _check_leaf(where: str, spec: Any, tactic: str, loc: Location | None) -> Non
 
 
 def _axes(spec: PartitionSpec) -> AxesPerDim:
-    """Per entry of the spec, the axes it names (None: none; a name; a tuple of them)."""
-    return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec)
+    """Per entry of the spec, the axes it names."""
+    return tuple(entry_axes(e) for e in spec)
 
 
 def _tiled(module: CoreModule, r: int, dim: int, axis: str) -> bool:
