@@ -9,6 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# partir reads its version from the installed metadata; the machine has no registry, and
+# its image has jax, numpy and optax: partir itself, without its dependencies.
+python3 -c 'import importlib.metadata as m; m.version("partir")' 2>/dev/null ||
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
 log="${OUT:-/tmp}/gpu_check.log"
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
