@@ -584,8 +584,10 @@ def cse(fn: Function) -> Function:
 
 
 def _is_end_padding(op: Op) -> bool:
-    return op.name == "pad" and all(lo == 0 and interior == 0
-                                    for lo, _, interior in op.params["padding_config"])
+    # A negative high padding crops (the transpose of a pad, in gradients): no argument
+    # arrives cropped.
+    return op.name == "pad" and all(lo == 0 and hi >= 0 and interior == 0
+                                    for lo, hi, interior in op.params["padding_config"])
 
 
 def localize_padded_arguments(fn: Function) -> Function:

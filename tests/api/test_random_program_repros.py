@@ -182,3 +182,23 @@ def test_segment_max_of_a_nan_row_on_a_tiled_segment_axis():
 
     check_oracles(f, partir.Mesh({"a": 2}), _schedule({"seg": 0}),
                   jnp.arange(8.0).reshape(4, 2), jnp.array([0, 1, 2, 1], jnp.int32))
+
+
+def test_gradient_of_a_padded_output_crops_its_cotangent_on_the_devices():
+    """The transpose of a pad is a pad with negative high padding (a crop): the cotangent
+    argument it reads must arrive whole and be cropped, not be taken as an argument that
+    arrives padded (fuzzer seed 1622: 'index can't contain negative values' laying out the
+    VJP program's arguments)."""
+    def f(x):
+        return jax.nn.logsumexp(x, axis=-2), jnp.pad(x, ((0, 2), (0, 2)))
+
+    def vjp(ct, x):
+        return jax.vjp(f, x)[1](ct)
+
+    schedule = _schedule({"x": -1}) + _schedule({"x": partir.FIRST_DIVISIBLE_DIM}, "b")
+    x = jnp.sin(jnp.arange(12.0)).reshape(2, 6)
+    ct = (jnp.cos(jnp.arange(6.0)), jnp.sin(jnp.arange(32.0) * 0.3).reshape(4, 8))
+    check_oracles(vjp, partir.Mesh({"a": 2, "b": 1}), schedule, ct, x)
+    grad = jax.grad(lambda x, g: sum(jnp.sum(o * 0.5) for o in g(x)))
+    partitioned = partir.jit(f, partir.Mesh({"a": 2, "b": 1}), schedule)[0]
+    assert jnp.allclose(grad(x, partitioned), grad(x, f), atol=1e-6)
