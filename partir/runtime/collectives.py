@@ -22,6 +22,17 @@ from partir.runtime.errors import ProgramError
 AxesPerDim = Sequence[Sequence[str]]
 
 
+def _spanning(axes: Sequence[str]) -> tuple[str, ...]:
+    """The axes of more than one device: over an axis of one, every collective is the
+    identity, and XLA keeps one it is given (as copies and temporaries: a ZeRO schedule
+    on a mesh {"batch": 1} used 20% more temporary memory than jax.jit)."""
+    return tuple(a for a in axes if lax.axis_size(a) > 1)
+
+
+def _spanning_per_dim(axes: AxesPerDim) -> tuple[tuple[str, ...], ...]:
+    return tuple(_spanning(dim_axes) for dim_axes in axes)
+
+
 def _chunk(x: Any, dim: int, axes: Sequence[str]) -> int:
     n = lax.axis_size(tuple(axes))
     if x.shape[dim] % n:
@@ -33,6 +44,7 @@ def _chunk(x: Any, dim: int, axes: Sequence[str]) -> int:
 def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
     """Each device keeps its chunk of every dimension split over axes: local, no
     communication."""
+    axes = _spanning_per_dim(axes)
     if not any(axes):
         return x
     # Behind optimization barriers: XLA's simplifier folds a dynamic slice of a dynamic
@@ -53,7 +65,7 @@ def all_slice(x: Any, *, axes: AxesPerDim) -> Any:
 def all_gather(x: Any, *, axes: AxesPerDim) -> Any:
     """Concatenates the devices' chunks of every dimension along its axes (inverse of
     `all_slice`)."""
-    for dim, dim_axes in enumerate(axes):
+    for dim, dim_axes in enumerate(_spanning_per_dim(axes)):
         if dim_axes:
             x = lax.all_gather(x, tuple(dim_axes), axis=dim, tiled=True)
     return x
@@ -61,6 +73,7 @@ def all_gather(x: Any, *, axes: AxesPerDim) -> Any:
 
 def all_reduce(x: Any, *, axes: Sequence[str], monoid: str) -> Any:
     """Reduces over the devices of `axes` with the monoid; every device gets the result."""
+    axes = _spanning(axes)
     if not axes:
         return x
     m = MONOIDS.get(monoid)
@@ -86,7 +99,7 @@ def reduce_scatter(x: Any, *, axes: AxesPerDim, monoid: str) -> Any:
     # One psum_scatter per split dimension: the first reduces over its axes and scatters
     # dimension d; the next reduces those partial sums over its own axes, so after the
     # last one every device holds the full sum over all axes, chunked on every dimension.
-    for dim, dim_axes in enumerate(axes):
+    for dim, dim_axes in enumerate(_spanning_per_dim(axes)):
         if dim_axes:
             _chunk(x, dim, dim_axes)  # an indivisible size fails here, with the axes named
             x = lax.psum_scatter(x, tuple(dim_axes), scatter_dimension=dim, tiled=True)
@@ -96,6 +109,7 @@ def reduce_scatter(x: Any, *, axes: AxesPerDim, monoid: str) -> Any:
 def all_to_all(x: Any, *, split_dim: int, concat_dim: int, axes: Sequence[str]) -> Any:
     """Splits `split_dim` into one piece per device of `axes`, sends piece j to device j
     and concatenates the received pieces along `concat_dim` in the senders' order."""
+    axes = _spanning(axes)
     if not axes:
         return x
     _chunk(x, split_dim, axes)  # an indivisible size fails here, with the axes named

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from partir.mesh import Mesh
 from partir.runtime import build_callable
 from tests.runtime.programs import MESH, Builder, local_shape, normal
 
@@ -147,3 +148,26 @@ def test_all_to_all_local_types_of_the_contract_example():
     x = b.arg("x", (128, 32), (("B", "M"), ()))
     y = b.collective("all_to_all", x, (128, 4), split_dim=1, concat_dim=0, axes=("B", "M"))
     assert (x.type.shape, y.type.shape) == ((16, 32), (128, 4))
+
+
+def test_collectives_over_one_device_axes_are_not_given_to_xla():
+    """Over an axis of one device every collective is the identity: the program XLA gets
+    has none (XLA keeps them, as copies and temporaries), and the results are the ones
+    over the other axes alone."""
+    mesh = Mesh({"B": 4, "U": 1})
+    b = Builder(mesh)
+    x = b.arg("x", (16, 8), (("B", "U"), ()))
+    g = b.collective("all_gather", x, (16, 8), axes=(("B", "U"), ()))
+    r = b.collective("all_reduce", g, (16, 8), axes=("U",), monoid="add")
+    m = b.collective("all_reduce", r, (16, 8), axes=("U",), monoid="max")
+    s = b.collective("reduce_scatter", m, (16, 8), axes=(("U",), ()), monoid="add")
+    t = b.collective("all_to_all", s, (16, 8), split_dim=0, concat_dim=1, axes=("U",))
+    y = b.collective("all_slice", t, (4, 8), axes=(("U", "B"), ()))
+    exe = build_callable(b.build([y], [(("B",), ())]))
+    text = exe.lower().as_text()
+    assert text.count("stablehlo.all_gather") == 1 and not any(
+        f"stablehlo.{c}" in text for c in ("all_reduce", "reduce_scatter", "all_to_all",
+                                           "collective_permute")), text
+    x_global = normal((16, 8))
+    (out,) = exe(x_global)
+    check_shards(out, x_global)
