@@ -448,3 +448,77 @@ def test_a_loop_summing_over_a_dimension_inside_its_body_does_not_pad_it():
     assert_tree_close(result.interpret(x), f(x))
     jitted, _ = partir.jit(f, {"a": 2}, padded)
     assert_tree_close(jitted(x), f(x))
+
+
+def _inner_sum(d):
+    return d + jnp.sum(d) * 0.1
+
+
+NESTED_SUMS = {
+    "scan in scan": lambda x, p: lax.scan(lambda c, _: (lax.scan(
+        lambda d, _: (_inner_sum(d), None), c, None, length=2)[0], None), x, None, length=2)[0],
+    "fori in fori": lambda x, p: lax.fori_loop(
+        0, 2, lambda i, c: lax.fori_loop(0, 2, lambda j, d: _inner_sum(d), c), x),
+    "scan in while": lambda x, p: lax.while_loop(
+        lambda s: s[0] < 2, lambda s: (s[0] + 1, lax.scan(
+            lambda d, _: (_inner_sum(d), None), s[1], None, length=2)[0]), (0, x))[1],
+    "scan in cond": lambda x, p: lax.cond(p > 0, lambda c: lax.scan(
+        lambda d, _: (_inner_sum(d), None), c, None, length=2)[0], lambda c: c * 2.0, x),
+}
+
+
+@pytest.mark.parametrize("name", NESTED_SUMS)
+def test_a_loop_nested_in_a_body_sums_over_the_axes_slicing_it(name):
+    """An inner loop's body sums over dimensions two axes slice (issue 28 item 5: its
+    local view did not say which axes): both oracles, and the loops stay sliced, with one
+    all-reduce per inner iteration and no gather."""
+    def f(x, p):
+        return NESTED_SUMS[name](x, p)
+
+    schedule = [partir.ManualPartition({"x": 0}, axis="a"),
+                partir.ManualPartition({"x": 1}, axis="b")]
+    _, meta = _all_oracles(f, {"a": 2, "b": 2}, schedule, X, jnp.float32(1.0))
+    assert meta.collectives["all_gather"] == 0 and meta.collectives["all_reduce"] == 1
+    assert meta.out_specs == (jax.sharding.PartitionSpec("a", "b"),)
+
+
+def _conv(x, w, groups=1):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", feature_group_count=groups,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+IMAGES = jnp.asarray(RNG.normal(size=(2, 4, 4, 3)).astype(np.float32))
+KERNEL = jnp.asarray(RNG.normal(size=(3, 3, 3, 3)).astype(np.float32)) / 4
+
+
+def test_a_convolution_in_a_while_body_over_a_kernel_tiled_on_two_axes_one_of_size_1():
+    def f(x, w):
+        return lax.while_loop(lambda s: s[0] < 2, lambda s: (s[0] + 1, _conv(s[1], w)),
+                              (0, x))[1]
+
+    schedule = [partir.ManualPartition({"w": 3}, axis="a"),
+                partir.ManualPartition({"w": 3}, axis="u")]
+    _all_oracles(f, {"a": 3, "u": 1}, schedule, IMAGES, KERNEL)
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_a_convolution_in_a_switch_branch(groups):
+    def f(x, w):
+        kernel = w[:, :, :3 // groups, :]
+        return lax.switch(jnp.int32(1), [lambda a: a, lambda a: _conv(a, kernel, groups)], x)
+
+    _, meta = _all_oracles(f, {"a": 2}, [partir.ManualPartition({"x": 0}, axis="a")],
+                           IMAGES, KERNEL)
+    assert meta.collectives["all_gather"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28: a body's max/min reduction of sliced data "
+                   "is not yet an all-reduce with its monoid; the loop is kept whole")
+@pytest.mark.parametrize("reduce", [jnp.max, jnp.min])
+def test_a_max_or_min_reduction_in_a_body_keeps_the_loop_sliced(reduce):
+    def f(x):
+        return lax.scan(lambda c, _: (c - reduce(c), None), x, None, length=2)[0]
+
+    _, meta = _all_oracles(f, MESH, BP, X)
+    assert meta.collectives["all_gather"] == 0
+    assert meta.out_specs == (jax.sharding.PartitionSpec("batch", None),)
