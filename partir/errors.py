@@ -59,5 +59,10 @@ class InvalidTacticError(PartitionError):
     """A tactic is malformed: wrong value forms, bad callable results, empty inputs..."""
 
 
+class ProgramError(PartitionError):
+    """A program is malformed or uses an op that neither the runtime nor the interpreters
+    can evaluate."""
+
+
 class TracingError(PartitionError):
     """The function could not be traced or its arguments do not match."""

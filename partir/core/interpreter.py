@@ -24,8 +24,8 @@ from jax import lax
 from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import INDEX, LOOP, SLICE
 from partir.ir import Function, Op, Region, Value
+from partir.ir.evaluate import evaluate
 from partir.ir.monoids import MONOIDS
-from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tile_size
 from partir.rules.control import CONTROL_FLOW, body_axes
 
@@ -86,13 +86,7 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
         return [lax.dynamic_slice_in_dim(pad_dim(x, dim, chunk * n), r * chunk, chunk, dim)]
     if op.name == INDEX:
         return [jnp.asarray(env[op.operands[0]], jnp.int32)]
-    if op.name == TAG:
-        return [env[op.operands[0]]]
-    if op.name == CONSTANT:
-        return [jnp.asarray(op.params["value"])]
-    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    outs = op.prim.bind(*(env[v] for v in op.operands), **params)
-    return list(outs) if op.prim.multiple_results else [outs]
+    return evaluate(op, [env[v] for v in op.operands])
 
 
 def lockstep_axes(op: Op) -> frozenset[str]:

@@ -33,8 +33,8 @@ from partir.hlo.ops import (
 )
 from partir.ir import Function, Op, Value
 from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
+from partir.ir.evaluate import evaluate
 from partir.ir.monoids import MONOIDS
-from partir.ir.opnames import CONSTANT, TAG
 from partir.mesh import Mesh
 
 Device = tuple[int, ...]
@@ -225,7 +225,7 @@ class HloInterpreter:
             # Arrays compare by identity (env keeps them alive).
             key = tuple([id(a) for a in operands])
             if key not in memo:
-                memo[key] = _eval_local(op, operands)
+                memo[key] = evaluate(op, operands)
             for out, r in zip(outs, memo[key], strict=True):
                 out[dev] = r
         return outs
@@ -235,20 +235,9 @@ class HloInterpreter:
         grid = tuple(self.m.mesh.values())
         stacked = [jnp.stack([env[v][dev] for dev in self.m.devices]).reshape(
             grid + v.type.shape) for v in op.operands]
-        outs = in_lockstep(lambda *xs: _eval_local(op, list(xs)), self.m.mesh.axis_names,
+        outs = in_lockstep(lambda *xs: evaluate(op, xs), self.m.mesh.axis_names,
                            *stacked)
         return [{dev: out[dev] for dev in self.m.devices} for out in outs]
-
-
-def _eval_local(op: Op, operands: list[Any]) -> list[Any]:
-    """A primitive, `constant` or `tag` on one device's operands."""
-    if op.name == TAG:
-        return [operands[0]]
-    if op.name == CONSTANT:
-        return [jnp.asarray(op.params["value"])]
-    params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    outs = op.prim.bind(*operands, **params)
-    return list(outs) if op.prim.multiple_results else [outs]
 
 
 def interpret_hlo(fn: Function, *args: Any) -> list[Any]:

@@ -30,25 +30,18 @@ from partir.ir.monoids import NAMES as MONOIDS
 from partir.ir.printer import Printer, register_op_printer
 from partir.ir.types import tensor_type
 from partir.ir.verifier import VerificationError, register_type_rule
-from partir.rules import Kind, Primitive, declare
-from partir.rules.catalogue import no_flops
+from partir.rules.collectives import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_SLICE,
+    ALL_TO_ALL,
+    AXIS_INDEX,
+    REDUCE_SCATTER,
+)
 from partir.rules.control import CONTROL_FLOW, body_collectives
 
-ALL_SLICE = "hlo.all_slice"
-ALL_GATHER = "hlo.all_gather"
-ALL_REDUCE = "hlo.all_reduce"
-REDUCE_SCATTER = "hlo.reduce_scatter"
-ALL_TO_ALL = "hlo.all_to_all"
-AXIS_INDEX = "hlo.axis_index"
 AXIS_INDEX_TYPE = TensorType((), np.dtype("int32"))
 COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE)
-
-# What the simulator needs of them; they have no sharding rule, existing only in
-# device-local programs.
-declare((ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL),
-        Primitive(Kind.COLLECTIVE, no_flops), jax=False)
-declare(ALL_SLICE, Primitive(Kind.MOVEMENT, no_flops), jax=False)
-declare(AXIS_INDEX, Primitive(Kind.FREE, no_flops), jax=False)
 
 AxesPerDim = tuple[tuple[str, ...], ...]
 

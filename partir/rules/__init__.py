@@ -1,8 +1,10 @@
 """The primitive catalogue: one declaration per primitive (factor sharding rule, local
-parameters, kind and FLOPs), read by the TMR, the Core materializer and the simulator.
+parameters, kind and FLOPs) and per PartIR:HLO collective, read by the TMR, the Core
+materializer and the simulator.
 Each module holds one family; importing the package declares them all."""
 
 from partir.rules import (  # noqa: F401  (each module declares its family)
+    collectives,
     control,
     conv,
     elementwise,

@@ -15,9 +15,9 @@ from typing import Any
 
 from jax import lax
 
+from partir.errors import ProgramError
 from partir.ir.collectives import chunk_index
 from partir.ir.monoids import MONOIDS
-from partir.runtime.errors import ProgramError
 
 AxesPerDim = Sequence[Sequence[str]]
 

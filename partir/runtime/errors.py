@@ -1,5 +1,6 @@
-"""Errors of the runtime: a program it cannot run, arguments that do not fit the program,
-and a mesh larger than the devices JAX can see."""
+"""Errors of the runtime: arguments that do not fit the program, and a mesh larger than the
+devices JAX can see (a program it cannot run is `partir.errors.ProgramError`, which the
+interpreters raise too)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ from partir.errors import PartitionError
 
 class DeviceCountError(PartitionError):
     """The mesh needs more devices than are available to run the program."""
-
-
-class ProgramError(PartitionError):
-    """The PartIR:HLO program is malformed or uses an op the runtime cannot execute."""
 
 
 class ArgumentError(PartitionError):

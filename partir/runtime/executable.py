@@ -17,10 +17,11 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from partir.errors import ProgramError
 from partir.ir import Function, TensorType
 from partir.ir.dtypes import canonical
 from partir.mesh import Mesh
-from partir.runtime.errors import ArgumentError, DeviceCountError, ProgramError
+from partir.runtime.errors import ArgumentError, DeviceCountError
 from partir.runtime.local import run_local
 from partir.runtime.specs import (
     Sharding,

@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
+from partir.errors import ProgramError
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import canonical
-from partir.ir.opnames import CONSTANT, TAG
+from partir.ir.evaluate import evaluate
 from partir.mesh import Mesh
 from partir.runtime.collectives import COLLECTIVES
-from partir.runtime.errors import ProgramError
 
 _AXES_PER_DIM = ("hlo.all_slice", "hlo.all_gather", "hlo.reduce_scatter")
 
@@ -34,10 +33,6 @@ def run_local(fn: Function, mesh: Mesh, args: Sequence[Any]) -> list[Any]:
     return [env[v] for v in fn.results]
 
 
-def _public(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if not k.startswith("_")}
-
-
 def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
     operands = [env[v] for v in op.operands]
     collective = COLLECTIVES.get(op.name)
@@ -51,16 +46,7 @@ def _eval(op: Op, env: Mapping[Value, Any], mesh: Mesh) -> list[Any]:
             raise ProgramError(f"{op.name} has operands {[str(v.type) for v in op.operands]} "
                                f"and params {op.params}, which do not fit it: {e}",
                                loc=op.loc) from e
-    if op.name == TAG:
-        return operands
-    if op.name == CONSTANT:
-        return [jnp.asarray(op.params["value"])]
-    if op.prim is None:
-        raise ProgramError(f"op {op.name!r} is neither a PartIR:HLO collective, a tag, a "
-                           f"constant nor a JAX primitive, so it cannot be executed",
-                           loc=op.loc)
-    outs = op.prim.bind(*operands, **_public(op.params))
-    return list(outs) if op.prim.multiple_results else [outs]
+    return evaluate(op, operands)
 
 
 def _check_axes(op: Op, mesh: Mesh) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec
 
+from partir.errors import ProgramError
 from partir.ir.types import TensorType
-from partir.runtime.errors import ProgramError
 
 Sharding = tuple[tuple[str, ...], ...]
 

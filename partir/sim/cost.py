@@ -1,7 +1,8 @@
 """Per-op cost rules, derived from the primitive catalogue (`partir.rules`).
 
-A rule gives an op's *kind*, which the fusion heuristic and the memory model read, and its
-FLOPs per device, from the factor sizes of the op's sharding rule on its device-local
+A rule holds the op's declaration, whose *kind* the fusion heuristic and the memory model
+read (and whether it runs on the matrix units, or is too expensive to duplicate), and adds
+its FLOPs per device, from the factor sizes of the op's sharding rule on its device-local
 types. Counts follow XLA's HloCostAnalysis conventions:
 
 * `dot_general`: 2 FLOPs (a multiply and an add) per point of its iteration space:
@@ -32,8 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The PartIR:HLO ops are declared beside their constructors.
-from partir.hlo import ops as _hlo_ops  # noqa: F401
 from partir.ir import Op, TensorType
 from partir.rules import CATALOGUE, Kind, OpView, Primitive, catalogue
 from partir.rules.random import THREEFRY_OPS
@@ -49,12 +48,11 @@ FlopsFn = Callable[[Op, SizeFn], float]
 
 @dataclass(frozen=True)
 class CostRule:
-    kind: Kind
+    """What the simulator adds to a declaration, which says the op's kind, `matmul` and
+    `expensive`: its FLOPs, remembered by the op's types and parameters."""
+
+    primitive: Primitive
     flops: FlopsFn
-    matmul: bool = False  # runs on the matrix units (DeviceSpec.matmul_flops)
-    # Transcendentals and the like: the fusion heuristic does not duplicate them into
-    # several consumers (XLA's "expensive" elementwise ops).
-    expensive: bool = False
 
 
 _MEMO_SIZE = 1 << 16
@@ -97,7 +95,7 @@ def no_flops(op: Op, size: SizeFn) -> float:
 def _cost_rule(primitive: Primitive) -> CostRule:
     # Ops without FLOPs skip building their views and rules.
     flops = no_flops if primitive.flops is catalogue.no_flops else _catalogue_flops(primitive)
-    return CostRule(primitive.kind, flops, primitive.matmul, primitive.expensive)
+    return CostRule(primitive, flops)
 
 
 COST_RULES: dict[str, CostRule] = {name: _cost_rule(p) for name, p in CATALOGUE.items()}
@@ -106,7 +104,7 @@ COST_RULES: dict[str, CostRule] = {name: _cost_rule(p) for name, p in CATALOGUE.
 # A primitive without a rule, or whose rule fails on the op, is costed as its own kernel
 # that reads its operands and writes its results, with no FLOPs, and reported in
 # `Cost.unknown_ops`.
-UNKNOWN_RULE = CostRule(Kind.KERNEL, no_flops)
+UNKNOWN_RULE = CostRule(Primitive(Kind.KERNEL, catalogue.no_flops), no_flops)
 
 __all__ = ["COST_RULES", "FUSIBLE_CONSUMERS", "FUSIBLE_PRODUCERS", "THREEFRY_OPS",
            "UNKNOWN_RULE", "CostRule", "Kind"]

@@ -121,7 +121,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     # Each op's rule, resolved here once for the simulator too (`BufferPlan.rules`).
     rule_of = COST_RULES.get
     rules = [rule_of(op.name, UNKNOWN_RULE) for op in ops]
-    kinds = [rule.kind for rule in rules]
+    kinds = [rule.primitive.kind for rule in rules]
 
     # Pass 1: buffers (FREE results are their operand's buffer, a repeated collective's
     # the first one's) and their consumers' kinds.
@@ -191,7 +191,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             users = consumers.get(r) if fusible else None
             if (users and r not in outputs
                     and FUSIBLE_CONSUMERS.issuperset(users)
-                    and (len(users) == 1 or (not rules[i].expensive
+                    and (len(users) == 1 or (not rules[i].primitive.expensive
                          and r not in reduced))):
                 sources[r] = tuple(dict.fromkeys(read))
             else:

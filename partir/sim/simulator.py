@@ -114,7 +114,7 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         rule = rules[i]
         if rule is UNKNOWN_RULE:
             unknown.add(op.name)
-        if rule.kind is Kind.COLLECTIVE:
+        if rule.primitive.kind is Kind.COLLECTIVE:
             if not plan.live[i]:  # dead, or a repeat XLA merges with the first
                 continue
             c = collective_cost(op, sizes(op.operands[0].type)[1], mesh, link_of)
@@ -146,10 +146,11 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
         if f:
             flops += f
             t = (op.operands[0] if op.operands else op.results[0]).type
-            key = (t.dtype, rule.matmul)
+            matmul = rule.primitive.matmul
+            key = (t.dtype, matmul)
             rate = rates.get(key)
             if rate is None:
-                rate = rates[key] = spec.flops_per_s(dtype_name(t.dtype), rule.matmul)
+                rate = rates[key] = spec.flops_per_s(dtype_name(t.dtype), matmul)
             f_time = f / rate
             m_time = nbytes / bandwidth
             compute += f_time if f_time > m_time else m_time

@@ -148,7 +148,7 @@ def load(source: str, name: str) -> dict:
 
 def execute(case: Case, mode: str, core: bool = False) -> Outcome:
     import partir
-    from partir.runtime.errors import ProgramError
+    from partir.errors import ProgramError
     start = time.perf_counter()
     if mode in ("grad", "vg"):
         if not float_argnums(case.program):

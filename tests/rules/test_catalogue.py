@@ -3,10 +3,15 @@ the TMR and the simulator's cost rules derive."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from partir.core.tmr import REGISTRY, factor_mappings
+from partir.hlo.ops import AXIS_INDEX, COLLECTIVES
 from partir.ir import TensorType
 from partir.rules import CATALOGUE, REDUCTION, REPLICATION, Factor, Kind, OpView, Primitive
 from partir.rules.catalogue import declare, no_flops
@@ -14,6 +19,7 @@ from partir.rules.factors import RuleBuilder
 from partir.sim import COST_RULES
 
 F32 = np.dtype(np.float32)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _view(name, params, in_shapes, out_shapes, dtype=F32):
@@ -36,8 +42,17 @@ def test_tmr_and_cost_rules_derive_from_the_catalogue():
     assert set(REGISTRY) == {n for n, p in CATALOGUE.items() if p.rule is not None}
     assert set(COST_RULES) == set(CATALOGUE)
     for name, p in CATALOGUE.items():
-        rule = COST_RULES[name]
-        assert (rule.kind, rule.matmul, rule.expensive) == (p.kind, p.matmul, p.expensive)
+        assert COST_RULES[name].primitive is p
+
+
+def test_the_hlo_collectives_are_declared_with_the_catalogue_not_by_later_imports():
+    # A fresh interpreter: in this one, every stage is imported already.
+    code = ("import sys; from partir.rules import CATALOGUE; "
+            "print(sorted(n for n in CATALOGUE if n.startswith('hlo.'))); "
+            "print('partir.hlo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300, cwd=ROOT).stdout.splitlines()
+    assert out == [str(sorted({*COLLECTIVES, AXIS_INDEX})), "False"]
 
 
 def test_factor_kinds_are_checked():

@@ -12,7 +12,8 @@ from partir.core.program import IDENTITY_KINDS
 from partir.core.tmr import REGISTRY
 from partir.hlo.ops import AXIS_INDEX, COLLECTIVES
 from partir.pipeline import lower
-from partir.sim import COST_RULES, CostRule, Kind, simulate
+from partir.rules import CATALOGUE
+from partir.sim import COST_RULES, CostRule, simulate
 from partir.sim.cost import THREEFRY_OPS
 
 S = jax.ShapeDtypeStruct
@@ -34,7 +35,7 @@ def test_a_failing_rule_is_reported_not_raised(monkeypatch):
     def broken(op, size):
         raise KeyError("dimension")
 
-    monkeypatch.setitem(COST_RULES, "tanh", CostRule(Kind.ELEMENTWISE, broken))
+    monkeypatch.setitem(COST_RULES, "tanh", CostRule(CATALOGUE["tanh"], broken))
     h = _hlo(lambda x: jnp.tanh(x) @ x, S((8, 8), jnp.float32))
     cost = simulate(h)
     assert cost.unknown_ops == ["tanh"]
