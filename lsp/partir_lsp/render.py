@@ -524,7 +524,14 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
 
 
 def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
-    return next((s for s in v.history if s.tactic == tactic), None)
+    """The value's sharding after `tactic` (None past the last applied tactic): its
+    history holds the steps that changed it, and the last tactic's."""
+    if not v.history or tactic > v.history[-1].tactic:
+        return None
+    before = [s for s in v.history if s.tactic <= tactic]
+    if before:
+        return before[-1]
+    return P.ShardingStep(tactic, "", [[] for _ in v.shape], list(v.shape), False)
 
 
 def tactic_hover(result: P.PartitionResult, index: int) -> str:

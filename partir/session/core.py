@@ -37,6 +37,7 @@ result is never cached under a content it was not made from.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import logging
@@ -161,6 +162,14 @@ class State:
     def lowered(self) -> bool:
         """Whether its collectives and cost are known."""
         return self.metadata is not None
+
+    def renamed(self, name: str) -> State:
+        """This state under another tactic name: what a name labels (its record and
+        metadata) is renamed, what the program determines is shared."""
+        def named(metadata: TacticMetadata | None) -> TacticMetadata | None:
+            return None if metadata is None else dataclasses.replace(metadata, name=name)
+        return dataclasses.replace(self, record=dataclasses.replace(self.record, name=name),
+                                   metadata=named(self.metadata), applied=named(self.applied))
 
 
 @dataclass
@@ -584,6 +593,10 @@ class Session:
             key = chain(key, fp.tactic_key(tactic))
             found = self.states.get(key)
             analysis.reused.append(found is not None)
+            if found is not None and found.record.name != tactic.label:
+                # Renamed: the same program, under the name the schedule gives it now.
+                found = found.renamed(tactic.label)
+                self._put_state(found)
             if found is None:
                 progress(f"tactic {i}/{n}: {tactic.label}", i, n)
                 # A fork: a cancelled (or failing) tactic leaves the cached state intact.
@@ -804,12 +817,19 @@ def _local_shape(shape: tuple[int, ...], dims: list[list[str]], mesh: Any) -> li
 
 def _history(shardings: list[list[list[str]]], states: list[State],
              shape: tuple[int, ...]) -> list[R.ShardingStep]:
+    """The steps of the tactics that changed the sharding, and the last tactic's: a step
+    per tactic would make a schedule's values quadratic in its length (200 tactics of a
+    small transformer: 67,000 steps, 8 MB for every edit), though each tactic changes
+    few of them."""
     steps = []
     previous = [[] for _ in shape]
+    last = len(states)
     for i, (dims, st) in enumerate(zip(shardings, states, strict=True), 1):
-        steps.append(R.ShardingStep(i, st.record.name, dims,
-                                    _local_shape(shape, dims, st.program.mesh),
-                                    dims != previous))
+        changed = dims != previous
+        if changed or i == last:
+            steps.append(R.ShardingStep(i, st.record.name, dims,
+                                        _local_shape(shape, dims, st.program.mesh),
+                                        changed))
         previous = dims
     return steps
 

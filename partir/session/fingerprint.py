@@ -203,11 +203,11 @@ class Fingerprinter:
                   str(program.static_argnums), *static, jax.__version__, partir.__version__)
 
     def tactic_key(self, tactic: Tactic) -> str:
-        # The source location is left out: it only appears in error messages, and moving a
-        # tactic must not re-apply it. Keys in order: the order of the actions follows them.
+        # The source location and the name are left out: they only label what the tactic
+        # does (in records and error messages), and moving or renaming a tactic must not
+        # apply it again. Keys in order: the order of the actions follows them.
         inputs = [_h(str(k), self.value(v)) for k, v in tactic.key_items()]
-        return _h("tactic", type(tactic).__qualname__, repr(tactic.name), tactic.axis_label,
-                  *inputs)
+        return _h("tactic", type(tactic).__qualname__, tactic.axis_label, *inputs)
 
 
 def mesh_key(mesh: Mesh) -> str:

@@ -73,6 +73,8 @@ class ExplainedValue:
     kind: str  # "input", "output" or "tag"
     shape: list[int]
     dtype: str
+    # The steps of the tactics that changed its sharding, then the last tactic's (the
+    # sharding after any other tactic is its latest step's before it; none: unsharded).
     history: list[ShardingStep]
     # Where the value is defined: for an input, the function's parameter and the places
     # in the user's modules that create the pytree leaf (a dict key or attribute named

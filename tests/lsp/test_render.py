@@ -228,3 +228,18 @@ def test_line_map_keeps_results_on_unchanged_lines() -> None:
     # A range over a line that changed is dropped.
     assert moved.span(T.Range(T.Position(3, 0), T.Position(4, 5))) is None
     assert LineMap(old, old).to_new(4) == 4
+
+
+def test_an_input_hover_reads_a_history_of_changes() -> None:
+    """A value's history holds the tactics that changed its sharding and the last one:
+    after tactic 2 of 4 it is as tactic 1 left it, before that unsharded."""
+    w = P.ExplainedValue("w", "input", [8, 4], "float32", [
+        P.ShardingStep(2, "MP", [[], ["model"]], [8, 2], True),
+        P.ShardingStep(4, "Z3", [["batch"], ["model"]], [2, 2], True)])
+    explained = P.ExplainResult("/ws/s.partir.py", 1, [w], [])
+    mesh = {"batch": 4, "model": 2}
+    before = render.input_hover(explained, "w", 1, "BP", mesh)
+    assert "| after tactic 1 (BP) | `[{}, {}]` | `[8, 4]` | 128 B |" in before
+    between = render.input_hover(explained, "w", 3, "EMB", mesh)
+    assert "| after tactic 3 (EMB) |" in between and "`[8, 2]`" in between
+    assert "at the end (tactic 4, Z3)" in between and "`[2, 2]`" in between

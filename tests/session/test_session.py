@@ -93,6 +93,25 @@ def test_an_edit_reapplies_from_the_edited_tactic(ws: Path) -> None:
     assert again.states == first.states
 
 
+def test_a_renamed_tactic_is_neither_applied_nor_lowered_again(ws: Path) -> None:
+    """A name labels a tactic and changes no program: renaming the first tactic of a
+    lowered schedule reuses every state and lowering, under the new name."""
+    session = Session(str(ws))
+    session.lower(analyse(session, ws))
+    applied, lowerings = session.tactics_applied, session.lowerings
+    renamed = analyse(session, ws, text().replace('name="BP"', 'name="batch-parallel"'))
+    assert renamed.reused_indexes == [1, 2, 3]
+    session.lower(renamed)
+    assert (session.tactics_applied, session.lowerings) == (applied, lowerings)
+    tactics = renamed.tactics()
+    assert [t.name for t in tactics] == ["batch-parallel", "MP", "Z3"]
+    assert tactics[0].lowered and tactics[0].metadata.name == "batch-parallel"
+    tokens = next(v for v in session.values(renamed) if v.name == "batch/tokens")
+    assert tokens.history[0].tactic_name == "batch-parallel"
+    back = analyse(session, ws)
+    assert back.tactics()[0].name == "BP" and session.tactics_applied == applied
+
+
 def test_results_are_typed(ws: Path) -> None:
     session = Session(str(ws))
     analysis = analyse(session, ws)
@@ -111,7 +130,11 @@ def test_results_are_typed(ws: Path) -> None:
     assert session.collectives(analysis)
     values = session.values(analysis)
     assert values and all(isinstance(v, ExplainedValue) for v in values)
-    assert [s.tactic for s in values[0].history] == [1, 2, 3]
+    # The steps that changed each value, and the last tactic's.
+    assert all(v.history[-1].tactic == 3 and all(s.changed for s in v.history[:-1])
+               for v in values)
+    tokens = next(v for v in values if v.name == "batch/tokens")
+    assert [(s.tactic, s.changed) for s in tokens.history] == [(1, True), (3, False)]
     assert "all_reduce" in session.ir(analysis, "hlo", after=1) or \
         "reduce_scatter" in session.ir(analysis, "hlo", after=1)
     lowerings = session.lowerings
