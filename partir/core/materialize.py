@@ -294,7 +294,7 @@ class _Materializer:
                                               for d in range(r.type.rank)])
                                        for k, r in enumerate(op.results)]))
             params = localized_params(entry, OpView(op.name, op.params, in_types, out_types,
-                                                    slicing))
+                                                    slicing, op.regions))
         traced = None
         if entry.apply is not None:
             traced = self._traced(op, entry, params, nest, tuple([v.type for v in operands]),

@@ -109,7 +109,7 @@ class CoreModule:
             self._output_index[v].append(r)
         for idx, op in enumerate(fn.ops):
             cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
-                         op.params, op.loc, op.prim, order=(idx,))
+                         op.params, op.loc, op.prim, order=(idx,), regions=tuple(op.regions))
             self.ops.append(cop)
             self._index(cop)
         # The ops' `order`s, in the same order: bisected for each inserted op and rewired

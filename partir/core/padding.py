@@ -105,11 +105,11 @@ def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:
                      for i, v in enumerate(op.operands))
     out_types = tuple(divided_type(r.type, tile_dims(nest, k), levels)
                       for k, r in enumerate(op.results))
-    whole = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                   tuple(r.type for r in op.results))
+    whole = op.view()
     try:
         local = OpView(op.name, localized_params(
-            entry, OpView(op.name, op.params, in_types, out_types)), in_types, out_types)
+            entry, OpView(op.name, op.params, in_types, out_types, regions=op.regions)),
+            in_types, out_types)
         flops = [primitive.flops(view, None if primitive.rule is None else primitive.rule(view))
                  for view in (local, whole)]
     except Exception:  # a report, not a check: an op it cannot cost counts 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.frontend import BodyTag
-from partir.ir import Location, TensorType, Value
+from partir.ir import Location, Region, TensorType, Value
 from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import tensor_type, tile_size
 from partir.mesh import Mesh
@@ -57,6 +57,8 @@ class CoreOp:
     # program position: (index,) for traced ops; an identity op on a value extends the
     # position of the value's definition, so it sorts after it and before the next op
     order: tuple[int, ...] = (0,)
+    # A control-flow op's bodies, on its global types (`partir.rules.control`).
+    regions: tuple[Region, ...] = ()
     # The memoized `signature`, set once computed.
     _signature: Any = field(default=_UNSET, init=False, repr=False)
 
@@ -103,10 +105,15 @@ class CoreOp:
         operands = list(self.operands)
         operands[i] = value
         new = CoreOp(self.uid, self.name, tuple(operands), self.results, self.params,
-                     self.loc, self.prim, self.order)
+                     self.loc, self.prim, self.order, self.regions)
         if value.type is self.operands[i].type:  # propagation reads it from the uses
             new._signature = self.signature
         return new
+
+    def view(self) -> OpView:
+        """What the op's declaration sees of it, on its global types."""
+        return OpView(self.name, self.params, tuple([v.type for v in self.operands]),
+                      tuple([v.type for v in self.results]), regions=self.regions)
 
     def __repr__(self) -> str:
         return f"CoreOp({self.name} @ {self.loc})"
@@ -218,13 +225,11 @@ class CoreProgram:
         factor of the op's rule it belongs to."""
         # Traced ops keep their position as `order`, whatever tactics inserted.
         op = self.ops[bisect.bisect_left(self.ops, (tag.op,), key=_order)]
-        jaxpr, var, rank = tag.jaxpr, tag.var, tag.type.rank
-        view = OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                      tuple([v.type for v in op.results]))
+        view = op.view()
         rule = CATALOGUE[op.name].rule(view)
         dims = []
-        for d in range(rank):
-            f = body_factor(view, jaxpr, var, d)
+        for d in range(tag.type.rank):
+            f = body_factor(view, tag.value, d)
             if isinstance(f, str):  # a dimension the op keeps whole
                 dims.append(())
                 continue

@@ -48,7 +48,7 @@ from partir.core.tmr import Entry, TileMapping, factor_mappings, lookup
 from partir.gcpause import paused_gc
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
-from partir.rules import REPLICATION, OpView, ShardingRule
+from partir.rules import REPLICATION, ShardingRule
 from partir.rules.unsupported import why_unsupported
 
 
@@ -516,8 +516,7 @@ class Propagator:
         """The loop to add, the axis split to make first, or the conflict (kind, choices,
         detail), or ()."""
         n = self.sizes[axis]
-        rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                                 tuple([v.type for v in op.results])))
+        rule = entry.rule(op.view())
         sizes = rule.local_sizes(in_shapes, out_shapes)
         candidates, contested, indivisible, held = [], [], [], []
         gathering = False
@@ -625,8 +624,7 @@ class Propagator:
         # rules of the others, which the tactics' conflicts would build here, need not be.
         if entry is None or not entry.primitive.syncs:
             return False
-        rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                                 tuple([v.type for v in op.results])))
+        rule = entry.rule(op.view())
         info = self.m.info[op.uid]
         in_shapes, out_shapes = self._local_shapes(op, info)
         sizes = rule.local_sizes(in_shapes, out_shapes)
@@ -736,8 +734,7 @@ def _gathered(op: CoreOp) -> list[TileMapping]:
     entry = lookup(op.name)
     if entry is None:
         return []
-    rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                             tuple([v.type for v in op.results])))
+    rule = entry.rule(op.view())
     return [m for _, m in factor_mappings(rule, rule.sizes) if m.whole]
 
 

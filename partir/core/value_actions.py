@@ -17,7 +17,6 @@ import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from partir.core.actions import ANY, Loop, Tile
 from partir.core.module import CoreModule
@@ -34,7 +33,6 @@ from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
 from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import padded_size, tile_size
-from partir.rules import OpView
 from partir.rules.control import body_factor
 
 
@@ -148,15 +146,17 @@ class BodyValue:
 
     name: str
     uid: int
-    jaxpr: Any
-    var: Any
-    type: TensorType
+    value: Value  # in the op's regions
+
+    @property
+    def type(self) -> TensorType:
+        return self.value.type
 
     @classmethod
     def of(cls, m: CoreModule, tag: BodyTag) -> BodyValue:
         # Traced ops keep their position as `order`: found whatever tactics inserted.
         at = bisect.bisect_left(m.ops, (tag.op,), key=lambda o: o.order)
-        return cls(tag.name, m.ops[at].uid, tag.jaxpr, tag.var, tag.type)
+        return cls(tag.name, m.ops[at].uid, tag.value)
 
 
 def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, label: str,
@@ -172,9 +172,8 @@ def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, lab
     op = m.by_uid[value.uid]
     axes = _parts(m, axis, tactic, loc)
     _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
-    factor = body_factor(view, value.jaxpr, value.var, dim)
+    view = op.view()
+    factor = body_factor(view, value.value, dim)
     if isinstance(factor, str):
         raise NotShardableError(
             f"cannot tile {label} dimension {dim} on axis {axis!r}: the {op.name} at "

@@ -23,11 +23,11 @@ from partir.frontend.annotation import (
 )
 from partir.frontend.names import leaf_names, output_root, parameter_names
 from partir.frontend.source import is_user_file, model_location, user_location
-from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value
+from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Region, TensorType, Value
 from partir.ir.dtypes import is_extended
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
-from partir.rules.control import CALLS, CONTROL_FLOW, body_eqns, carry_inits
+from partir.rules.control import CALLS, CONTROL_FLOW, bodies, carry_inits
 from partir.rules.elementwise import ANNOTATIONS
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
@@ -56,16 +56,19 @@ class TracedProgram:
 
 @dataclass(frozen=True, eq=False)
 class BodyTag:
-    """A value tagged (`partir.tag`) inside the body of a control-flow op (scan, while,
-    cond): tactics name it as they name values of the program, and shard it through the
-    op. `op` is the op's position in the traced function; `jaxpr` and `var` the value in
-    the op's bodies."""
+    """A value tagged (`partir.tag`) inside the regions of a control-flow op (scan,
+    while, cond), nested ones included: tactics name it as they name values of the
+    program, and shard it through the op. `op` is the op's position in the traced
+    function; `value` the value in its regions, made at `loc`."""
 
     name: str
     op: int
-    jaxpr: Any
-    var: Any
-    type: TensorType
+    value: Value
+    loc: Location = UNKNOWN_LOCATION
+
+    @property
+    def type(self) -> TensorType:
+        return self.value.type
 
 
 def _tensor_type(aval: Any) -> TensorType:
@@ -86,14 +89,29 @@ def _element_type(dtype: Any) -> Any:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, outer: _Builder | None = None) -> None:
         self.ops: list[Op] = []
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {}
-        self.body_tags: dict[str, list[BodyTag]] = {}
-        self.annotations: list[Annotation] = []
+        self.body_tags: dict[str, list[BodyTag]] = {} if outer is None else outer.body_tags
+        self.annotations: list[Annotation] = [] if outer is None else outer.annotations
         # The constants and broadcasts, by result: all `is_zero` looks at.
         self.producers: dict[Value, Op] = {}
+        # In a region: the position of the top-level control-flow op it belongs to.
+        self.top: int | None = None if outer is None else outer.op_position()
+
+    def op_position(self) -> int:
+        """The position in the traced function of the op being built (the top-level
+        control-flow op around it, in a region)."""
+        return len(self.ops) if self.top is None else self.top
+
+    def region(self, body: Any, loc: Location, user_frames: bool) -> Region:
+        """A control-flow op's body (a closed jaxpr) as a region of IR ops, calls
+        inlined, its constants `constant` ops in it."""
+        inner = _Builder(self)
+        args = [Value(_tensor_type(v.aval)) for v in body.jaxpr.invars]
+        yields = inner.inline(body.jaxpr, body.consts, args, loc, user_frames)
+        return Region(args, inner.ops, yields)
 
     def constant(self, value: Any, loc: Location, aval: Any) -> Value:
         # Python scalars in literals are 64-bit; the traced type says what JAX computes in.
@@ -109,20 +127,6 @@ class _Builder:
         if key is not None:
             self.scalar_consts[key] = v
         return v
-
-    def body_annotation(self, body: Any, eqn: Any, op_loc: Location) -> None:
-        """Record an annotation inside the bodies of the control-flow op about to be
-        appended, as tags there are."""
-        if user_location(eqn.source_info) is not UNKNOWN_LOCATION:
-            loc = model_location(eqn.source_info)
-        elif op_loc is not UNKNOWN_LOCATION:
-            loc = op_loc
-        else:
-            return
-        var = eqn.outvars[0]
-        self.annotations.append(Annotation(
-            BodyTag(f"sharding annotation at {loc}", len(self.ops), body, var,
-                    _tensor_type(var.aval)), loc, **eqn.params))
 
     def is_zero(self, v: Value) -> bool:
         """Whether v is a constant zero, or one broadcast: how JAX starts the gradient
@@ -171,25 +175,26 @@ class _Builder:
                     name, prim = annotation_p.name, annotation_p
                     if loc is not UNKNOWN_LOCATION:  # else JAX's own: a gradient's seed
                         loc = model_location(eqn.source_info) if user_frames else loc
-                        self.annotations.append(Annotation(outs[0], loc, **params))
+                        value = outs[0] if self.top is None else BodyTag(
+                            f"sharding annotation at {loc}", self.top, outs[0], loc)
+                        self.annotations.append(Annotation(value, loc, **params))
                 else:
                     params = untyped(params)
                 inits = carry_inits(name, params, operands)
                 if inits is not None:
                     params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
+                regions = []
                 if name in CONTROL_FLOW:
+                    regions = [self.region(b, loc, user_frames) for b in bodies(params)]
                     params = own_annotations(params)
-                    for body, tagged in body_eqns(params):
-                        if tagged.primitive.name == TAG:
-                            self.body_tags.setdefault(tagged.params["name"], []).append(
-                                BodyTag(tagged.params["name"], len(self.ops), body,
-                                        tagged.outvars[0], _tensor_type(tagged.outvars[0].aval)))
-                        elif tagged.primitive is annotation_p:
-                            self.body_annotation(body, tagged, loc)
                 if name == TAG:
                     outs[0].name = params["name"]
-                    self.tags.setdefault(params["name"], []).append(outs[0])
-                self.ops.append(Op(name, operands, outs, params, loc=loc, prim=prim))
+                    if self.top is None:
+                        self.tags.setdefault(params["name"], []).append(outs[0])
+                    else:
+                        self.body_tags.setdefault(params["name"], []).append(
+                            BodyTag(params["name"], self.top, outs[0], loc))
+                self.ops.append(Op(name, operands, outs, params, regions, loc=loc, prim=prim))
                 if name == "broadcast_in_dim":
                     self.producers[outs[0]] = self.ops[-1]
             for var, v in zip(eqn.outvars, outs, strict=True):

@@ -63,6 +63,8 @@ class OpView:
     in_types: tuple[TensorType, ...]
     out_types: tuple[TensorType, ...]
     slicing: Slicing | None = field(default=None, compare=False)
+    # A control-flow op's bodies (`partir.ir.Region`s, on the op's global types).
+    regions: tuple[Any, ...] = field(default=(), compare=False)
 
     @property
     def in_shapes(self) -> tuple[tuple[int, ...], ...]:

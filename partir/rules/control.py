@@ -36,7 +36,9 @@ from jax._src import source_info_util
 from jax._src.core import NamedAxisEffect, eval_jaxpr, extend_axis_env_nd
 from jax.extend import core as jcore
 
+from partir.ir import Op, Region, Value
 from partir.ir.collectives import JAX_COLLECTIVES, chunk_index, named_axes
+from partir.ir.opnames import CONSTANT
 from partir.ir.types import TensorType
 from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, Slicing, declare
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
@@ -89,18 +91,16 @@ class _Analysis:
     eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
     # per equation, (its operands' value ids, its results' value ids) for dependencies
     flows: list[tuple[list[int | None], list[int]]] = field(default_factory=list)
-    sites: list[tuple[int, int]] = field(default_factory=list)  # per equation: (frame, k)
+    sites: list[tuple[int, int]] = field(default_factory=list)  # per op: (frame, k)
     dims_of: dict[int, list[Node]] = field(default_factory=dict)  # value id -> dims
     predicates: list[int] = field(default_factory=list)  # while predicates' value ids
-    # (frame, var) -> value id: a frame is one walk of a body, numbered in walk order (an
-    # inner jaxpr called at two sites of a body is two frames)
-    values: dict[tuple[int, Any], int] = field(default_factory=dict)
+    # region value -> value id; a frame is one region walked, numbered in walk order
+    values: dict[Value, int] = field(default_factory=dict)
     frames: int = 0  # the frames walked so far
-    tagged: dict[tuple[int, Any], int] = field(default_factory=dict)  # (id(jaxpr), var)
-    # (id(jaxpr), var) of a value in the bodies of a control-flow op inside a body -> per
-    # dimension, the node of the inner op's operand or result dimension its factor is
-    # (slicing that slices it), or why the inner op keeps it whole
-    nested: dict[tuple[int, Any], list[Node | str]] = field(default_factory=dict)
+    # a value in the regions of a control-flow op inside a region -> per dimension, the
+    # node of the inner op's operand or result dimension its factor is (slicing that
+    # slices it), or why the inner op keeps it whole
+    nested: dict[Value, list[Node | str]] = field(default_factory=dict)
     zeros: set[int] = field(default_factory=set)  # values that are constant zeros
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -143,49 +143,35 @@ class _Analysis:
             self.union(x, y)
 
     # -- bodies -------------------------------------------------------------------------
-    def body(self, body: Any, args: Sequence[int]) -> list[int]:
-        """Walk a body applied to the values `args`; returns its results' values."""
-        jaxpr = _jaxpr(body)[0]
+    def body(self, region: Region, args: Sequence[int]) -> list[int]:
+        """Walk a region applied to the values `args`; returns its yields' values.
+        Constants are values no slicing may cut (they are the same on every device)."""
         frame = self.frames
         self.frames += 1
-        env: dict[Any, int] = {}
-        for var in jaxpr.constvars:
-            env[var] = self.value(var.aval.shape, blocked="a constant of the body has it")
-        for var, a in zip(jaxpr.invars, args, strict=True):
-            env[var] = a
-        for k, eqn in enumerate(jaxpr.eqns):
-            ins = [env[a] if not isinstance(a, jcore.Literal) else None for a in eqn.invars]
-            outs = self.eqn(eqn, ins, (frame, k))
-            for var, o in zip(eqn.outvars, outs, strict=True):
-                env[var] = o
-        for var, v in env.items():
-            self.values[(frame, var)] = v
-            self.tagged.setdefault((id(jaxpr), var), v)
-        return [env[a] if not isinstance(a, jcore.Literal) else self._literal(a)
-                for a in jaxpr.outvars]
+        env: dict[Value, int] = dict(zip(region.args, args, strict=True))
+        for k, op in enumerate(region.ops):
+            if op.name == CONSTANT:
+                (r,) = op.results
+                v = env[r] = self.value(r.type.shape, blocked="a constant of the body has it")
+                if not np.any(op.params["value"]):
+                    self.zeros.add(v)
+                continue
+            outs = self.op(op, [env[x] for x in op.operands], (frame, k))
+            env.update(zip(op.results, outs, strict=True))
+        self.values.update(env)
+        return [env[x] for x in region.yields]
 
-    def _literal(self, lit: Any) -> int:
-        v = self.value(lit.aval.shape, blocked="a literal")
-        if not np.any(lit.val):
-            self.zeros.add(v)
-        return v
-
-    def eqn(self, eqn: Any, ins: list[int | None], site: tuple[int, int]) -> list[int]:
-        name = eqn.primitive.name
-        if name in CALLS and CALLS[name] in eqn.params:
-            args = [a if a is not None else self.value(v.aval.shape, blocked="a literal")
-                    for a, v in zip(ins, eqn.invars, strict=True)]
-            return self.body(eqn.params[CALLS[name]], args)
-        outs = [self.value(v.aval.shape) for v in eqn.outvars]
-        if name == "broadcast_in_dim" and isinstance(eqn.invars[0], jcore.Literal) and \
-                not np.any(eqn.invars[0].val):
+    def op(self, op: Op, ins: list[int], site: tuple[int, int]) -> list[int]:
+        name = op.name
+        outs = [self.value(v.type.shape) for v in op.results]
+        if name == "broadcast_in_dim" and ins[0] in self.zeros:
             self.zeros.add(outs[0])  # how JAX makes a zero cotangent
-        in_dims = [self.dims_of[a] if a is not None else None for a in ins]
+        in_dims = [self.dims_of[a] for a in ins]
         out_dims = [self.dims_of[o] for o in outs]
         reduced: list[tuple[Node, list[int]]] = []
         prim = CATALOGUE.get(name)
-        view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
-                      tuple(_type(v.aval) for v in eqn.outvars))
+        view = OpView(name, op.params, tuple(v.type for v in op.operands),
+                      tuple(v.type for v in op.results), regions=tuple(op.regions))
         rule = None if prim is None or prim.rule is None else prim.rule(view)
         # A positional primitive computes from positions on every dim, unless its rule
         # says on which: the factors cut out of whole operands (`Factor.whole`).
@@ -221,10 +207,10 @@ class _Analysis:
             return "the loop's operands and results do not carry it"
 
         a = inner.analysis
-        for key, vid in a.tagged.items():
-            self.nested.setdefault(key, [outer(n) for n in a.dims_of[vid]])
-        for key, dims in a.nested.items():
-            self.nested.setdefault(key, [outer(n) for n in dims])
+        for value, vid in a.values.items():
+            self.nested.setdefault(value, [outer(n) for n in a.dims_of[vid]])
+        for value, dims in a.nested.items():
+            self.nested.setdefault(value, [outer(n) for n in dims])
 
     def _factors(self, name: str, rule: ShardingRule, in_dims: list[list[Node] | None],
                  out_dims: list[list[Node]]) -> list[tuple[Node, list[int]]]:
@@ -410,7 +396,7 @@ def _scan(a: _Analysis, view: OpView) -> _Edges:
             for x, y in zip(a.dims_of[v][1:], a.dims_of[args[-1]], strict=True):
                 a.union(x, y)
     top = a.frames
-    outs = a.body(p["jaxpr"], args)
+    outs = a.body(view.regions[0], args)
     for k, (o, r) in enumerate(zip(outs, res, strict=True)):
         if k < nk:
             a.join(ops[nc + k], o)
@@ -433,9 +419,9 @@ def _while(a: _Analysis, view: OpView) -> _Edges:
     res = [a.value(t.shape) for t in view.out_types]
     carries = ops[cn + bn:]
     cond = a.frames
-    a.predicates += a.body(p["cond_jaxpr"], ops[:cn] + carries)
+    a.predicates += a.body(view.regions[0], ops[:cn] + carries)
     body = a.frames
-    outs = a.body(p["body_jaxpr"], ops[cn:cn + bn] + carries)
+    outs = a.body(view.regions[1], ops[cn:cn + bn] + carries)
     for c, o, r in zip(carries, outs, res, strict=True):
         a.join(c, o)
         a.join(o, r)
@@ -449,7 +435,7 @@ def _cond(a: _Analysis, view: OpView) -> _Edges:
     res = [a.value(t.shape) for t in view.out_types]
     sources: list[list[int]] = [[] for _ in res]
     branches = []
-    for branch in view.params["branches"]:
+    for branch in view.regions:
         branches.append(a.frames)
         for k, (o, r) in enumerate(zip(a.body(branch, ops[1:]), res, strict=True)):
             a.join(o, r)
@@ -494,11 +480,12 @@ class _Groups:
     exits: dict[int, list[Entry]]  # result -> where the bodies make it (_Edges)
     results: list[int]  # the results' values
     tops: list[int]  # the bodies' frames (_Edges)
+    regions: tuple[Region, ...]  # analysed: its values are those of `analysis`
 
 
 def _key(view: OpView) -> tuple:
     return (view.name, tuple(sorted((k, v) for k, v in view.params.items())),
-            view.in_shapes, view.out_shapes)
+            view.in_shapes, view.out_shapes, tuple(map(id, view.regions)))
 
 
 def _analyze(view: OpView) -> _Groups:
@@ -576,7 +563,7 @@ def _analyze(view: OpView) -> _Groups:
         if differ[f].isdisjoint(differ[g]):
             b.slice_together(f, g)
     return _Groups(b.build(), nodes, a, why, syncs, edges.entries, edges.exits,
-                   edges.results, edges.tops)
+                   edges.results, edges.tops, view.regions)
 
 
 def _actions(results: dict[int, int], edges: _Edges, flow: _Flow, seeded: set[int],
@@ -622,6 +609,10 @@ def _groups(view: OpView) -> _Groups:
         found = _ANALYSES.get(key)
     except TypeError:  # unhashable parameters
         return _analyze(view)
+    # Keyed by the regions' ids: one that died may have left its id to another.
+    if found is not None and any(r is not f for r, f in zip(view.regions, found.regions,
+                                                             strict=True)):
+        found = None
     if found is None:
         if len(_ANALYSES) > 256:
             _ANALYSES.clear()
@@ -630,36 +621,29 @@ def _groups(view: OpView) -> _Groups:
 
 
 def control_rule(view: OpView) -> ShardingRule:
+    if not view.regions:
+        # A device-local op, its bodies already localized: nothing in it is partitioned
+        # further (the simulator reads only its FLOPs).
+        b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
+        for i, t in enumerate(view.in_types):
+            for d, n in enumerate(t.shape):
+                b.replicated(n, operands={i: d})
+        for k, t in enumerate(view.out_types):
+            for d, n in enumerate(t.shape):
+                b.replicated(n, results={k: d})
+        return b.build()
     return _groups(view).rule
-
-
-def body_eqns(params: Any) -> list[tuple[Any, Any]]:
-    """(jaxpr, equation) of every equation of a control-flow op's bodies, through the
-    calls they make and into the bodies of the control flow inside them: where tactics
-    find tags inside bodies."""
-    bodies = _bodies(params)
-    out = []
-    while bodies:
-        jaxpr = _jaxpr(bodies.pop(0))[0]
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name in CALLS and CALLS[eqn.primitive.name] in eqn.params:
-                bodies.append(eqn.params[CALLS[eqn.primitive.name]])
-            else:
-                out.append((jaxpr, eqn))
-                if eqn.primitive.name in _EDGES:  # a loop inside a body: its bodies too
-                    bodies += _bodies(eqn.params)
-    return out
 
 
 def body_axes(params: Any) -> frozenset[str]:
     """The mesh axes the collectives inside a control-flow op's bodies name (its sync
     points once sliced): the devices along them run the op in lockstep."""
-    return frozenset(e.name for b in _bodies(params) for e in _jaxpr(b)[0].effects
+    return frozenset(e.name for b in bodies(params) for e in _jaxpr(b)[0].effects
                      if isinstance(e, NamedAxisEffect))
 
 
-def _bodies(params: Any) -> list[Any]:
-    """A control-flow op's bodies, in the order the analysis walks them."""
+def bodies(params: Any) -> list[Any]:
+    """A control-flow op's bodies (closed jaxprs), in the order of its regions."""
     bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
     return bodies + list(params.get("branches", ()))
 
@@ -700,16 +684,16 @@ def body_collectives(name: str, params: Any, times: int | None = 1) -> list[Body
     return out
 
 
-def body_factor(view: OpView, jaxpr: Any, var: Any, dim: int) -> int | str:
-    """The factor of the op's rule that dimension `dim` of a body value belongs to
-    (slicing the factor slices it), or why it has none (the reason its group is
+def body_factor(view: OpView, value: Value, dim: int) -> int | str:
+    """The factor of the op's rule that dimension `dim` of a value in its regions belongs
+    to (slicing the factor slices it), or why it has none (the reason its group is
     replicated, as the rule's conflicts give it)."""
     groups = _groups(view)
     a = groups.analysis
-    vid = a.tagged.get((id(jaxpr), var))
+    vid = a.values.get(value)
     if vid is not None:
         return _factor_of(groups, a.dims_of[vid][dim])
-    nested = a.nested.get((id(jaxpr), var))
+    nested = a.nested.get(value)
     if nested is None:
         return "it is not a value of the loop's bodies"
     n = nested[dim]
@@ -730,26 +714,24 @@ def _factor_of(groups: _Groups, n: Node) -> int | str:
 
 
 def _global_view(view: OpView) -> OpView:
-    """The op on global types, which its bodies' types give (a local view has the global
-    parameters)."""
-    p = view.params
+    """The op on global types, which its regions' types give (a local view has the
+    global parameters and regions)."""
+    p, regions = view.params, view.regions
+    args = [[v.type for v in r.args] for r in regions]
+    yields = [[v.type for v in r.yields] for r in regions]
     if view.name == "scan":
-        body = p["jaxpr"]
         n, nc, nk = p["length"], p["num_consts"], p["num_carry"]
-        ins = [_type(a) if i < nc + nk else TensorType((n, *a.shape), a.dtype)
-               for i, a in enumerate(body.in_avals)]
-        outs = [_type(a) if k < nk else TensorType((n, *a.shape), a.dtype)
-                for k, a in enumerate(body.out_avals)]
+        ins = [t if i < nc + nk else TensorType((n, *t.shape), t.dtype)
+               for i, t in enumerate(args[0])]
+        outs = [t if k < nk else TensorType((n, *t.shape), t.dtype)
+                for k, t in enumerate(yields[0])]
     elif view.name == "while":
-        cn = p["cond_nconsts"]
-        ins = [*map(_type, p["cond_jaxpr"].in_avals[:cn]),
-               *map(_type, p["body_jaxpr"].in_avals)]
-        outs = [_type(a) for a in p["body_jaxpr"].out_avals]
+        ins = [*args[0][:p["cond_nconsts"]], *args[1]]
+        outs = yields[1]
     else:
-        branch = p["branches"][0]
-        ins = [view.in_types[0], *map(_type, branch.in_avals)]
-        outs = [_type(a) for a in branch.out_avals]
-    return OpView(view.name, p, tuple(ins), tuple(outs))
+        ins = [view.in_types[0], *args[0]]
+        outs = yields[0]
+    return OpView(view.name, p, tuple(ins), tuple(outs), regions=regions)
 
 
 def localize(view: OpView) -> dict[str, Any]:
@@ -833,12 +815,13 @@ def localize(view: OpView) -> dict[str, Any]:
 
     p = dict(view.params)
     plan.sizes = view.slicing.sizes if view.slicing is not None else {}
-    tops = iter(groups.tops)  # the bodies' frames, in the order the analysis walked them
+    # the bodies' frames, in the order the analysis walked them: the regions' order
+    tops = iter(zip(groups.tops, view.regions, strict=True))
     for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
         if name in p:
-            p[name] = _retrace(p[name], next(tops), a, size, plan)
+            p[name] = _retrace(p[name], *next(tops), a, size, plan)
     if "branches" in p:
-        p["branches"] = tuple(_retrace(b, next(tops), a, size, plan) for b in p["branches"])
+        p["branches"] = tuple(_retrace(b, *next(tops), a, size, plan) for b in p["branches"])
     return p
 
 
@@ -867,20 +850,22 @@ class _Plan:
                       {x for ss in self.scatters.values() for _, axes in ss for x in axes})
 
 
-def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
-             plan: _Plan) -> Any:
-    """The body (analysed as frame `top`) as a ClosedJaxpr on local shapes, every op's
-    parameters localized, with the plan's sums, gathers and scatters."""
+def _retrace(body: Any, top: int, region: Region, a: _Analysis,
+             size: Callable[[Node], int], plan: _Plan) -> Any:
+    """The body (analysed as frame `top`, its region `region`) as a ClosedJaxpr on local
+    shapes, every op's parameters localized, with the plan's sums, gathers and scatters.
+    The region holds the body's equations in order, calls inlined, and constants as ops
+    of their own: each equation is the region's next op that is not a constant."""
     jaxpr, consts = _jaxpr(body)
     syncs = plan.syncs
-    frames = itertools.count(top)  # numbered as the analysis numbered them: in walk order
+    ops = iter([k for k, op in enumerate(region.ops) if op.name != CONSTANT])
+    where: dict[Any, Value] = dict(zip(jaxpr.invars, region.args, strict=True))
 
-    def local_type(frame: int, var: Any) -> TensorType:
-        return TensorType(tuple(size(n) for n in a.dims_of[a.values[(frame, var)]]),
+    def local_type(var: Any) -> TensorType:
+        return TensorType(tuple(size(n) for n in a.dims_of[a.values[where[var]]]),
                           var.aval.dtype)
 
-    def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        frame = next(frames)
+    def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any], yields: bool) -> list[Any]:
         env = dict(zip(j.constvars, js_consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
         summed: dict[Any, Any] = {}  # a partial sum is summed once for all its uses
@@ -890,7 +875,7 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
             return x.val if isinstance(x, jcore.Literal) else env[x]
 
         def axes_per_dim(x: Any) -> tuple[tuple[str, ...], ...]:
-            vid = None if isinstance(x, jcore.Literal) else a.values.get((frame, x))
+            vid = None if isinstance(x, jcore.Literal) else a.values.get(where.get(x))
             if vid is None:
                 return ((),) * len(getattr(x.aval, "shape", ()))
             return tuple(plan.group_axes.get(a.find(n), ()) for n in a.dims_of[vid])
@@ -904,37 +889,50 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
                     summed[x] = lax.psum(read(x), axes)
             return summed[x]
 
-        for k, eqn in enumerate(j.eqns):
-            ins = [read_whole(x, (frame, k, i)) for i, x in enumerate(eqn.invars)]
+        for eqn in j.eqns:
             name = eqn.primitive.name
             if name in CALLS and CALLS[name] in eqn.params:
                 inner, inner_consts = _jaxpr(eqn.params[CALLS[name]])
-                outs = run(inner, inner_consts, ins)
-            else:
-                params = dict(eqn.params)
-                prim = CATALOGUE.get(name)
-                if prim is not None and prim.localize is not None:
-                    slicing = None
-                    if prim.syncs:  # a control-flow op in a body: the axes slicing it
-                        slicing = Slicing(tuple(map(axes_per_dim, eqn.invars)), plan.sizes,
-                                          tuple(map(axes_per_dim, eqn.outvars)))
-                    params = prim.localize(OpView(
-                        name, eqn.params, tuple(map(_typed, ins)),
-                        tuple(local_type(frame, v) for v in eqn.outvars), slicing))
-                with _located(eqn.source_info):
-                    outs = eqn.primitive.bind(*ins, **params)
-                    outs = list(outs) if eqn.primitive.multiple_results else [outs]
-                    for r in range(len(outs)):
-                        axes = syncs.get((frame, k, -1 - r))
-                        if axes:
-                            outs[r] = lax.psum(outs[r], axes)
+                where.update((v, where[x]) for v, x in zip(inner.invars, eqn.invars,
+                                                           strict=True)
+                             if not isinstance(x, jcore.Literal))
+                outs = run(inner, inner_consts, [read(x) for x in eqn.invars], False)
+                where.update((v, where[x]) for v, x in zip(eqn.outvars, inner.outvars,
+                                                           strict=True)
+                             if not isinstance(x, jcore.Literal))
+                env.update(zip(eqn.outvars, outs, strict=True))
+                continue
+            k = next(ops)
+            op = region.ops[k]
+            where.update(zip(eqn.outvars, op.results, strict=True))
+            ins = [read_whole(x, (top, k, i)) for i, x in enumerate(eqn.invars)]
+            params = dict(eqn.params)
+            prim = CATALOGUE.get(name)
+            if prim is not None and prim.localize is not None:
+                slicing = None
+                if prim.syncs:  # a control-flow op in a body: the axes slicing it
+                    slicing = Slicing(tuple(map(axes_per_dim, eqn.invars)), plan.sizes,
+                                      tuple(map(axes_per_dim, eqn.outvars)))
+                params = prim.localize(OpView(
+                    name, op.params, tuple(map(_typed, ins)),
+                    tuple(local_type(v) for v in eqn.outvars), slicing, tuple(op.regions)))
+                params = {k: v for k, v in params.items() if not k.startswith("_")}
+            with _located(eqn.source_info):
+                outs = eqn.primitive.bind(*ins, **params)
+                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                for r in range(len(outs)):
+                    axes = syncs.get((top, k, -1 - r))
+                    if axes:
+                        outs[r] = lax.psum(outs[r], axes)
             env.update(zip(eqn.outvars, outs, strict=True))
-        return [read_whole(x, (frame, -1, k)) for k, x in enumerate(j.outvars)]
+        if not yields:
+            return [read(x) for x in j.outvars]
+        return [read_whole(x, (top, -1, k)) for k, x in enumerate(j.outvars)]
 
     avals = []
     gathers = [plan.gathers.get((top, p), []) for p in range(len(jaxpr.invars))]
     for v, gathered in zip(jaxpr.invars, gathers, strict=True):
-        shape = list(local_type(top, v).shape)
+        shape = list(local_type(v).shape)
         for dim, n, _, _ in gathered:  # the argument arrives sliced
             shape[dim] = n
         avals.append(jax.ShapeDtypeStruct(tuple(shape), v.aval.dtype))
@@ -952,7 +950,7 @@ def _retrace(body: Any, top: int, a: _Analysis, size: Callable[[Node], int],
                     size = x.shape[dim] // int(np.prod([plan.sizes[a] for a in keep]))
                     x = lax.dynamic_slice_in_dim(x, chunk_index(keep) * size, size, axis=dim)
             taken.append(x)
-        made = run(jaxpr, consts, taken)
+        made = run(jaxpr, consts, taken, True)
         for k, x in enumerate(made):
             for dim, axes in plan.scatters.get((top, k), ()):
                 for axis in axes:  # the major axis first: its chunk holds the minor's

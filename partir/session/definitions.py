@@ -17,7 +17,6 @@ import textwrap
 from collections.abc import Callable, Iterable
 
 from partir.frontend import TracedProgram
-from partir.frontend.source import user_location
 from partir.session import results as P
 
 # Leaf-creation sites listed per input, after its parameter.
@@ -48,9 +47,8 @@ def definitions(traced: TracedProgram, fn: Callable,
         out[("tag", tag)] = _unique(locs)
     # Tagged inside a loop's body: where the tag is.
     for body in (b for bs in traced.body_tags.values() for b in bs):
-        made = next((e for e in body.jaxpr.eqns if body.var in e.outvars), None)
-        loc = user_location(made.source_info) if made is not None else None
-        if loc is not None and loc.line:
+        loc = body.loc
+        if loc.line:
             out[("tag", body.name)] = _unique([*out.get(("tag", body.name), []),
                                                P.SourceLocation(loc.file, loc.line,
                                                                 loc.function)])

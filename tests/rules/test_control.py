@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
 
+from partir.frontend import trace
 from partir.ir.types import TensorType
 from partir.rules import CATALOGUE, OpView
 from partir.rules.catalogue import Slicing
@@ -15,12 +15,10 @@ from partir.rules.factors import PASS, REDUCTION, REPLICATION
 
 
 def _view(fn, *args) -> OpView:
-    """The view of the (only) control-flow equation of fn's jaxpr."""
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name in ("scan", "while", "cond")]
-    return OpView(eqn.primitive.name, eqn.params,
-                  tuple(TensorType(tuple(v.aval.shape), v.aval.dtype) for v in eqn.invars),
-                  tuple(TensorType(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars))
+    """The view of the (only) control-flow op of fn's traced program, with its regions."""
+    (op,) = [o for o in trace(fn, *args).function.ops if o.name in ("scan", "while", "cond")]
+    return OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                  tuple(v.type for v in op.results), regions=tuple(op.regions))
 
 
 def _factors(view: OpView) -> list[tuple[str, int, tuple, tuple, tuple]]:
@@ -85,7 +83,8 @@ def test_partial_sums_used_whole_in_a_body_are_summed_over_the_axes_slicing_them
     assert (PASS, 6, (None, 2, 1), (None,), (0,)) in _factors(view)
     hidden = (view.in_types[0], TensorType((3, 4, 3), X.dtype), TensorType((3, 3, 4), X.dtype))
     local = OpView(view.name, view.params, hidden, view.out_types,
-                   Slicing(((), ((), (), ("model",)), ((), ("model",), ())), {"model": 2}))
+                   Slicing(((), ((), (), ("model",)), ((), ("model",), ())), {"model": 2}),
+                   view.regions)
     params = CATALOGUE["scan"].localize(local)
     assert _psums(params["jaxpr"]) == [("model",)]
     assert body_axes(params) == {"model"}
@@ -93,7 +92,8 @@ def test_partial_sums_used_whole_in_a_body_are_summed_over_the_axes_slicing_them
     assert CATALOGUE["scan"].localize(view) == dict(view.params)
     # sliced without saying by which axes, it cannot place the sum
     with pytest.raises(ValueError, match="does not say which axes"):
-        CATALOGUE["scan"].localize(OpView(view.name, view.params, hidden, view.out_types))
+        CATALOGUE["scan"].localize(OpView(view.name, view.params, hidden, view.out_types,
+                                          regions=view.regions))
 
 
 def test_a_carry_that_ends_as_a_partial_sum_is_summed_before_the_next_iteration():
@@ -104,7 +104,7 @@ def test_a_carry_that_ends_as_a_partial_sum_is_summed_before_the_next_iteration(
     # the carry does not start from zero: it is summed, and then the same on every slice
     assert (PASS, 6, (None, 1), (None,), (0,)) in _factors(view)
     local = OpView(view.name, view.params, (view.in_types[0], TensorType((3, 3), X.dtype)),
-                   view.out_types, Slicing(((), ((), ("model",))), {"model": 2}))
+                   view.out_types, Slicing(((), ((), ("model",))), {"model": 2}), view.regions)
     body = CATALOGUE["scan"].localize(local)["jaxpr"]
     assert _psums(body) == [("model",)]
     assert body.jaxpr.eqns[-1].primitive.name == "psum"
@@ -126,9 +126,10 @@ def test_bodies_are_traced_again_at_local_shapes():
 
     view = _view(f, X, WS)
     local = OpView(view.name, view.params, (TensorType((2, 4), X.dtype), view.in_types[1]),
-                   (TensorType((2, 4), X.dtype), view.out_types[1]))
+                   (TensorType((2, 4), X.dtype), view.out_types[1]), regions=view.regions)
     params = CATALOGUE["scan"].localize(local)
     (x_aval, w_aval) = params["jaxpr"].in_avals
     assert x_aval.shape == (2, 4) and w_aval.shape == (4, 4)
-    out = lax.scan_p.bind(jnp.ones((2, 4)), WS, **params)
+    public = {k: v for k, v in params.items() if not k.startswith("_")}
+    out = lax.scan_p.bind(jnp.ones((2, 4)), WS, **public)
     assert out[0].shape == (2, 4) and out[1].shape == (3,)
