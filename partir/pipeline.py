@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from partir.cancel import checkpoint
 from partir.core.materialize import materialize
 from partir.core.program import CoreProgram
-from partir.frontend.source import user_location
 from partir.gcpause import paused_gc
 from partir.hlo import count_collectives, locate_by_users, lower_spmd_to_hlo, optimize
-from partir.hlo.ops import COLLECTIVES, collective_axes, collectives_by_axes
+from partir.hlo.ops import COLLECTIVES, collectives_by_axes
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
-from partir.rules.control import CONTROL_FLOW, body_collectives
+from partir.rules.collectives import named_axes
+from partir.rules.control import region_ops
 from partir.spmd import lower_core_to_spmd
 
 
@@ -46,20 +46,18 @@ class Lowered:
         producer = {r: op for op in fn.ops for r in op.results}
         counts: Counter = Counter()
         for op in fn.ops:
-            if op.name in CONTROL_FLOW:
-                for c in body_collectives(op.name, op.params):
-                    loc = user_location(c.source_info)
-                    if not loc.line:
-                        loc = op.loc
-                    counts[(c.kind, c.axes, None, loc.file, loc.line, loc.function)] += \
-                        (c.times or 1) if executed else 1
+            for inner, times in region_ops(op):
+                if inner.name in COLLECTIVES:
+                    loc = inner.loc if inner.loc.line else op.loc
+                    counts[(inner.name.removeprefix("hlo."), named_axes(inner), None,
+                            loc.file, loc.line, loc.function)] += (times or 1) if executed else 1
             if op.name not in COLLECTIVES:
                 continue
             v = op.operands[0] if op.operands else None
             while v is not None and v in producer and producer[v].name in COLLECTIVES:
                 v = producer[v].operands[0]
             name = v.name if v is not None else None
-            counts[(op.name.removeprefix("hlo."), collective_axes(op), name, op.loc.file,
+            counts[(op.name.removeprefix("hlo."), named_axes(op), name, op.loc.file,
                     op.loc.line, op.loc.function)] += 1
         return counts
 

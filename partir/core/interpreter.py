@@ -5,10 +5,10 @@ concatenates the iterations' results, `#sum` reduces them with the monoid, `any`
 they are all equal. `slice` takes the index-th chunk and `index` is the iteration number.
 Primitives replay through JAX.
 
-A loop whose body holds a control-flow op summing partial results over the loop's axis
-inside its own body (a sync point) runs its iterations in lockstep instead: the body is
-vmapped over the indices with the axis as the vmap's axis name, so each iteration's
-`psum` sees the others.
+A loop whose body holds a control-flow op with a collective over the loop's axis in its
+regions (a sync point: partial sums summed inside a scan's body) runs its iterations in
+lockstep instead: the body is vmapped over the indices with the axis as the vmap's axis
+name, so each iteration's collective sees the others.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from partir.ir import Function, Op, Region, Value
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
-from partir.rules.control import CONTROL_FLOW, body_axes
+from partir.rules.collectives import NAMED_AXIS_OPS, named_axes
+from partir.rules.control import region_ops
 
 
 class InterpreterError(Exception):
@@ -90,9 +91,12 @@ def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
 
 
 def lockstep_axes(op: Op) -> frozenset[str]:
-    """The mesh axes along which the op's instances must run together: those its bodies'
-    collectives name."""
-    return body_axes(op.params) if op.name in CONTROL_FLOW else frozenset()
+    """The mesh axes along which the op's instances must run together: those the
+    collectives in its regions name."""
+    if not op.regions:
+        return frozenset()
+    return frozenset(axis for inner, _ in region_ops(op) if inner.name in NAMED_AXIS_OPS
+                     for axis in named_axes(inner))
 
 
 def in_lockstep(f: Callable[..., Any], axes: Sequence[str], *stacked: Any) -> Any:

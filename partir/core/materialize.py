@@ -39,9 +39,9 @@ from partir.core.program import (
     result_local_type,
     tile_dims,
 )
-from partir.core.tmr import Entry, LocalContext, OpView, localized_params, lookup
+from partir.core.tmr import Entry, LocalContext, OpView, localized, lookup
 from partir.frontend import inline_jaxpr
-from partir.ir import Function, Op, RangeType, TensorType, Value
+from partir.ir import Function, Op, RangeType, Region, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import ATOMIC, NAMESPACE, SHARDING_CONSTRAINT, TILE
@@ -194,7 +194,8 @@ class _Materializer:
             if not g.axes:
                 for op in g.ops:
                     ops.append(Op(op.name, [self.resolve(v) for v in op.operands],
-                                  list(op.results), op.params, loc=op.loc, prim=op.prim))
+                                  list(op.results), op.params, list(op.regions), op.loc,
+                                  op.prim))
             else:
                 ops.append(self._loop_nest(g, [v for v in g.produced if v in used_outside]))
         fn = Function(prog.name, list(prog.args), ops, [self.resolve(v) for v in prog.results],
@@ -277,9 +278,10 @@ class _Materializer:
         if sums:
             operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
                                           indices, body)
+        regions: tuple[Region, ...] = ()
         if entry.localize is None:
-            # What localized_params returns then, without building the view it would not
-            # read (most primitives keep their parameters), and shared: IR is never mutated.
+            # What `localized` returns then, without building the view it would not read
+            # (most primitives keep their parameters), and shared: IR is never mutated.
             params = op.params
         else:
             in_types = tuple([divided_type(v.type, dims, sizes)
@@ -293,15 +295,16 @@ class _Materializer:
                                                      if lp.results[k] == Tile(d)])
                                               for d in range(r.type.rank)])
                                        for k, r in enumerate(op.results)]))
-            params = localized_params(entry, OpView(op.name, op.params, in_types, out_types,
-                                                    slicing, op.regions))
+            made = localized(entry, OpView(op.name, op.params, in_types, out_types, slicing,
+                                           op.regions))
+            params, regions = made.params, made.regions
         traced = None
         if entry.apply is not None:
             traced = self._traced(op, entry, params, nest, tuple([v.type for v in operands]),
                                   out_types)
         if traced is None:
             results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
-            body.append(Op(op.name, operands, results, params, loc=op.loc, prim=op.prim))
+            body.append(Op(op.name, operands, results, params, list(regions), op.loc, op.prim))
             return results
         closed, levels = traced
         for lvl in levels:

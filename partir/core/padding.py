@@ -24,11 +24,12 @@ from typing import Any
 
 from partir.core.actions import Tile
 from partir.core.program import CoreOp, CoreProgram, divided_type, sharding_of, tile_dims
-from partir.core.tmr import OpView, localized_params, lookup
+from partir.core.tmr import OpView, localized, lookup
 from partir.ir import Value
 from partir.ir.dtypes import itemsize
 from partir.ir.types import padded_size, tile_size
 from partir.rules import CATALOGUE
+from partir.rules.catalogue import flops_of
 
 
 def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
@@ -107,11 +108,10 @@ def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:
                       for k, r in enumerate(op.results))
     whole = op.view()
     try:
-        local = OpView(op.name, localized_params(
-            entry, OpView(op.name, op.params, in_types, out_types, regions=op.regions)),
-            in_types, out_types)
-        flops = [primitive.flops(view, None if primitive.rule is None else primitive.rule(view))
-                 for view in (local, whole)]
+        made = localized(entry, OpView(op.name, op.params, in_types, out_types,
+                                       regions=op.regions))
+        local = OpView(op.name, made.params, in_types, out_types, regions=made.regions)
+        flops = [flops_of(primitive, view) for view in (local, whole)]
     except Exception:  # a report, not a check: an op it cannot cost counts 0
         return 0.0
     return max(0.0, flops[0] * math.prod(levels) - flops[1])

@@ -29,7 +29,7 @@ concatenating axis sequences:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
 
@@ -50,9 +50,8 @@ from partir.hlo.ops import (
     make_reduce_scatter,
     sliced_type,
 )
-from partir.ir import Function, Op, Value
+from partir.ir import Function, Op, Region, Value
 from partir.ir.monoids import BY_ELEMENTWISE
-from partir.rules.control import sum_stacked_results
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -803,15 +802,27 @@ def sum_in_loop_bodies(fn: Function) -> Function:
     for op in fn.ops:
         ars = sums.get(op)
         if ars is not None:
-            params = sum_stacked_results(
-                op.params, {k: ar.params["axes"] for k, ar in ars.items()},
-                fn.attributes["mesh"])
             op = Op(op.name, op.operands, [ars[k].results[0] if k in ars else r
                                            for k, r in enumerate(op.results)],
-                    params, op.regions, op.loc, op.prim)
+                    op.params, [_sum_in_body(op.regions[0], ars)], op.loc, op.prim)
         if op not in dropped:
             ops.append(op)
     return replace(fn, ops=ops)
+
+
+def _sum_in_body(body: Region, sums: Mapping[int, Op]) -> Region:
+    """A scan's body summing each stacked result `k` of `sums` as that all_reduce did, as
+    it makes each slice (at the line of the op making it): a sum of the stacked result is
+    the stack of the slices' sums, one per iteration, as the unrolled loop would sum each
+    layer's gradient where it makes it."""
+    made = {r: op.loc for op in body.ops for r in op.results}
+    ops, yields = list(body.ops), list(body.yields)
+    for k, ar in sums.items():
+        summed = make_all_reduce(yields[k], ar.params["axes"], ar.params["monoid"],
+                                 loc=made.get(yields[k], ar.loc))
+        ops.append(summed)
+        yields[k] = summed.results[0]
+    return Region(body.args, ops, yields)
 
 
 def regather_for_backward(fn: Function) -> Function:

@@ -168,7 +168,7 @@ class _Lowering:
             new_r = sub[r] = Value(t, r.name)
             results.append(new_r)
         # The parameters are shared: IR is never mutated.
-        new = Op(op.name, operands, results, op.params, loc=op.loc, prim=op.prim)
+        new = Op(op.name, operands, results, op.params, op.regions, op.loc, op.prim)
         self.out.append(new)
         if op.loc.line:
             origin = self.origin

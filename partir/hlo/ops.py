@@ -37,8 +37,9 @@ from partir.rules.collectives import (
     ALL_TO_ALL,
     AXIS_INDEX,
     REDUCE_SCATTER,
+    named_axes,
 )
-from partir.rules.control import CONTROL_FLOW, body_collectives
+from partir.rules.control import region_ops
 
 AXIS_INDEX_TYPE = TensorType((), np.dtype("int32"))
 COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE)
@@ -157,24 +158,21 @@ def count_collectives(fn: Function, executed: bool = False) -> dict[str, int]:
     return counts
 
 
-def collective_axes(op: Op) -> tuple[str, ...]:
-    """The mesh axes a collective communicates over, major to minor."""
-    return tuple(a for x in op.params.get("axes", ()) for a in (
-        (x,) if isinstance(x, str) else x))
-
-
 def collectives_by_axes(fn: Function, executed: bool = False
                         ) -> dict[tuple[str, tuple[str, ...]], int]:
     """`count_collectives` by (kind, the mesh axes it communicates over)."""
     counts: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def count(op: Op, times: int) -> None:
+        key = (op.name.removeprefix("hlo."), named_axes(op))
+        counts[key] = counts.get(key, 0) + times
+
     for op in fn.ops:
         if op.name in COLLECTIVES:
-            key = (op.name.removeprefix("hlo."), collective_axes(op))
-            counts[key] = counts.get(key, 0) + 1
-        elif op.name in CONTROL_FLOW:
-            for c in body_collectives(op.name, op.params):
-                key = (c.kind, c.axes)
-                counts[key] = counts.get(key, 0) + ((c.times or 1) if executed else 1)
+            count(op, 1)
+        for inner, times in region_ops(op):
+            if inner.name in COLLECTIVES:
+                count(inner, (times or 1) if executed else 1)
     return counts
 
 
@@ -378,8 +376,7 @@ def verify_hlo(fn: Function, check_primitives: bool = False) -> None:
             if msg:
                 raise VerificationError(msg)
     for op in fn.ops:
-        if op.regions:
-            raise VerificationError(f"{op.name} at {op.loc}: PartIR:HLO has no regions")
-        msg = collective_type_error(op, mesh)
-        if msg:
-            raise VerificationError(f"{op.name} at {op.loc}: {msg}")
+        for checked in (op, *(inner for inner, _ in region_ops(op))):
+            msg = collective_type_error(checked, mesh)
+            if msg:
+                raise VerificationError(f"{checked.name} at {checked.loc}: {msg}")

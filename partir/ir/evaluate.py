@@ -1,9 +1,12 @@
-"""Evaluation of one primitive op on operand values, shared by the Core and PartIR:HLO
+"""Evaluation of one device-local op on operand values, shared by the Core and PartIR:HLO
 interpreters and the runtime: each handles its dialect's own ops (Core's slices and
-loops, the collectives) and hands every other op here.
+loops) and hands every other op here.
 
 A primitive is re-bound with its public parameters: those named with a leading `_` are
-partir's notes on the op (for the passes), which the JAX primitive does not take.
+partir's notes on the op (for the passes), which the JAX primitive does not take. A
+collective runs as JAX's named-axis collectives (`partir.ir.lax_collectives`): inside a
+shard_map, or under vmaps naming the mesh axes. A control-flow op runs its regions with
+`lax.scan`, `lax.while_loop` or `lax.switch`, each region's ops evaluated here in turn.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+from jax import lax
 
 from partir.errors import ProgramError
+from partir.ir.lax_collectives import COLLECTIVES
 from partir.ir.opnames import CONSTANT, TAG
-from partir.ir.ops import Op
+from partir.ir.ops import Op, Region
 
 
 def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
@@ -25,6 +30,11 @@ def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
         return [operands[0]]
     if op.name == CONSTANT:
         return [jnp.asarray(op.params["value"])]
+    collective = COLLECTIVES.get(op.name)
+    if collective is not None:
+        return [collective(*operands, **op.params)]
+    if op.regions:
+        return _control_flow(op, operands)
     if op.prim is None:
         raise ProgramError(f"op {op.name!r} is neither an op of its dialect, a tag, a "
                            f"constant nor a JAX primitive, so it cannot be evaluated",
@@ -32,3 +42,43 @@ def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
     outs = op.prim.bind(*operands, **params)
     return list(outs) if op.prim.multiple_results else [outs]
+
+
+def run_region(region: Region, args: Sequence[Any]) -> list[Any]:
+    """The values a region yields on `args`."""
+    env = dict(zip(region.args, args, strict=True))
+    for op in region.ops:
+        env.update(zip(op.results, evaluate(op, [env[v] for v in op.operands]), strict=True))
+    return [env[v] for v in region.yields]
+
+
+def _control_flow(op: Op, operands: Sequence[Any]) -> list[Any]:
+    p = op.params
+    if op.name == "scan":
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, init, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
+        (body,) = op.regions
+
+        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            outs = run_region(body, [*consts, *carry, *x])
+            return outs[:nk], outs[nk:]
+
+        carry, ys = lax.scan(step, list(init), list(xs), length=p["length"],
+                             reverse=p["reverse"], unroll=p["unroll"])
+        return [*carry, *ys]
+    if op.name == "while":
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts = operands[:cn], operands[cn:cn + bn]
+        cond, body = op.regions
+        return list(lax.while_loop(lambda c: run_region(cond, [*cond_consts, *c])[0],
+                                   lambda c: run_region(body, [*body_consts, *c]),
+                                   list(operands[cn + bn:])))
+    if op.name == "cond":
+        index, *args = operands
+        return list(lax.switch(index, [_branch(r) for r in op.regions], *args))
+    raise ProgramError(f"op {op.name!r} has regions but is no control flow partir runs",
+                       loc=op.loc)
+
+
+def _branch(region: Region) -> Any:
+    return lambda *args: run_region(region, args)

@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from partir.ir.collectives import JAX_COLLECTIVES, jaxprs_in, named_axes
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
 from partir.ir.values import Value
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.\-]*$")
-# Parameters that carry no information for a reader of the listings.
-_HIDDEN_PARAMS = {"out_sharding", "sharding", "accuracy", "out_dtype", "preferred_element_type"}
+# Parameters that carry no information for a reader of the listings (a control-flow
+# op's bodies as JAX traced them: its regions show them).
+_HIDDEN_PARAMS = {"out_sharding", "sharding", "accuracy", "out_dtype", "preferred_element_type",
+                  "jaxpr", "cond_jaxpr", "body_jaxpr", "branches"}
 
 
 class Namer:
@@ -108,25 +109,7 @@ def format_param(value: Any) -> str:
         return "[" + ", ".join(format_param(v) for v in value) + "]"
     if isinstance(value, str):
         return f'"{value}"'
-    if hasattr(value, "eqns"):
-        # Nested jaxprs are not worth printing inline, but the sums across devices inside
-        # them (a loop's sync points) are.
-        sums = [f"{name}[{', '.join(map(format_param, axes))}]"
-                for name, axes in _collectives(value)]
-        return f"<jaxpr: {', '.join(sums)}>" if sums else "<jaxpr>"
     return str(value)
-
-
-def _collectives(jaxpr: Any) -> list[tuple[str, tuple]]:
-    """Each collective in a jaxpr, those of nested jaxprs included, with its named axes."""
-    out = []
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if eqn.primitive.name in JAX_COLLECTIVES:
-            out.append((eqn.primitive.name, named_axes(eqn)))
-        for v in eqn.params.values():
-            for inner in jaxprs_in(v):
-                out += _collectives(inner)
-    return out
 
 
 def format_params(params: dict[str, Any]) -> str:
@@ -154,7 +137,9 @@ def print_generic_op(p: Printer, op: Op, depth: int) -> None:
     p.emit(depth, f"{p.results_prefix(op)}{name}({args}){format_params(params)}"
                   f" : {p.result_types(op)}")
     for region in op.regions:
-        p.print_region_body(region, depth + 1)
+        p.emit(depth + 1, "^(" + ", ".join(f"{p.ref(a)}: {a.type}" for a in region.args)
+               + "):")
+        p.print_region_body(region, depth + 2)
 
 
 def print_function(fn: Function) -> str:

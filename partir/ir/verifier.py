@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
-from jax._src.core import NamedAxisEffect, extend_axis_env_nd
 
-from partir.ir.collectives import jaxprs_in
 from partir.ir.function import Function
 from partir.ir.ops import Op, Region
 from partir.ir.types import TensorType
@@ -35,14 +33,12 @@ def register_type_rule(name: str) -> Callable:
 def _check_primitive(op: Op) -> str | None:
     if not all(isinstance(v.type, TensorType) for v in op.operands + op.results):
         return None  # ops on distributed types are checked by their dialect's rules
+    if op.regions:
+        return None  # control flow: its registered type rule reads its regions' types
     avals = [jax.ShapeDtypeStruct(v.type.shape, v.type.dtype) for v in op.operands]
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
-    # Collectives inside a loop's bodies name mesh axes: their sizes do not change shapes.
-    named = sorted({e.name for v in params.values() for body in jaxprs_in(v)
-                    for e in body.effects if isinstance(e, NamedAxisEffect)})
     try:
-        with extend_axis_env_nd([(a, 1) for a in named]):
-            out = jax.eval_shape(lambda *xs: op.prim.bind(*xs, **params), *avals)
+        out = jax.eval_shape(lambda *xs: op.prim.bind(*xs, **params), *avals)
     except Exception as e:  # JAX's own message says what is wrong
         return f"JAX rejects the op: {e}"
     outs = out if op.prim.multiple_results else [out]

@@ -78,8 +78,18 @@ class OpView:
 RuleFn = Callable[[OpView], ShardingRule]
 # flops(view, rule): the op's FLOPs, from its rule's factor sizes where it has one.
 FlopsFn = Callable[[OpView, "ShardingRule | None"], float]
-# localize(view on local types, global params) -> the local op's parameters.
-LocalizeFn = Callable[[OpView], dict[str, Any]]
+@dataclass(frozen=True)
+class Localized:
+    """What `localize` gives for an op with regions (control flow): its local parameters
+    and regions."""
+
+    params: dict[str, Any]
+    regions: tuple[Any, ...]
+
+
+# localize(view on local types, global params) -> the local op's parameters (and
+# regions, for an op that has them).
+LocalizeFn = Callable[[OpView], "dict[str, Any] | Localized"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +158,13 @@ def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = Tru
 
 
 # --- FLOP counts from the factors -------------------------------------------------------
+
+
+def flops_of(primitive: Primitive, view: OpView) -> float:
+    """The op's FLOPs. A control-flow op's are its regions' ops', which need no rule of
+    the op itself."""
+    rule = None if primitive.rule is None or primitive.syncs else primitive.rule(view)
+    return primitive.flops(view, rule)
 
 
 def no_flops(view: OpView, rule: ShardingRule | None) -> float:

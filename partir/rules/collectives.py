@@ -9,6 +9,8 @@ prints and checks the ops under these names.
 
 from __future__ import annotations
 
+from typing import Any
+
 from partir.rules.catalogue import Kind, Primitive, declare, no_flops
 
 ALL_SLICE = "hlo.all_slice"
@@ -17,6 +19,18 @@ ALL_REDUCE = "hlo.all_reduce"
 REDUCE_SCATTER = "hlo.reduce_scatter"
 ALL_TO_ALL = "hlo.all_to_all"
 AXIS_INDEX = "hlo.axis_index"
+
+# The ops that name mesh axes: the collectives and `axis_index`.
+NAMED_AXIS_OPS = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE, AXIS_INDEX)
+
+
+def named_axes(op: Any) -> tuple[str, ...]:
+    """The mesh axes a collective (or `axis_index`) names, major to minor."""
+    if op.name == AXIS_INDEX:
+        return (op.params["axis"],)
+    return tuple(a for x in op.params.get("axes", ()) for a in ((x,) if isinstance(x, str)
+                                                                 else x))
+
 
 declare((ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL),
         Primitive(Kind.COLLECTIVE, no_flops), jax=False)

@@ -23,24 +23,29 @@ collectives. Dimensions of no group are need-replication factors.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jax
 import numpy as np
-from jax import lax
-from jax._src import source_info_util
-from jax._src.core import NamedAxisEffect, eval_jaxpr, extend_axis_env_nd
-from jax.extend import core as jcore
 
-from partir.ir import Op, Region, Value
-from partir.ir.collectives import JAX_COLLECTIVES, chunk_index, named_axes
+from partir.ir import UNKNOWN_LOCATION, Location, Op, Region, Value
+from partir.ir.dtypes import canonical
 from partir.ir.opnames import CONSTANT
 from partir.ir.types import TensorType
-from partir.rules.catalogue import CATALOGUE, Kind, OpView, Primitive, Slicing, declare
+from partir.ir.verifier import register_type_rule
+from partir.rules.catalogue import (
+    CATALOGUE,
+    Kind,
+    Localized,
+    OpView,
+    Primitive,
+    Slicing,
+    declare,
+    flops_of,
+)
+from partir.rules.collectives import ALL_GATHER, ALL_REDUCE, ALL_SLICE, REDUCE_SCATTER
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
 
 # Call primitives whose body is a jaxpr parameter, and that parameter: the frontend
@@ -621,25 +626,7 @@ def _groups(view: OpView) -> _Groups:
 
 
 def control_rule(view: OpView) -> ShardingRule:
-    if not view.regions:
-        # A device-local op, its bodies already localized: nothing in it is partitioned
-        # further (the simulator reads only its FLOPs).
-        b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
-        for i, t in enumerate(view.in_types):
-            for d, n in enumerate(t.shape):
-                b.replicated(n, operands={i: d})
-        for k, t in enumerate(view.out_types):
-            for d, n in enumerate(t.shape):
-                b.replicated(n, results={k: d})
-        return b.build()
     return _groups(view).rule
-
-
-def body_axes(params: Any) -> frozenset[str]:
-    """The mesh axes the collectives inside a control-flow op's bodies name (its sync
-    points once sliced): the devices along them run the op in lockstep."""
-    return frozenset(e.name for b in bodies(params) for e in _jaxpr(b)[0].effects
-                     if isinstance(e, NamedAxisEffect))
 
 
 def bodies(params: Any) -> list[Any]:
@@ -648,40 +635,19 @@ def bodies(params: Any) -> list[Any]:
     return bodies + list(params.get("branches", ()))
 
 
-@dataclass(frozen=True)
-class BodyCollective:
-    """A collective inside a control-flow op's bodies (a sync point of a sliced loop)."""
-
-    kind: str  # the PartIR:HLO collective it is: all_reduce, all_gather
-    axes: tuple[str, ...]
-    type: TensorType  # of its (local) operand
-    times: int | None  # how often one run of the op runs it (None: a while loop's trips)
-    source_info: Any  # of the body equation, for its model line
-
-
-def body_collectives(name: str, params: Any, times: int | None = 1) -> list[BodyCollective]:
-    """The collectives inside the bodies of a `name` op, nested loops included: a scan's
-    body runs `length` times per run, a while loop's an unknown number of times, each
-    branch of a cond is counted."""
-    if name == "scan":
-        times, bodies = (None if times is None else times * params["length"]), [params["jaxpr"]]
-    elif name == "while":
-        times, bodies = None, [params["cond_jaxpr"], params["body_jaxpr"]]
-    else:
-        bodies = list(params["branches"])
-    out = []
-    while bodies:
-        for eqn in _jaxpr(bodies.pop(0))[0].eqns:
-            inner = eqn.primitive.name
-            if inner in JAX_COLLECTIVES:
-                out.append(BodyCollective(JAX_COLLECTIVES[inner][0], named_axes(eqn),
-                                          _type(eqn.invars[0].aval), times,
-                                          eqn.source_info))
-            elif inner in _EDGES:
-                out += body_collectives(inner, eqn.params, times)
-            elif inner in CALLS and CALLS[inner] in eqn.params:
-                bodies.append(eqn.params[CALLS[inner]])
-    return out
+def region_ops(op: Op, times: int | None = 1) -> Iterator[tuple[Op, int | None]]:
+    """The ops inside a control-flow op's regions, nested ones included, each with how
+    often one run of the op runs it: a scan's region `length` times, a while loop's an
+    unknown number of times (None), each branch of a cond once (as if each were taken)."""
+    if op.name == "scan":
+        times = None if times is None else times * op.params["length"]
+    elif op.name == "while":
+        times = None
+    for region in op.regions:
+        for inner in region.ops:
+            yield inner, times
+            if inner.regions:
+                yield from region_ops(inner, times)
 
 
 def body_factor(view: OpView, value: Value, dim: int) -> int | str:
@@ -734,12 +700,32 @@ def _global_view(view: OpView) -> OpView:
     return OpView(view.name, p, tuple(ins), tuple(outs), regions=regions)
 
 
-def localize(view: OpView) -> dict[str, Any]:
-    """The op's parameters on local types: each body traced again with every dimension of
-    a sliced group at its local size, read from the op's local operands and results, a
-    sliced group's partial sums summed over the axes slicing it where the body needs them
-    whole, and a sliced operand the bodies need whole gathered where they take it
-    (`view.slicing` names the axes)."""
+def _type_error(op: Op) -> str | None:
+    """The op's operand and result types must be those its regions' types give (a scan's
+    scanned operands and stacked results with its length in front)."""
+    given = OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                   tuple(v.type for v in op.results), regions=tuple(op.regions))
+    want = _global_view(given)
+    for what, got, expected in (("operand", given.in_types, want.in_types),
+                                ("result", given.out_types, want.out_types)):
+        if len(got) != len(expected):
+            return f"{len(got)} {what}s, its regions give {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            if g.shape != e.shape or canonical(g.dtype) != canonical(e.dtype):
+                return f"{what} {i} is {g}, its regions give {e}"
+    return None
+
+
+for _name in ("scan", "while", "cond"):
+    register_type_rule(_name)(_type_error)
+
+
+def localize(view: OpView) -> Localized:
+    """The op's parameters and regions on local types: every dimension of a sliced group
+    at its local size, read from the op's local operands and results, a sliced group's
+    partial sums all-reduced over the axes slicing it where a region needs them whole, a
+    sliced operand a region needs whole all-gathered where it takes it, and a stacked
+    sum reduce-scattered where a region makes it (`view.slicing` names the axes)."""
     whole = _global_view(view)
     groups = _groups(whole)
     a, rule = groups.analysis, groups.rule
@@ -806,23 +792,23 @@ def localize(view: OpView) -> dict[str, Any]:
             axes, keep = axes[len(keep):], ()
         for body, position, first in groups.entries[i]:
             plan.gathers.setdefault((body, position), []).append((d - first, n, axes, keep))
+    params = {k: v for k, v in view.params.items() if k not in _BODY_PARAMS}
     if not plan.syncs and not plan.gathers and not plan.scatters and not any(
             local[g] != a.sizes[g] for g in local):
-        return dict(view.params)
+        return Localized(params, view.regions)
 
     def size(n: Node) -> int:
         return local.get(a.find(n), a.sizes[n])
 
-    p = dict(view.params)
     plan.sizes = view.slicing.sizes if view.slicing is not None else {}
-    # the bodies' frames, in the order the analysis walked them: the regions' order
-    tops = iter(zip(groups.tops, view.regions, strict=True))
-    for name in ("jaxpr", "cond_jaxpr", "body_jaxpr"):
-        if name in p:
-            p[name] = _retrace(p[name], *next(tops), a, size, plan)
-    if "branches" in p:
-        p["branches"] = tuple(_retrace(b, *next(tops), a, size, plan) for b in p["branches"])
-    return p
+    # the regions' frames, in the order the analysis walked them: the regions' order
+    return Localized(params, tuple(
+        _local_region(region, top, a, size, plan)
+        for top, region in zip(groups.tops, view.regions, strict=True)))
+
+
+# The parameters holding JAX's bodies, which the regions replace in a local op.
+_BODY_PARAMS = frozenset({"jaxpr", "cond_jaxpr", "body_jaxpr", "branches"})
 
 
 @dataclass
@@ -850,181 +836,124 @@ class _Plan:
                       {x for ss in self.scatters.values() for _, axes in ss for x in axes})
 
 
-def _retrace(body: Any, top: int, region: Region, a: _Analysis,
-             size: Callable[[Node], int], plan: _Plan) -> Any:
-    """The body (analysed as frame `top`, its region `region`) as a ClosedJaxpr on local
-    shapes, every op's parameters localized, with the plan's sums, gathers and scatters.
-    The region holds the body's equations in order, calls inlined, and constants as ops
-    of their own: each equation is the region's next op that is not a constant."""
-    jaxpr, consts = _jaxpr(body)
-    syncs = plan.syncs
-    ops = iter([k for k, op in enumerate(region.ops) if op.name != CONSTANT])
-    where: dict[Any, Value] = dict(zip(jaxpr.invars, region.args, strict=True))
+def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node], int],
+                  plan: _Plan) -> Region:
+    """The region (analysed as frame `top`) on local types, every op's parameters (and
+    an inner control-flow op's regions) localized, with the plan's all-reduces,
+    all-gathers and reduce-scatters."""
+    sizes = plan.sizes
+    ops: list[Op] = []
+    sub: dict[Value, Value] = {}
 
-    def local_type(var: Any) -> TensorType:
-        return TensorType(tuple(size(n) for n in a.dims_of[a.values[where[var]]]),
-                          var.aval.dtype)
+    def local_type(v: Value) -> TensorType:
+        return TensorType(tuple(size(n) for n in a.dims_of[a.values[v]]), v.type.dtype)
 
-    def run(j: Any, js_consts: Sequence[Any], args: Sequence[Any], yields: bool) -> list[Any]:
-        env = dict(zip(j.constvars, js_consts, strict=True))
-        env.update(zip(j.invars, args, strict=True))
-        summed: dict[Any, Any] = {}  # a partial sum is summed once for all its uses
-        made = {v: e.source_info for e in j.eqns for v in e.outvars}  # for a sum's line
+    def emit(name: str, x: Value, t: TensorType, loc: Location, **params: Any) -> Value:
+        out = Value(t)
+        ops.append(Op(name, [x], [out], params, loc=loc))
+        return out
 
-        def read(x: Any) -> Any:
-            return x.val if isinstance(x, jcore.Literal) else env[x]
+    def per_dim(rank: int, dim: int, axes: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+        return tuple(axes if d == dim else () for d in range(rank))
 
-        def axes_per_dim(x: Any) -> tuple[tuple[str, ...], ...]:
-            vid = None if isinstance(x, jcore.Literal) else a.values.get(where.get(x))
-            if vid is None:
-                return ((),) * len(getattr(x.aval, "shape", ()))
-            return tuple(plan.group_axes.get(a.find(n), ()) for n in a.dims_of[vid])
+    def summed(x: Value, axes: tuple[str, ...], loc: Location) -> Value:
+        return emit(ALL_REDUCE, x, x.type, loc, axes=axes, monoid="add")
 
-        def read_whole(x: Any, site: Site) -> Any:
-            axes = syncs.get(site)
-            if not axes:
-                return read(x)
-            if x not in summed:
-                with _located(made.get(x)):
-                    summed[x] = lax.psum(read(x), axes)
-            return summed[x]
+    def axes_per_dim(v: Value) -> tuple[tuple[str, ...], ...]:
+        return tuple(plan.group_axes.get(a.find(n), ()) for n in a.dims_of[a.values[v]])
 
-        for eqn in j.eqns:
-            name = eqn.primitive.name
-            if name in CALLS and CALLS[name] in eqn.params:
-                inner, inner_consts = _jaxpr(eqn.params[CALLS[name]])
-                where.update((v, where[x]) for v, x in zip(inner.invars, eqn.invars,
-                                                           strict=True)
-                             if not isinstance(x, jcore.Literal))
-                outs = run(inner, inner_consts, [read(x) for x in eqn.invars], False)
-                where.update((v, where[x]) for v, x in zip(eqn.outvars, inner.outvars,
-                                                           strict=True)
-                             if not isinstance(x, jcore.Literal))
-                env.update(zip(eqn.outvars, outs, strict=True))
-                continue
-            k = next(ops)
-            op = region.ops[k]
-            where.update(zip(eqn.outvars, op.results, strict=True))
-            ins = [read_whole(x, (top, k, i)) for i, x in enumerate(eqn.invars)]
-            params = dict(eqn.params)
-            prim = CATALOGUE.get(name)
-            if prim is not None and prim.localize is not None:
-                slicing = None
-                if prim.syncs:  # a control-flow op in a body: the axes slicing it
-                    slicing = Slicing(tuple(map(axes_per_dim, eqn.invars)), plan.sizes,
-                                      tuple(map(axes_per_dim, eqn.outvars)))
-                params = prim.localize(OpView(
-                    name, op.params, tuple(map(_typed, ins)),
-                    tuple(local_type(v) for v in eqn.outvars), slicing, tuple(op.regions)))
-                params = {k: v for k, v in params.items() if not k.startswith("_")}
-            with _located(eqn.source_info):
-                outs = eqn.primitive.bind(*ins, **params)
-                outs = list(outs) if eqn.primitive.multiple_results else [outs]
-                for r in range(len(outs)):
-                    axes = syncs.get((top, k, -1 - r))
-                    if axes:
-                        outs[r] = lax.psum(outs[r], axes)
-            env.update(zip(eqn.outvars, outs, strict=True))
-        if not yields:
-            return [read(x) for x in j.outvars]
-        return [read_whole(x, (top, -1, k)) for k, x in enumerate(j.outvars)]
-
-    avals = []
-    gathers = [plan.gathers.get((top, p), []) for p in range(len(jaxpr.invars))]
-    for v, gathered in zip(jaxpr.invars, gathers, strict=True):
-        shape = list(local_type(v).shape)
-        for dim, n, _, _ in gathered:  # the argument arrives sliced
+    args = []
+    for p, arg in enumerate(region.args):
+        t = local_type(arg)
+        gathers = plan.gathers.get((top, p), ())
+        shape = list(t.shape)
+        for dim, n, _, _ in gathers:  # the argument arrives sliced
             shape[dim] = n
-        avals.append(jax.ShapeDtypeStruct(tuple(shape), v.aval.dtype))
-
-    def traced(*args: Any) -> list[Any]:
-        taken = []
-        for x, gathered in zip(args, gathers, strict=True):
+        x = Value(t.with_shape(tuple(shape)), arg.name)
+        args.append(x)
+        for dim, _, axes, keep in gathers:
             # One axis at a time, the minor one first (the chunk order of several axes):
-            # the Core interpreter runs the body under a vmap per axis, whose batching
+            # the Core interpreter runs the region under a vmap per axis, whose batching
             # rules take a single axis name.
-            for dim, _, axes, keep in gathered:
-                for axis in reversed(axes):
-                    x = lax.all_gather(x, axis, axis=dim, tiled=True)
-                if keep:
-                    size = x.shape[dim] // int(np.prod([plan.sizes[a] for a in keep]))
-                    x = lax.dynamic_slice_in_dim(x, chunk_index(keep) * size, size, axis=dim)
-            taken.append(x)
-        made = run(jaxpr, consts, taken, True)
-        for k, x in enumerate(made):
-            for dim, axes in plan.scatters.get((top, k), ()):
-                for axis in axes:  # the major axis first: its chunk holds the minor's
-                    x = lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
-                made[k] = x
-        return made
+            for axis in reversed(axes):
+                shape[dim] *= sizes[axis]
+                x = emit(ALL_GATHER, x, x.type.with_shape(tuple(shape)), UNKNOWN_LOCATION,
+                         axes=per_dim(len(shape), dim, (axis,)))
+            if keep:  # the group's tile of the whole operand
+                shape[dim] //= int(np.prod([sizes[k] for k in keep]))
+                x = emit(ALL_SLICE, x, x.type.with_shape(tuple(shape)), UNKNOWN_LOCATION,
+                         axes=per_dim(len(shape), dim, keep))
+        sub[arg] = x
+    made: dict[Value, Location] = {}  # where each value is made, for its sum's line
+    whole: dict[Value, Value] = {}  # a partial sum is summed once for all its uses
 
-    with extend_axis_env_nd([(x, plan.sizes[x]) for x in plan.axes()]):
-        return jax.make_jaxpr(traced)(*avals)
+    def read_whole(v: Value, site: Site) -> Value:
+        axes = plan.syncs.get(site)
+        if not axes:
+            return sub[v]
+        if v not in whole:
+            whole[v] = summed(sub[v], axes, made.get(v, UNKNOWN_LOCATION))
+        return whole[v]
 
-
-def sum_stacked_results(params: Any, sums: Mapping[int, tuple[str, ...]],
-                        sizes: Mapping[str, int]) -> dict[str, Any]:
-    """A local scan's parameters with its body summing each stacked result `k` of `sums`
-    over the devices of the axes `sums[k]` as it makes each slice: a sum of the stacked
-    result is the stack of the slices' sums, one per iteration, as the unrolled loop
-    would sum each layer's gradient where it makes it."""
-    jaxpr, consts = _jaxpr(params["jaxpr"])
-    made = {v: e.source_info for e in jaxpr.eqns for v in e.outvars}
-
-    def traced(*args: Any) -> list[Any]:
-        outs = eval_jaxpr(jaxpr, consts, *args)
-        for k, axes in sums.items():
-            x = jaxpr.outvars[k]  # a literal (unhashable) has no line of its own
-            with _located(made.get(x) if isinstance(x, jcore.Var) else None):
-                outs[k] = lax.psum(outs[k], axes)
-        return outs
-
-    axes = body_axes(params) | {x for named in sums.values() for x in named}
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
-             for v in jaxpr.invars]
-    with extend_axis_env_nd([(x, sizes[x]) for x in sorted(axes)]):
-        return {**params, "jaxpr": jax.make_jaxpr(traced)(*avals)}
-
-
-def _typed(x: Any) -> TensorType:
-    """The type of a traced value or of a literal (a Python scalar has no `.shape`)."""
-    t = jax.typeof(x)
-    return TensorType(tuple(t.shape), t.dtype)
-
-
-def _located(source_info: Any) -> Any:
-    """Ops traced inside keep the model line of the body equation they come from."""
-    if source_info is None:
-        return contextlib.nullcontext()
-    return source_info_util.user_context(source_info.traceback,
-                                         name_stack=source_info.name_stack)
+    for k, op in enumerate(region.ops):
+        if op.name == CONSTANT:  # the same on every device
+            ops.append(op)
+            sub[op.results[0]] = op.results[0]
+            continue
+        operands = [read_whole(v, (top, k, i)) for i, v in enumerate(op.operands)]
+        results = [Value(local_type(r), r.name) for r in op.results]
+        params, regions = op.params, op.regions
+        prim = CATALOGUE.get(op.name)
+        if prim is not None and prim.localize is not None:
+            slicing = None
+            if prim.syncs:  # a control-flow op in a region: the axes slicing it
+                slicing = Slicing(tuple(map(axes_per_dim, op.operands)), sizes,
+                                  tuple(map(axes_per_dim, op.results)))
+            local = prim.localize(OpView(
+                op.name, op.params, tuple(v.type for v in operands),
+                tuple(v.type for v in results), slicing, tuple(op.regions)))
+            if isinstance(local, Localized):
+                params, regions = local.params, list(local.regions)
+            else:
+                params = local
+        ops.append(Op(op.name, operands, results, params, regions, op.loc, op.prim))
+        for r, (g, lr) in enumerate(zip(op.results, results, strict=True)):
+            made[g] = op.loc
+            axes = plan.syncs.get((top, k, -1 - r))
+            sub[g] = summed(lr, axes, op.loc) if axes else lr
+    yields = [read_whole(v, (top, -1, k)) for k, v in enumerate(region.yields)]
+    for k, x in enumerate(yields):
+        for dim, axes in plan.scatters.get((top, k), ()):
+            for axis in axes:  # the major axis first: its chunk holds the minor's
+                shape = list(x.type.shape)
+                shape[dim] //= sizes[axis]
+                x = emit(REDUCE_SCATTER, x, x.type.with_shape(tuple(shape)),
+                         made.get(region.yields[k], UNKNOWN_LOCATION),
+                         axes=per_dim(len(shape), dim, (axis,)), monoid="add")
+        yields[k] = x
+    return Region(args, ops, yields)
 
 
 def control_flops(view: OpView, rule: ShardingRule | None) -> float:
-    """The bodies' FLOPs: a scan's body times its length; a while loop's body once (its
+    """The regions' FLOPs: a scan's body times its length; a while loop's body once (its
     trip count is not known); a cond's costliest branch."""
-    p = view.params
+    flops = [_region_flops(r) for r in view.regions]
     if view.name == "scan":
-        return p["length"] * _body_flops(p["jaxpr"])
+        return view.params["length"] * flops[0]
     if view.name == "while":
-        return _body_flops(p["cond_jaxpr"]) + _body_flops(p["body_jaxpr"])
-    return max(_body_flops(b) for b in p["branches"])
+        return sum(flops)
+    return max(flops)
 
 
-def _body_flops(body: Any) -> float:
-    jaxpr, _ = _jaxpr(body)
+def _region_flops(region: Region) -> float:
     total = 0.0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in CALLS and CALLS[name] in eqn.params:
-            total += _body_flops(eqn.params[CALLS[name]])
-            continue
-        prim = CATALOGUE.get(name)
+    for op in region.ops:
+        prim = CATALOGUE.get(op.name)
         if prim is None:
             continue
-        view = OpView(name, eqn.params, tuple(_type(v.aval) for v in eqn.invars),
-                      tuple(_type(v.aval) for v in eqn.outvars))
-        total += prim.flops(view, prim.rule(view) if prim.rule is not None else None)
+        total += flops_of(prim, OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                                       tuple(v.type for v in op.results),
+                                       regions=tuple(op.regions)))
     return total
 
 

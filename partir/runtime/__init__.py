@@ -1,7 +1,7 @@
 """PartIR:HLO programs as JAX callables on local (or distributed) devices."""
 
 from partir.errors import ProgramError
-from partir.runtime.collectives import COLLECTIVES
+from partir.ir.lax_collectives import COLLECTIVES
 from partir.runtime.errors import ArgumentError, DeviceCountError
 from partir.runtime.executable import Executable, build_callable
 

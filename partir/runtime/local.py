@@ -16,8 +16,8 @@ from partir.errors import ProgramError
 from partir.ir import Function, Op, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.evaluate import evaluate
+from partir.ir.lax_collectives import COLLECTIVES
 from partir.mesh import Mesh
-from partir.runtime.collectives import COLLECTIVES
 
 _AXES_PER_DIM = ("hlo.all_slice", "hlo.all_gather", "hlo.reduce_scatter")
 

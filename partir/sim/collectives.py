@@ -112,12 +112,6 @@ def reduce_scatter_cost(axes: Sequence[str], nbytes: int, mesh: Mapping[str, int
                           *ring_time(nbytes, axes, mesh, link_of))
 
 
-# The cost of a collective by kind, from its flat axes and its operand's bytes: the
-# collectives a loop's body may hold (`partir.rules.control.BodyCollective`).
-BODY_COSTS = {"all_reduce": all_reduce_cost, "all_gather": all_gather_cost,
-              "reduce_scatter": reduce_scatter_cost}
-
-
 def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
                     link_of: Mapping[str, LinkSpec]) -> CollectiveCost:
     """`nbytes`: the bytes of the op's operand. Raises KeyError for non-collectives."""

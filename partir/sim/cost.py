@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from partir.ir import Op, TensorType
 from partir.rules import CATALOGUE, Kind, OpView, Primitive, catalogue
+from partir.rules.catalogue import flops_of
 from partir.rules.random import THREEFRY_OPS
 
 FUSIBLE_PRODUCERS = frozenset({Kind.ELEMENTWISE, Kind.BROADCAST, Kind.MOVEMENT})
@@ -64,13 +65,14 @@ def _catalogue_flops(primitive: Primitive) -> FlopsFn:
     memo: dict[tuple, float] = {}
 
     def compute(op: Op, in_types: tuple, out_types: tuple) -> float:
-        view = OpView(op.name, op.params, in_types, out_types)
-        rule = None if primitive.rule is None else primitive.rule(view)
-        return primitive.flops(view, rule)
+        return flops_of(primitive, OpView(op.name, op.params, in_types, out_types,
+                                          regions=tuple(op.regions)))
 
     def flops(op: Op, size: SizeFn) -> float:
         in_types = tuple([v.type for v in op.operands])
         out_types = tuple([v.type for v in op.results])
+        if op.regions:  # a control-flow op: its FLOPs are its regions', not its types'
+            return compute(op, in_types, out_types)
         # Keyed by the types' shapes and dtypes, which hash in C: a TensorType's hash is
         # a Python call (the key is hashed for every op).
         key = (tuple([t.shape for t in in_types]), tuple([t.dtype for t in in_types]),

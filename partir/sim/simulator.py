@@ -30,9 +30,9 @@ import partir.cancel as cancel
 from partir.ir import Function
 from partir.ir.dtypes import dtype_name
 from partir.mesh import split_axis_name
-from partir.rules.control import CONTROL_FLOW, body_collectives
+from partir.rules import CATALOGUE
+from partir.rules.control import region_ops
 from partir.sim.collectives import (
-    BODY_COSTS,
     KINDS,
     Combiner,
     axis_links,
@@ -126,11 +126,12 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                 comm += c.time_s
             continue
         combiner.propagate(op, merged)
-        if op.name in CONTROL_FLOW:
-            for body in body_collectives(op.name, op.params):
-                c = BODY_COSTS[body.kind](body.axes, sizes(body.type)[1], mesh, link_of)
-                moved[c.kind] += c.bytes_sent * (body.times or 1)
-                comm += c.time_s * (body.times or 1)
+        for inner, times in region_ops(op):  # a control-flow op's sync points
+            declared = CATALOGUE.get(inner.name)
+            if declared is not None and declared.kind is Kind.COLLECTIVE:
+                c = collective_cost(inner, sizes(inner.operands[0].type)[1], mesh, link_of)
+                moved[c.kind] += c.bytes_sent * (times or 1)
+                comm += c.time_s * (times or 1)
         if not plan.live[i]:
             continue
         nbytes = plan.op_bytes[i]

@@ -192,7 +192,7 @@ class _Lowering:
         for op in C:
             if not sub.keys().isdisjoint(op.operands):
                 op = Op(op.name, [sub.get(v, v) for v in op.operands], op.results, op.params,
-                        loc=op.loc, prim=op.prim)
+                        op.regions, op.loc, op.prim)
             body.append(op)
         results = [Value(DTensorType.of(x.type, axes), name=x.name) for x in xs]
         self.out.append(make_execute(axes, self.mesh, operands, ranges, locals_, body,
@@ -206,8 +206,8 @@ def _clone(op: Op, M: dict[Value, Value], result_type: Callable[[Type], Type]) -
     results = [Value(result_type(r.type), r.name) for r in op.results]
     for r, new in zip(op.results, results, strict=True):
         M[r] = new
-    return Op(op.name, [M[v] for v in op.operands], results, dict(op.params), loc=op.loc,
-              prim=op.prim)
+    return Op(op.name, [M[v] for v in op.operands], results, dict(op.params), op.regions,
+              op.loc, op.prim)
 
 
 def _free_values(C: list[Op], xs: list[Value]) -> list[Value]:

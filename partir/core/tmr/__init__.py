@@ -12,7 +12,7 @@ from partir.core.tmr.registry import (
     Entry,
     TileMapping,
     factor_mappings,
-    localized_params,
+    localized,
     lookup,
     register_apply,
 )
@@ -23,4 +23,4 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["REGISTRY", "Entry", "LocalContext", "OpView", "TileMapping", "factor_mappings",
-           "localized_params", "lookup", "register_apply"]
+           "localized", "lookup", "register_apply"]

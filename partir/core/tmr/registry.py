@@ -19,6 +19,7 @@ from typing import Any
 from partir.core.actions import ANY, Action, Sum, Tile
 from partir.registry import Registry
 from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
+from partir.rules.catalogue import Localized
 
 
 @dataclass(frozen=True)
@@ -110,5 +111,9 @@ def lookup(name: str) -> Entry | None:
     return REGISTRY.get(name)
 
 
-def localized_params(entry: Entry, view: OpView) -> dict[str, Any]:
-    return dict(view.params) if entry.localize is None else entry.localize(view)
+def localized(entry: Entry, view: OpView) -> Localized:
+    """The local op's parameters and regions (a control-flow op's; none for the others)."""
+    if entry.localize is None:
+        return Localized(dict(view.params), view.regions)
+    local = entry.localize(view)
+    return local if isinstance(local, Localized) else Localized(local, ())

@@ -1,4 +1,6 @@
-"""PartIR:HLO collectives on device-local arrays, for use inside `jax.shard_map`.
+"""PartIR:HLO collectives on device-local arrays, by JAX's named-axis collectives: inside
+`jax.shard_map` (the runtime), or under `jax.vmap`s naming the mesh axes (the
+interpreters' lockstep runs).
 
 Every collective names mesh axes. Where a dimension is split over several axes (a, b),
 a major, the device with coordinates (i_a, i_b) holds chunk i_a * size_b + i_b. JAX's
