@@ -68,12 +68,6 @@ JAX_PRIVATE = {
         "source_info_util: the user's frame and the transpose marker of a traced equation",
     "partir/core/materialize.py":
         "partial_eval.dce_jaxpr: which loop indices a traced TMR `apply` reads",
-    "partir/ir/verifier.py":
-        "issue 28 debt: extend_axis_env_nd to shape-check control flow whose bodies hold "
-        "named-axis collectives",
-    "partir/rules/control.py":
-        "issue 28 debt: bodies re-traced and evaluated under the mesh axes "
-        "(extend_axis_env_nd, eval_jaxpr, user_context)",
     "tests/rules/test_windows.py":
         "_select_and_gather_add: the only way to bind the primitive",
 }

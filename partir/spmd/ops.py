@@ -25,6 +25,7 @@ from partir.ir.printer import Printer, register_op_printer
 from partir.ir.types import tile_size
 from partir.ir.verifier import register_type_rule
 from partir.mesh import Mesh
+from partir.rules.control import CONTROL_FLOW
 from partir.spmd.types import DTensorType, data_equivalent
 
 EXECUTE = "spmd.execute"
@@ -143,10 +144,12 @@ def _check_operand(t: object, axes: tuple[str, ...], mesh: Mesh) -> str | None:
 
 
 def _body_error(region: Region) -> str | None:
-    """The body is a Core expression without loops, closed over the region's arguments."""
+    """The body is a Core expression without loops, closed over the region's arguments
+    (control flow, whose regions are closed, included)."""
     bound = set(region.args)
     for op in region.ops:
-        if op.regions or op.name == LOOP or op.name in SPMD_OPS:
+        if (op.regions and op.name not in CONTROL_FLOW) or op.name == LOOP or \
+                op.name in SPMD_OPS:
             return f"the body may hold only Core ops without loops, found {op.name}"
         for v in op.operands:
             if v not in bound:

@@ -7,10 +7,12 @@ import pytest
 from jax import lax
 
 from partir.frontend import trace
+from partir.ir import Op, Value
+from partir.ir.evaluate import evaluate
 from partir.ir.types import TensorType
 from partir.rules import CATALOGUE, OpView
 from partir.rules.catalogue import Slicing
-from partir.rules.control import body_axes
+from partir.rules.collectives import ALL_REDUCE
 from partir.rules.factors import PASS, REDUCTION, REPLICATION
 
 
@@ -69,8 +71,8 @@ def test_a_predicate_reading_the_data_otherwise_replicates_it():
     assert all(kind == REPLICATION for kind, *_ in _factors(_view(f, X)))
 
 
-def _psums(closed) -> list[tuple[str, ...]]:
-    return [e.params["axes"] for e in closed.jaxpr.eqns if e.primitive.name == "psum"]
+def _sums(region) -> list[tuple[str, ...]]:
+    return [op.params["axes"] for op in region.ops if op.name == ALL_REDUCE]
 
 
 def test_partial_sums_used_whole_in_a_body_are_summed_over_the_axes_slicing_them():
@@ -85,11 +87,10 @@ def test_partial_sums_used_whole_in_a_body_are_summed_over_the_axes_slicing_them
     local = OpView(view.name, view.params, hidden, view.out_types,
                    Slicing(((), ((), (), ("model",)), ((), ("model",), ())), {"model": 2}),
                    view.regions)
-    params = CATALOGUE["scan"].localize(local)
-    assert _psums(params["jaxpr"]) == [("model",)]
-    assert body_axes(params) == {"model"}
+    (body,) = CATALOGUE["scan"].localize(local).regions
+    assert _sums(body) == [("model",)]
     # unsliced, the body is left as it is
-    assert CATALOGUE["scan"].localize(view) == dict(view.params)
+    assert CATALOGUE["scan"].localize(view).regions == view.regions
     # sliced without saying by which axes, it cannot place the sum
     with pytest.raises(ValueError, match="does not say which axes"):
         CATALOGUE["scan"].localize(OpView(view.name, view.params, hidden, view.out_types,
@@ -105,9 +106,9 @@ def test_a_carry_that_ends_as_a_partial_sum_is_summed_before_the_next_iteration(
     assert (PASS, 6, (None, 1), (None,), (0,)) in _factors(view)
     local = OpView(view.name, view.params, (view.in_types[0], TensorType((3, 3), X.dtype)),
                    view.out_types, Slicing(((), ((), ("model",))), {"model": 2}), view.regions)
-    body = CATALOGUE["scan"].localize(local)["jaxpr"]
-    assert _psums(body) == [("model",)]
-    assert body.jaxpr.eqns[-1].primitive.name == "psum"
+    (body,) = CATALOGUE["scan"].localize(local).regions
+    assert _sums(body) == [("model",)]
+    assert body.ops[-1].name == ALL_REDUCE and body.yields == [body.ops[-1].results[0]]
 
 
 def test_cond_branches_are_joined():
@@ -120,16 +121,17 @@ def test_cond_branches_are_joined():
     assert (REPLICATION, 4, (None, 1), (None,), ()) in found
 
 
-def test_bodies_are_traced_again_at_local_shapes():
+def test_regions_are_localized_to_local_shapes():
     def f(x, ws):
         return lax.scan(lambda c, w: (jnp.tanh(c @ w), jnp.sum(c)), x, ws)
 
     view = _view(f, X, WS)
     local = OpView(view.name, view.params, (TensorType((2, 4), X.dtype), view.in_types[1]),
                    (TensorType((2, 4), X.dtype), view.out_types[1]), regions=view.regions)
-    params = CATALOGUE["scan"].localize(local)
-    (x_aval, w_aval) = params["jaxpr"].in_avals
-    assert x_aval.shape == (2, 4) and w_aval.shape == (4, 4)
-    public = {k: v for k, v in params.items() if not k.startswith("_")}
-    out = lax.scan_p.bind(jnp.ones((2, 4)), WS, **public)
+    made = CATALOGUE["scan"].localize(local)
+    (body,) = made.regions
+    assert [a.type.shape for a in body.args] == [(2, 4), (4, 4)]
+    op = Op("scan", [Value(t) for t in local.in_types], [Value(t) for t in local.out_types],
+            made.params, list(made.regions))
+    out = evaluate(op, [jnp.ones((2, 4)), WS])
     assert out[0].shape == (2, 4) and out[1].shape == (3,)

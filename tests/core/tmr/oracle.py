@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
-from partir.core.tmr import LocalContext, OpView, factor_mappings, localized_params, lookup
+from partir.core.tmr import LocalContext, OpView, factor_mappings, localized, lookup
 from partir.frontend import trace
 from partir.ir import TensorType
 from partir.ir.dtypes import sliceable, to_host
@@ -68,7 +68,7 @@ def _run_nest(op, entry, operands, nest, index):
                 x = x[(slice(None),) * d + (slice(start, start + chunk),)]
         local_operands.append(x)
     view = OpView(op.name, op.params, local_in, local_out)
-    params = localized_params(entry, view)
+    params = localized(entry, view).params
     local_view = OpView(op.name, params, local_in, local_out)
     if entry.apply is not None:
         ctx = LocalContext([lp for lp, _ in nest], in_global, out_global,
