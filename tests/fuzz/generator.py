@@ -974,7 +974,9 @@ class Generator:
             expr, args = "lax.cond({1}, {b0}, {b1}, {0})", [c, p]
         else:
             q = self.pick(s, lambda v: v.dtype == FLOAT) or c
-            expr, args = "lax.cond(jnp.sum({1}) > 0, {b0}, {b1}, {0})", [c, q]
+            # Not at 0: the sum of a centred value (a layer norm's) is 0 up to rounding,
+            # which any other order of the sum's additions may flip (fuzzer seed 2513).
+            expr, args = "lax.cond(jnp.sum({1}) > 0.5, {b0}, {b1}, {0})", [c, q]
         return self._place(s, "cond", expr, args, blocks, [Var(self.fresh(), c.shape, FLOAT)])
 
     def g_switch(self, s: Scope) -> bool:
