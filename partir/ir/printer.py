@@ -109,6 +109,8 @@ def format_param(value: Any) -> str:
         return "[" + ", ".join(format_param(v) for v in value) + "]"
     if isinstance(value, str):
         return f'"{value}"'
+    if hasattr(value, "eqns"):  # a jaxpr parameter (a scatter's combiner): not worth printing
+        return "<jaxpr>"
     return str(value)
 
 
