@@ -27,7 +27,13 @@ commit REV (a temporary `git worktree`) side by side, alternating fresh processe
 prints this checkout's time over REV's: the check that a change does not slow
 partitioning down (issue 13: ratio <= 1.05).
 
+With `--scan`, it times `partir.partition` of the scan-over-layers step
+(`model.train_step_scanned`, the layers' parameters stacked) against the unrolled step,
+alternating fresh processes: a loop's body is partitioned once, so the scanned step may
+take no longer than the unrolled one (issue 28: ratio <= 1.0).
+
     python benchmarks/partition_time.py [--repeat 3] [--layers 16 32 64] [--against REV]
+        [--scan]
 """
 
 import os
@@ -67,7 +73,7 @@ from examples.transformer import model, schedules  # noqa: E402
 
 MESH = {schedules.BATCH: 4, schedules.MODEL: 2}
 SCHEDULE = [schedules.BP, schedules.MP, schedules.Z3]
-KINDS = ("partition", "xla_unpartitioned", "xla_sharded")
+KINDS = ("partition", "xla_unpartitioned", "xla_sharded")  # the default table's
 
 
 class TraceTimer:
@@ -102,10 +108,20 @@ def _cold() -> None:
     gc.collect()
 
 
+def scanned_inputs(cfg: model.Config) -> tuple:
+    """`model.abstract_inputs` for `model.train_step_scanned`: the layers stacked."""
+    params, _, batch = model.abstract_inputs(cfg)
+    stacked = jax.eval_shape(model.stack_layers, params)
+    return stacked, jax.eval_shape(model.OPTIMIZER.init, stacked), batch
+
+
 def measure(kind: str, layers: int, repeat: int) -> dict:
     """Run in a fresh process: `repeat` timings of one kind of work, with figures."""
     cfg = dataclasses.replace(model.T32, layers=layers)
     inputs = model.abstract_inputs(cfg)
+    step = model.train_step
+    if kind == "partition_scanned":
+        inputs, step = scanned_inputs(cfg), model.train_step_scanned
     # `partir` imports its modules when a name is first read: importing is not
     # partitioning, and older checkouts imported everything with `import partir`.
     partition = partir.partition
@@ -118,9 +134,9 @@ def measure(kind: str, layers: int, repeat: int) -> dict:
         result = meta = None
         _cold()
         start = time.perf_counter()
-        if kind == "partition":
+        if kind in ("partition", "partition_scanned"):
             with TraceTimer() as trace:
-                meta = partition(model.train_step, MESH, SCHEDULE, *inputs)
+                meta = partition(step, MESH, SCHEDULE, *inputs)
             times.append(time.perf_counter() - start)
             extra["trace_s"].append(trace.seconds)
             extra["tactics_s"].append(sum(t.elapsed_s for t in meta.tactics))
@@ -177,6 +193,21 @@ def against(rev: str, layers_list: list[int], repeat: int) -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
 
 
+def scan_against_unrolled(layers_list: list[int], repeat: int) -> None:
+    """The scan-over-layers step's partition time over the unrolled step's."""
+    print(f"partir.partition of the scan-over-layers step vs the unrolled step: median of "
+          f"{repeat} fresh processes each, alternating")
+    print(f"{'layers':>6}  {'scanned':>8}  {'unrolled':>9}  {'ratio':>6}")
+    for layers in layers_list:
+        scanned, unrolled = [], []
+        for _ in range(repeat):
+            unrolled += in_fresh_process("partition", layers, 1)["times"]
+            scanned += in_fresh_process("partition_scanned", layers, 1)["times"]
+        a, b = statistics.median(scanned), statistics.median(unrolled)
+        print(f"{layers:>6}  {a:>7.3f}s  {b:>8.3f}s  {a / b:>5.2f}x"
+              f"   (target <= 1.0: {verdict(a / b <= 1.0)})")
+
+
 def exponent(xs: list[int], ys: list[float]) -> float:
     """Least-squares slope of log y over log x."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
@@ -196,7 +227,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--against", metavar="REV",
                         help="compare partir.partition with commit REV instead")
-    parser.add_argument("--measure", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--scan", action="store_true",
+                        help="compare the scan-over-layers step with the unrolled one")
+    parser.add_argument("--measure", choices=(*KINDS, "partition_scanned"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -204,6 +238,9 @@ def main() -> None:
         return
     if args.against:
         against(args.against, args.layers, args.repeat)
+        return
+    if args.scan:
+        scan_against_unrolled(args.layers, args.repeat)
         return
 
     print(f"step: examples/transformer train_step, T32 shapes ({model.T32}) with the layer "
