@@ -386,7 +386,9 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
         ]
     if mode in ("plain", "jit"):
         lines += ["def reference(args):", "    return jax.jit(f)(*args)", "", "",
-                  "def reference_alt(args):", "    return f(*args)", "", "",
+                  # JAX arrays: the case may use their methods (`.at`), as it does on the
+                  # tracers the other references give it (fuzzer seed 3740).
+                  "def reference_alt(args):", "    return f(*map(jnp.asarray, args))", "", "",
                   "def partitioned(args):", "    global meta",
                   "    fn, meta = partir.jit(f, mesh, schedule)"]
         lines.append("    return fn(*args)" if mode == "plain"
