@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -180,15 +181,9 @@ def against(rev: str, layers_list: list[int], repeat: int) -> None:
         try:
             print(f"partir.partition of this checkout vs {rev}: median of {repeat} fresh "
                   f"processes each, alternating")
-            print(f"{'layers':>6}  {'this':>8}  {rev[:12]:>12}  {'ratio':>6}")
-            for layers in layers_list:
-                ours, theirs = [], []
-                for _ in range(repeat):
-                    theirs += in_fresh_process("partition", layers, 1, base)["times"]
-                    ours += in_fresh_process("partition", layers, 1)["times"]
-                a, b = statistics.median(ours), statistics.median(theirs)
-                print(f"{layers:>6}  {a:>7.3f}s  {b:>11.3f}s  {a / b:>5.2f}x"
-                      f"   (target <= 1.05: {verdict(a / b <= 1.05)})")
+            ratios(layers_list, repeat, ("this", rev[:12]), 1.05,
+                   lambda layers: in_fresh_process("partition", layers, 1)["times"],
+                   lambda layers: in_fresh_process("partition", layers, 1, base)["times"])
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
 
@@ -197,15 +192,25 @@ def scan_against_unrolled(layers_list: list[int], repeat: int) -> None:
     """The scan-over-layers step's partition time over the unrolled step's."""
     print(f"partir.partition of the scan-over-layers step vs the unrolled step: median of "
           f"{repeat} fresh processes each, alternating")
-    print(f"{'layers':>6}  {'scanned':>8}  {'unrolled':>9}  {'ratio':>6}")
+    ratios(layers_list, repeat, ("scanned", "unrolled"), 1.0,
+           lambda layers: in_fresh_process("partition_scanned", layers, 1)["times"],
+           lambda layers: in_fresh_process("partition", layers, 1)["times"])
+
+
+def ratios(layers_list: list[int], repeat: int, labels: tuple[str, str], target: float,
+           measured: Callable[[int], list[float]],
+           baseline: Callable[[int], list[float]]) -> None:
+    """Per layer count, the median of `measured`'s times over the median of `baseline`'s,
+    `repeat` fresh processes each, alternating (the baseline first), against `target`."""
+    print(f"{'layers':>6}  {labels[0]:>8}  {labels[1]:>12}  {'ratio':>6}")
     for layers in layers_list:
-        scanned, unrolled = [], []
+        ours, theirs = [], []
         for _ in range(repeat):
-            unrolled += in_fresh_process("partition", layers, 1)["times"]
-            scanned += in_fresh_process("partition_scanned", layers, 1)["times"]
-        a, b = statistics.median(scanned), statistics.median(unrolled)
-        print(f"{layers:>6}  {a:>7.3f}s  {b:>8.3f}s  {a / b:>5.2f}x"
-              f"   (target <= 1.0: {verdict(a / b <= 1.0)})")
+            theirs += baseline(layers)
+            ours += measured(layers)
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"{layers:>6}  {a:>7.3f}s  {b:>11.3f}s  {a / b:>5.2f}x"
+              f"   (target <= {target}: {verdict(a / b <= target)})")
 
 
 def exponent(xs: list[int], ys: list[float]) -> float:
