@@ -107,6 +107,8 @@ class _Analysis:
     # slices it), or why the inner op keeps it whole
     nested: dict[Value, list[Node | str]] = field(default_factory=dict)
     zeros: set[int] = field(default_factory=set)  # values that are constant zeros
+    # nodes of groups an inner control-flow op sums over inside its own bodies
+    summed: set[Node] = field(default_factory=set)
     _ids: itertools.count = field(default_factory=itertools.count)
 
     def new(self, shape: Sequence[int], blocked: str = "") -> list[Node]:
@@ -250,6 +252,8 @@ class _Analysis:
                 continue
             for node in touched[1:]:
                 self.union(touched[0], node)
+            if factor.summed_inside and touched:
+                self.summed.add(touched[0])
             if factor.kind == REDUCTION and touched:
                 reduced.append((touched[0], [k for k, d in enumerate(rule.result_dims[f])
                                              if d is None and k not in factor.unrelated]))
@@ -536,7 +540,7 @@ def _analyze(view: OpView) -> _Groups:
             sums, unrelated, synced = actions
             kind, monoid = (REDUCTION, "add") if sums else (PASS, None)
             f = b.factor(a.sizes[g], operands, results, kind, monoid, unrelated,
-                         summed_inside=bool(synced))
+                         summed_inside=bool(synced) or any(find(n) == g for n in a.summed))
             if synced:
                 syncs[f] = frozenset(synced)
             differ[f] = flow.differ

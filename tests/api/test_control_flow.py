@@ -459,6 +459,25 @@ def test_a_loop_summing_over_a_dimension_inside_its_body_does_not_pad_it():
     assert_tree_close(jitted(x), f(x))
 
 
+def test_a_loop_whose_inner_loop_sums_over_a_dimension_does_not_pad_it():
+    """Fuzzer seed 3662: a while inside a fori takes a mean of its carry. The inner loop
+    refuses to pad the carry's rows; the outer loop, seeing the inner one as an op, padded
+    them, and the padding's rows (no longer zeros after the first step) entered the mean."""
+    def f(x):
+        def body(s):
+            i, c = s
+            return i + 1, jnp.minimum(x, c) + jnp.mean(c)
+        return lax.fori_loop(0, 2, lambda _, c: lax.while_loop(
+            lambda s: s[0] < 2, body, (jnp.int32(0), c))[1], x)
+
+    x = jnp.asarray(RNG.standard_normal((12, 4)).astype(np.float32))
+    padded = [partir.ManualPartition({"x": 0}, axis="a", pad=True)]
+    result = partir.core_partition(f, {"a": 8}, padded, x)
+    (conflict,) = [c for c in result.tactics[0].conflicts if c.op == "scan"]
+    assert conflict.kind == "indivisible" and "padding would enter the sums" in conflict.detail
+    _all_oracles(f, {"a": 8}, padded, x)
+
+
 def _inner_sum(d):
     return d + jnp.sum(d) * 0.1
 
