@@ -162,7 +162,13 @@ def _pad(x: Any, shape: tuple[int, ...]) -> Any:
     """x padded with zeros at the end of each dimension to `shape`: on the host for host
     values, else with jax.numpy (on the devices, or traced)."""
     widths = [(0, m - n) for n, m in zip(np.shape(x), shape, strict=True)]
-    if isinstance(x, jax.Array | jax.core.Tracer):
+    if isinstance(x, jax.core.Tracer):
+        # Traced, the pad is compiled with the program: XLA (jax 0.10 on CPU) then folds
+        # each device's slice of the padded array into the program's own dynamic slices,
+        # and a scatter's out-of-range index, dropped on the tile, writes a neighbouring
+        # tile's element instead (fuzzer seed 3740). The barrier keeps the pad a value.
+        return jax.lax.optimization_barrier(jax.numpy.pad(x, widths))
+    if isinstance(x, jax.Array):
         return jax.numpy.pad(x, widths)
     return np.pad(np.asarray(x), widths)
 

@@ -202,3 +202,19 @@ def test_gradient_of_a_padded_output_crops_its_cotangent_on_the_devices():
     grad = jax.grad(lambda x, g: sum(jnp.sum(o * 0.5) for o in g(x)))
     partitioned = partir.jit(f, partir.Mesh({"a": 2, "b": 1}), schedule)[0]
     assert jnp.allclose(grad(x, partitioned), grad(x, f), atol=1e-6)
+
+
+def test_scatter_dropping_an_index_on_a_padded_tile_under_jax_jit():
+    """Fuzzer seed 3740: under an outer `jax.jit`, the padding of an input is compiled
+    with the program, and XLA folded the devices' slices of it into the local scatter,
+    whose index out of the second tile (dropped) then wrote the first tile's element."""
+    def f(x):
+        y = x.at[jnp.asarray([1])].max(3, mode="promise_in_bounds")
+        return jnp.max(y.astype(jnp.float32) / 2.5, axis=-1)
+
+    x = jnp.asarray([1, 2, 6], jnp.int32)
+    mesh = partir.Mesh({"a": 3, "b": 2})
+    schedule = _schedule({"x": 0}, axis="b")
+    check_oracles(f, mesh, schedule, x)
+    jitted, _ = partir.jit(f, mesh, schedule)
+    assert float(jax.jit(jitted)(x)) == pytest.approx(2.4)
