@@ -19,7 +19,7 @@ the single op is emitted as for any other primitive.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jcore
 
 import partir.cancel as cancel
-from partir.core.actions import AnyAction, Sum, Tile
+from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.dialect import INDEX_TYPE, make_index, make_loop, make_slice, sliced_type
 from partir.core.program import (
     CoreOp,
@@ -39,7 +39,7 @@ from partir.core.program import (
     result_local_type,
     tile_dims,
 )
-from partir.core.tmr import Entry, LocalContext, OpView, localized, lookup
+from partir.core.tmr import Entry, LocalContext, OpView, factor_mappings, localized, lookup
 from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, Region, TensorType, Value
 from partir.ir.dtypes import canonical
@@ -47,6 +47,7 @@ from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import ATOMIC, NAMESPACE, SHARDING_CONSTRAINT, TILE
 from partir.ir.types import tile_size
 from partir.rules.catalogue import Slicing
+from partir.rules.collectives import AXIS_INDEX
 
 # Identities that compute nothing: where every use slices away the tiles their loops make
 # (a model's sharding annotation outside any loop, say), the uses read the operand.
@@ -294,7 +295,7 @@ class _Materializer:
                     self.sizes, tuple([tuple([tuple([lp.axis for lp in nest
                                                      if lp.results[k] == Tile(d)])
                                               for d in range(r.type.rank)])
-                                       for k, r in enumerate(op.results)]))
+                                       for k, r in enumerate(op.results)]), apply_in_region)
             made = localized(entry, OpView(op.name, op.params, in_types, out_types, slicing,
                                            op.regions))
             params, regions = made.params, made.regions
@@ -312,25 +313,9 @@ class _Materializer:
                 made = make_index(ranges[lvl], name=f"i{ranges[lvl].type.axis}")
                 body.append(made)
                 indices[lvl] = made.results[0]
-        ops, results = inline_jaxpr(closed, [*operands, *[indices[lvl] for lvl in levels]],
-                                    op.loc)
+        ops, results = _inline_tile(op, closed, [*operands, *[indices[lvl] for lvl in levels]],
+                                    out_types)
         body.extend(ops)
-        produced = {v for o in ops for v in o.results}
-        for v, t, r in zip(results, out_types, op.results, strict=True):
-            # A declared 64-bit type is what JAX traces in 32 bits when x64 is off.
-            if v not in produced or v.type.shape != t.shape or (
-                    canonical(v.type.dtype) != canonical(t.dtype)):
-                raise AssertionError(f"the local computation of {op.name} at {op.loc} gives "
-                                     f"{v.type}, its tile is {t}")
-            v.type, v.name = t, r.name
-        # The intermediate values are named after their primitives (`%mul`, `%mul_1`...;
-        # partir's own ops by their printed word, `%constant`): the printer numbers only
-        # the results, as it would the single op's.
-        outputs = set(results)
-        for o in ops:
-            for v in o.results:
-                if v not in outputs:
-                    v.name = o.name.removeprefix(NAMESPACE)
         return results
 
     def _mask_padding(self, op: CoreOp, nest: Nest,
@@ -408,6 +393,56 @@ class _Materializer:
                 _TRACES.clear()
             _TRACES[key] = traced
         return traced
+
+
+def _inline_tile(op: Op, closed: Any, args: list[Value], out_types: Sequence[TensorType]
+                 ) -> tuple[list[Op], list[Value]]:
+    """The ops of an op's traced local computation on `args`, and its results, typed and
+    named as the op's tile."""
+    ops, results = inline_jaxpr(closed, args, op.loc)
+    produced = {v for o in ops for v in o.results}
+    for v, t, r in zip(results, out_types, op.results, strict=True):
+        # A declared 64-bit type is what JAX traces in 32 bits when x64 is off.
+        if v not in produced or v.type.shape != t.shape or (
+                canonical(v.type.dtype) != canonical(t.dtype)):
+            raise AssertionError(f"the local computation of {op.name} at {op.loc} gives "
+                                 f"{v.type}, its tile is {t}")
+        v.type, v.name = t, r.name
+    # The intermediate values are named after their primitives (`%mul`, `%mul_1`...;
+    # partir's own ops by their printed word, `%constant`): the printer numbers only the
+    # results, as it would the single op's.
+    outputs = set(results)
+    for o in ops:
+        for v in o.results:
+            if v not in outputs:
+                v.name = o.name.removeprefix(NAMESPACE)
+    return ops, results
+
+
+def apply_in_region(op: Op, params: Mapping[str, Any], operands: Sequence[Value],
+                    out_types: Sequence[TensorType], factor_axes: Mapping[int, tuple[str, ...]],
+                    sizes: Mapping[str, int]) -> tuple[list[Op], list[Value]]:
+    """The ops computing the tile of an op inside a control-flow op's regions whose
+    tile depends on its position (`Slicing.apply`): its declaration's `apply`, traced as
+    in a loop nest of one loop per axis slicing each of its factors, outermost first, each
+    loop's index the device's coordinate on the axis (`axis_index`)."""
+    entry = lookup(op.name)
+    rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
+                             tuple([v.type for v in op.results])))
+    mappings = dict(factor_mappings(rule, rule.sizes))
+    nest = tuple(Loop(axis, mappings[f].results, mappings[f].operands)
+                 for f, axes in factor_axes.items() for axis in axes)
+    traced = _trace_apply(op, entry, dict(params), nest, tuple([v.type for v in operands]),
+                          tuple(out_types), dict(sizes))
+    if traced is None:
+        results = [Value(t, r.name) for t, r in zip(out_types, op.results, strict=True)]
+        return [Op(op.name, list(operands), results, dict(params), [], op.loc, op.prim)], results
+    closed, levels = traced
+    coordinates = [Op(AXIS_INDEX, [], [Value(INDEX_TYPE, f"i{nest[lvl].axis}")],
+                      {"axis": nest[lvl].axis}, loc=op.loc) for lvl in levels]
+    ops, results = _inline_tile(op, closed, [*operands, *[c.results[0] for c in coordinates]],
+                                out_types)
+    return [*coordinates, *ops], results
 
 
 # Per operand, the dimension each loop level slices (None: whole); the results' tile types

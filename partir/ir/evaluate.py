@@ -16,6 +16,8 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
+from jax.extend.random import threefry2x32_p
 
 from partir.errors import ProgramError
 from partir.ir.lax_collectives import COLLECTIVES
@@ -40,8 +42,25 @@ def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
                            f"constant nor a JAX primitive, so it cannot be evaluated",
                            loc=op.loc)
     params = {k: v for k, v in op.params.items() if not k.startswith("_")}
+    if op.prim is threefry2x32_p:
+        return list(_threefry2x32(*operands))
     outs = op.prim.bind(*operands, **params)
     return list(outs) if op.prim.multiple_results else [outs]
+
+
+@custom_vmap
+def _threefry2x32(k1: Any, k2: Any, x1: Any, x2: Any) -> Any:
+    return threefry2x32_p.bind(k1, k2, x1, x2)
+
+
+@_threefry2x32.def_vmap
+def _threefry2x32_batched(axis_size: int, in_batched: Sequence[bool], *args: Any) -> Any:
+    # JAX batches threefry2x32 by broadcasting, leaving an unbatched operand with a batch
+    # dimension of 1, which its CPU lowering cannot take: the interpreters' lockstep
+    # vmaps meet it where a tile's random bits count from the device's coordinate.
+    args = [x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
+            for x, b in zip(args, in_batched, strict=True)]
+    return threefry2x32_p.bind(*args), [True, True]
 
 
 def run_region(region: Region, args: Sequence[Any]) -> list[Any]:

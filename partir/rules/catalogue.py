@@ -2,7 +2,8 @@
 
 A declaration says what a primitive is, once: its factor sharding rule (which drives
 propagation and gives local shapes), how its shape parameters follow its local types,
-its kind for the fusion and memory models, and its FLOPs (from the rule's factor sizes).
+its kind for the fusion and memory models, its FLOPs (from the rule's factor sizes)
+and, where a tile's values depend on where it lies, how a tile is computed (`apply`).
 The TMR, the simulator and the Core materializer derive everything else from it, the
 way Shardy builds one `OpShardingRule` per op and JAX registers rules beside each
 primitive.
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 from jax.extend.core import Primitive as JaxPrimitive
 
@@ -49,6 +50,10 @@ class Slicing:
     sizes: Mapping[str, int]
     # per result and dimension, the mesh axes tiling it
     result_axes: tuple[tuple[tuple[str, ...], ...], ...] = ()
+    # How an op inside the regions computes its tile where that depends on the tile's
+    # position (its declaration's `apply`, at the device's coordinates): given by the
+    # materializer, which turns JAX computations into ops (this layer cannot).
+    apply: RegionApplyFn | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,50 @@ class Localized:
 LocalizeFn = Callable[[OpView], "dict[str, Any] | Localized"]
 
 
+class TileContext(Protocol):
+    """Where an op's local tile lies in its global operands and results, for an `apply`.
+
+    Offsets are int32 scalars computed from the loop indices or the device's coordinates
+    (traced), or Python ints: an apply computes with operations valid for both."""
+
+    in_types: tuple[TensorType, ...]  # the op's global types
+    out_types: tuple[TensorType, ...]
+
+    def operand_offset(self, i: int, dim: int) -> Any:
+        """Start of operand i's local tile along `dim` in the global operand."""
+
+    def slices_operand(self, i: int, dim: int) -> bool:
+        """Whether operand i arrives sliced along `dim` (not told by the local size: a
+        padded dimension of size 1 has local tiles of size 1)."""
+
+    def result_offset(self, k: int, dim: int) -> Any:
+        """Start of result k's local tile along `dim` in the global result."""
+
+    def cut(self, value: Any, k: int, dim: int, size: int) -> Any:
+        """Result k's local tile of `size` along `dim`, cut out of `value`, the whole
+        result along that dim."""
+
+    def sums_result(self, k: int) -> bool:
+        """Whether the tiles' results k are summed (with the factor's monoid) into the
+        result, rather than each being a tile of it."""
+
+    def is_first(self, k: int) -> Any:
+        """True on exactly one of the tiles whose results k are summed: terms to be
+        added once, not once per tile, are kept there."""
+
+
+# apply(view on local types with localized params, the JAX primitive, local operands,
+# where the tile lies) -> the local results.
+ApplyFn = Callable[[OpView, Any, Sequence[Any], TileContext], list[Any]]
+
+# apply_in_region(op on global types, its local params, local operands, local result
+# types, the axes slicing each of its rule's sliced factors, the axes' sizes) -> (the ops
+# computing the tile, reading the device's coordinates, and its results).
+RegionApplyFn = Callable[[Any, Mapping[str, Any], Sequence[Any], Sequence[TensorType],
+                          Mapping[int, tuple[str, ...]], Mapping[str, int]],
+                         tuple[list[Any], list[Any]]]
+
+
 @dataclass(frozen=True)
 class Primitive:
     kind: Kind
@@ -103,9 +152,9 @@ class Primitive:
     # Transcendentals and the like: the fusion heuristic does not duplicate them into
     # several consumers (XLA's "expensive" elementwise ops).
     expensive: bool = False
-    # A tile's values depend on where the tile lies (iota, gather from a sliced table...):
-    # the TMR gives the primitive an `apply`, and a loop body cannot just run it smaller.
-    positional: bool = False
+    # Where a tile's values depend on where the tile lies (iota, gather from a sliced
+    # table...), the local computation of a tile: the op cannot just run smaller.
+    apply: ApplyFn | None = None
     # Masking the operands of a padded reduction factor with its monoid's identity keeps
     # the padding out of the partial sums: true of ops that reduce what they are given,
     # not of loops whose bodies compute non-linearly before they reduce.
@@ -114,6 +163,10 @@ class Primitive:
     # partial result over the slices before using it): `localize` reads `view.slicing`.
     syncs: bool = False
     doc: str = field(default="", compare=False)
+
+    @property
+    def positional(self) -> bool:
+        return self.apply is not None
 
 
 CATALOGUE: Registry[Primitive] = Registry("primitive declaration")

@@ -1,24 +1,26 @@
 """Control flow: `scan`, `while` and `cond`, whose sharding rules come from their bodies.
 
-The op runs body jaxprs; which of its dimensions may be sliced depends on what the bodies
+The op runs its regions; which of its dimensions may be sliced depends on what the bodies
 do with them. The rule joins dimensions that must be sharded alike into groups (Shardy's
 data-flow edges, collapsed into the op): an operand's dimension and the body argument it
 becomes (a scanned operand's dimension d + 1 and the slice's d), a body result and the
 op result it becomes, a carry's input, body argument, body result and output, every
 branch of a `cond` alike, and, inside a body, the dimensions each body op's own factor
 rule joins. A group is a factor of the op when slicing it everywhere runs the body on a
-slice: no body op needs it replicated, reduces it with any monoid but `add`, has it as
-the minor part of a compound dimension or computes from its position (iota, gather:
-`Primitive.positional`; a concatenate only along the concatenated dimension,
-`Factor.whole`), and a `while` predicate does not depend on it. Each op result
-then has the group (the result is tiled), is only a sum of partial results over it (a
-body reduction that reaches a stacked output through linear ops alone: the weight
-gradients of a scan over layers, which make a `#sum` of the op), or does not depend on
-it (a step counter: every slice computes it alike).
+slice: no body op needs it replicated, has it as the minor part of a compound dimension
+or computes from its position (iota, gather: `Primitive.positional`; a concatenate only
+along the concatenated dimension, `Factor.whole`), and a `while` predicate does not
+depend on it. A body reduction over it leaves partial results: sums stay partial through
+linear ops and are all-reduced where a body op needs them whole; other monoids (max,
+min) are all-reduced where they are made. Each op result then has the group (the result
+is tiled), is only a sum of partial results over it (a body reduction that reaches a
+stacked output through linear ops alone: the weight gradients of a scan over layers,
+which make a `#sum` of the op), or does not depend on it (a step counter: every slice
+computes it alike).
 
-Inside a body nothing is partitioned further: the local op is the same control flow on
-the slices, its bodies traced again at the local shapes (`localize`), so a body needs no
-collectives. Dimensions of no group are need-replication factors.
+The local op is the same control flow on the slices (`localize`): its regions on local
+types, with the all-reduces, all-gathers and reduce-scatters the analysis places in
+them. Dimensions of no group are need-replication factors.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from partir.rules.catalogue import (
     Localized,
     OpView,
     Primitive,
+    RegionApplyFn,
     Slicing,
     declare,
     flops_of,
@@ -73,6 +76,9 @@ _UNARY_LINEAR = {"neg", "convert_element_type", "reshape", "transpose", "broadca
                  "reduce_precision"}
 
 Node = int  # a dimension of a body value or of the op's operands/results
+# A body op's reduction over a group: a node of the group, the results partial over it,
+# and the monoid combining the slices' partial results.
+_Reduction = tuple[Node, list[int], str]
 
 
 def _jaxpr(body: Any) -> tuple[Any, Sequence[Any]]:
@@ -92,8 +98,8 @@ class _Analysis:
     sizes: list[int] = field(default_factory=list)
     blocked: dict[Node, str] = field(default_factory=dict)  # node -> why it cannot be cut
     # (name, reductions) per body equation, in order: a reduction is a node of the
-    # reduced group and the results that are partial sums over it
-    eqns: list[tuple[str, list[tuple[Node, list[int]]]]] = field(default_factory=list)
+    # reduced group, the results that are partial over it, and its monoid
+    eqns: list[tuple[str, list[_Reduction]]] = field(default_factory=list)
     # per equation, (its operands' value ids, its results' value ids) for dependencies
     flows: list[tuple[list[int | None], list[int]]] = field(default_factory=list)
     sites: list[tuple[int, int]] = field(default_factory=list)  # per op: (frame, k)
@@ -175,18 +181,14 @@ class _Analysis:
             self.zeros.add(outs[0])  # how JAX makes a zero cotangent
         in_dims = [self.dims_of[a] for a in ins]
         out_dims = [self.dims_of[o] for o in outs]
-        reduced: list[tuple[Node, list[int]]] = []
+        reduced: list[_Reduction] = []
         prim = CATALOGUE.get(name)
         view = OpView(name, op.params, tuple(v.type for v in op.operands),
                       tuple(v.type for v in op.results), regions=tuple(op.regions))
         rule = None if prim is None or prim.rule is None else prim.rule(view)
-        # A positional primitive computes from positions on every dim, unless its rule
-        # says on which: the factors cut out of whole operands (`Factor.whole`).
-        if rule is None or (prim.positional and not any(f.whole for f in rule.factors)):
-            why = (f"{name} in the body computes from positions" if prim and prim.positional
-                   else f"{name} in the body has no sharding rule")
+        if rule is None:
             for dims in [*in_dims, *out_dims]:
-                self.block(dims or (), why)
+                self.block(dims or (), f"{name} in the body has no sharding rule")
         else:
             reduced = self._factors(name, rule, in_dims, out_dims)
             if name in _EDGES:
@@ -220,9 +222,9 @@ class _Analysis:
             self.nested.setdefault(value, [outer(n) for n in dims])
 
     def _factors(self, name: str, rule: ShardingRule, in_dims: list[list[Node] | None],
-                 out_dims: list[list[Node]]) -> list[tuple[Node, list[int]]]:
-        """Join the dims each factor of a body op's rule is in; returns, per `add`
-        reduction factor, a node of its group and the results partial over it."""
+                 out_dims: list[list[Node]]) -> list[_Reduction]:
+        """Join the dims each factor of a body op's rule is in; returns, per reduction
+        factor, a node of its group, the results partial over it and its monoid."""
         reduced = []
         for f, factor in enumerate(rule.factors):
             if factor.size == 1:
@@ -247,16 +249,14 @@ class _Analysis:
             if compound:
                 self.block(touched, f"{name} in the body splits or merges it")
                 continue
-            if factor.kind == REDUCTION and factor.monoid != "add":
-                self.block(touched, f"{name} in the body reduces it with {factor.monoid}")
-                continue
             for node in touched[1:]:
                 self.union(touched[0], node)
             if factor.summed_inside and touched:
                 self.summed.add(touched[0])
             if factor.kind == REDUCTION and touched:
                 reduced.append((touched[0], [k for k, d in enumerate(rule.result_dims[f])
-                                             if d is None and k not in factor.unrelated]))
+                                             if d is None and k not in factor.unrelated],
+                                factor.monoid or "add"))
         return reduced
 
     # -- groups -------------------------------------------------------------------------
@@ -290,6 +290,7 @@ class _Analysis:
         differ = {v for v, dims in self.dims_of.items() if any(find(n) == g for n in dims)}
         differ |= partial
         syncs: set[Site] = set()
+        monoids: dict[Site, str] = {}  # the syncs combining with another monoid than add
         for (name, reduced), (ins, outs), site in zip(self.eqns, self.flows, self.sites,
                                                        strict=True):
             at = [i for i, a in enumerate(ins) if a is not None and a in partial]
@@ -305,11 +306,15 @@ class _Analysis:
             if any(a is not None and a in differ and i not in synced
                    for i, a in enumerate(ins)):
                 differ.update(outs)
-            for n, ks in reduced:
+            for n, ks, monoid in reduced:
                 if find(n) != g:
                     continue
                 for k in ks:
-                    if outs[k] in early:  # whole on every slice from here on
+                    if monoid != "add":
+                        # Only sums stay partial through linear ops: any other monoid
+                        # combines the slices' results where they are made.
+                        monoids[(*site, -1 - k)] = monoid
+                    if outs[k] in early or monoid != "add":  # whole on every slice now
                         syncs.add((*site, -1 - k))
                         partial.discard(outs[k])
                         differ.discard(outs[k])
@@ -323,7 +328,7 @@ class _Analysis:
             # every slice must take the same branch, or stop alike
             return "the loop's predicate depends on it"
         single = frozenset(v for made in needed if len(made) == 1 for v in made) - seeded
-        return _Flow(partial, differ, syncs, single)
+        return _Flow(partial, differ, syncs, single, monoids)
 
 
 # A place in a body where a partial sum is summed over the slices: (frame, equation,
@@ -339,6 +344,7 @@ class _Flow:
     syncs: set[Site]
     # reductions whose every synced use could take one sum where they are made
     single: frozenset[int] = frozenset()
+    monoids: Mapping[Site, str] = field(default_factory=dict)  # syncs not summing
 
 
 def _linear(name: str, ins: list[int | None], at: list[int], differ: set[int]) -> bool:
@@ -485,6 +491,7 @@ class _Groups:
     analysis: _Analysis
     why: dict[Node, str]  # group -> why it is not a factor of the op
     syncs: dict[int, frozenset[Site]]  # factor -> where its partial sums are summed
+    monoids: dict[Site, str]  # the syncs combining with another monoid than add
     entries: dict[int, list[Entry]]  # operand -> where the bodies take it (_Edges)
     exits: dict[int, list[Entry]]  # result -> where the bodies make it (_Edges)
     results: list[int]  # the results' values
@@ -506,6 +513,7 @@ def _analyze(view: OpView) -> _Groups:
     placed: set[Node] = set()
     nodes: dict[int, list[Node]] = {}
     syncs: dict[int, frozenset[Site]] = {}
+    monoids: dict[Site, str] = {}
     differ: dict[int, set[int]] = {}  # factor -> the values its slices make differ
     why = dict(bad)  # group -> why it is not a factor of the op
     roots = sorted({find(n) for v in (*edges.operands, *edges.results)
@@ -543,6 +551,7 @@ def _analyze(view: OpView) -> _Groups:
                          summed_inside=bool(synced) or any(find(n) == g for n in a.summed))
             if synced:
                 syncs[f] = frozenset(synced)
+                monoids.update(flow.monoids)
             differ[f] = flow.differ
             nodes[f] = [a.dims_of[v][d] for v, d in (
                 *((edges.operands[i], d) for i, d in operands.items()),
@@ -571,7 +580,7 @@ def _analyze(view: OpView) -> _Groups:
     for f, g in itertools.combinations(sorted(differ), 2):
         if differ[f].isdisjoint(differ[g]):
             b.slice_together(f, g)
-    return _Groups(b.build(), nodes, a, why, syncs, edges.entries, edges.exits,
+    return _Groups(b.build(), nodes, a, why, syncs, monoids, edges.entries, edges.exits,
                    edges.results, edges.tops, view.regions)
 
 
@@ -736,7 +745,7 @@ def localize(view: OpView) -> Localized:
     groups = _groups(whole)
     a, rule = groups.analysis, groups.rule
     local: dict[Node, int] = {}
-    plan = _Plan()
+    plan = _Plan(monoids=groups.monoids)
 
     def axes_of(i: int, dim: int, what: str, result: bool = False) -> tuple[str, ...]:
         if view.slicing is None:
@@ -806,7 +815,8 @@ def localize(view: OpView) -> Localized:
     def size(n: Node) -> int:
         return local.get(a.find(n), a.sizes[n])
 
-    plan.sizes = view.slicing.sizes if view.slicing is not None else {}
+    if view.slicing is not None:
+        plan.sizes, plan.apply = view.slicing.sizes, view.slicing.apply
     # the regions' frames, in the order the analysis walked them: the regions' order
     return Localized(params, tuple(
         _local_region(region, top, a, size, plan)
@@ -822,6 +832,7 @@ class _Plan:
     """The collectives a local op's bodies hold, each over the axes slicing its group."""
 
     syncs: dict[Site, tuple[str, ...]] = field(default_factory=dict)
+    monoids: Mapping[Site, str] = field(default_factory=dict)  # a sync's if not add
     # (body, argument position) -> (the argument's dimension, its local size, axes)
     # ... -> (the argument's dimension, its local size, the axes gathered, then the axes
     # whose tile of the gathered dimension is kept)
@@ -834,6 +845,7 @@ class _Plan:
     sizes: Mapping[str, int] = field(default_factory=dict)  # the axes' sizes
     # a sliced group -> the axes slicing it
     group_axes: dict[Node, tuple[str, ...]] = field(default_factory=dict)
+    apply: RegionApplyFn | None = None  # `Slicing.apply`
 
     def axes(self) -> list[str]:
         return sorted({x for axes in self.syncs.values() for x in axes} |
@@ -862,8 +874,9 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
     def per_dim(rank: int, dim: int, axes: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
         return tuple(axes if d == dim else () for d in range(rank))
 
-    def summed(x: Value, axes: tuple[str, ...], loc: Location) -> Value:
-        return emit(ALL_REDUCE, x, x.type, loc, axes=axes, monoid="add")
+    def summed(x: Value, site: Site, axes: tuple[str, ...], loc: Location) -> Value:
+        return emit(ALL_REDUCE, x, x.type, loc, axes=axes,
+                    monoid=plan.monoids.get(site, "add"))
 
     def axes_per_dim(v: Value) -> tuple[tuple[str, ...], ...]:
         return tuple(plan.group_axes.get(a.find(n), ()) for n in a.dims_of[a.values[v]])
@@ -898,7 +911,7 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
         if not axes:
             return sub[v]
         if v not in whole:
-            whole[v] = summed(sub[v], axes, made.get(v, UNKNOWN_LOCATION))
+            whole[v] = summed(sub[v], site, axes, made.get(v, UNKNOWN_LOCATION))
         return whole[v]
 
     for k, op in enumerate(region.ops):
@@ -914,7 +927,7 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
             slicing = None
             if prim.syncs:  # a control-flow op in a region: the axes slicing it
                 slicing = Slicing(tuple(map(axes_per_dim, op.operands)), sizes,
-                                  tuple(map(axes_per_dim, op.results)))
+                                  tuple(map(axes_per_dim, op.results)), plan.apply)
             local = prim.localize(OpView(
                 op.name, op.params, tuple(v.type for v in operands),
                 tuple(v.type for v in results), slicing, tuple(op.regions)))
@@ -922,11 +935,21 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
                 params, regions = local.params, list(local.regions)
             else:
                 params = local
-        ops.append(Op(op.name, operands, results, params, regions, op.loc, op.prim))
+        sliced = _sliced_factors(op, a, plan) if prim is not None and prim.positional else {}
+        if sliced:
+            if plan.apply is None:
+                raise ValueError(f"{op.name} at {op.loc} computes its tile from its position: "
+                                 f"localizing its region needs `Slicing.apply`")
+            made_ops, results = plan.apply(op, params, operands, [r.type for r in results],
+                                           sliced, sizes)
+            ops.extend(made_ops)
+        else:
+            ops.append(Op(op.name, operands, results, params, regions, op.loc, op.prim))
         for r, (g, lr) in enumerate(zip(op.results, results, strict=True)):
             made[g] = op.loc
-            axes = plan.syncs.get((top, k, -1 - r))
-            sub[g] = summed(lr, axes, op.loc) if axes else lr
+            site = (top, k, -1 - r)
+            axes = plan.syncs.get(site)
+            sub[g] = summed(lr, site, axes, op.loc) if axes else lr
     yields = [read_whole(v, (top, -1, k)) for k, v in enumerate(region.yields)]
     for k, x in enumerate(yields):
         for dim, axes in plan.scatters.get((top, k), ()):
@@ -938,6 +961,24 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
                          axes=per_dim(len(shape), dim, (axis,)), monoid="add")
         yields[k] = x
     return Region(args, ops, yields)
+
+
+def _sliced_factors(op: Op, a: _Analysis, plan: _Plan) -> dict[int, tuple[str, ...]]:
+    """The factors of a region op's rule that the plan slices, each with its axes."""
+    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                  tuple(v.type for v in op.results))
+    rule = CATALOGUE[op.name].rule(view)
+    out = {}
+    for f in range(len(rule.factors)):
+        at = [(v, d) for vs, dims in ((op.operands, rule.operand_dims[f]),
+                                       (op.results, rule.result_dims[f]))
+              for v, d in zip(vs, dims, strict=True) if d is not None]
+        if at:
+            v, d = at[0]
+            axes = plan.group_axes.get(a.find(a.dims_of[a.values[v]][d]))
+            if axes:
+                out[f] = axes
+    return out
 
 
 def control_flops(view: OpView, rule: ShardingRule | None) -> float:

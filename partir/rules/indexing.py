@@ -5,7 +5,8 @@ dimensions taken whole) are pass-through factors. An operand dimension indexed e
 element (the rows of an embedding table) is a factor too: every tile handles only the
 indices that fall in its chunk, so for a gather it is a reduction (the tiles' results
 add up, rows outside a chunk gathering 0) and for a scatter a pass-through factor. Such
-tiles compute from their offsets, which the Core materializer makes explicit.
+tiles compute from their offsets (each declaration's `apply`): they handle only the
+indices that fall in their chunk, shifted to the chunk's start.
 
 Rules may be built on local types with the op's parameters still the global ones: a
 window "taken whole" is therefore tested as `window >= operand size`.
@@ -13,6 +14,7 @@ window "taken whole" is therefore tested as `window >= operand size`.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -34,6 +36,50 @@ def localize_slice_sizes(view: OpView) -> dict:
     sizes = tuple(min(s, n) for s, n in zip(view.params["slice_sizes"],
                                             view.in_types[0].shape, strict=True))
     return {**view.params, "slice_sizes": sizes}
+
+
+def _start_columns(indices, start_dims, unit_dims, window, op: OpView, ctx):
+    """(global start, largest in-bounds start, start of the local chunk) per index column.
+
+    Unit-window dims may be sliced, so their starts are global; any other indexed dim is
+    local only when taken whole, where local and global bounds are both 0.
+    """
+    local_shape, global_shape = op.in_types[0].shape, ctx.in_types[0].shape
+    cols = []
+    for p, d in enumerate(start_dims):
+        if d in unit_dims:
+            cols.append((indices[..., p], global_shape[d] - 1, ctx.operand_offset(0, d)))
+        else:
+            cols.append((indices[..., p], local_shape[d] - window[d], 0))
+    return cols
+
+
+def _wide(col):
+    # Shifted by a chunk offset, a start can leave a narrow or unsigned index dtype's range.
+    return lax.convert_element_type(col, np.int64 if col.dtype.itemsize == 8 else np.int32)
+
+
+def _local_indices(cols, clip: bool):
+    """Starts relative to the local chunk; clamping (CLIP) must use the global bounds."""
+    out = []
+    for col, hi, off in cols:
+        if clip:
+            col = jnp.clip(col, 0, min(hi, np.iinfo(col.dtype).max))
+        col = _wide(col)
+        out.append(col - lax.convert_element_type(off, col.dtype))
+    return jnp.stack(out, axis=-1)
+
+
+def _in_bounds(cols):
+    ok = True
+    for col, hi, _ in cols:
+        col = _wide(col)
+        ok = jnp.logical_and(ok, jnp.logical_and(col >= 0, col <= hi))
+    return ok
+
+
+def _unit_dim_sliced(ctx, start_dims, unit_dims) -> bool:
+    return any(d in unit_dims and ctx.slices_operand(0, d) for d in start_dims)
 
 
 # --- gather ------------------------------------------------------------------------------
@@ -77,8 +123,29 @@ def gather_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
+def gather_apply(op: OpView, prim, operands, ctx):
+    dn = op.params["dimension_numbers"]
+    operand, indices = operands
+    if not _unit_dim_sliced(ctx, dn.start_index_map, dn.collapsed_slice_dims):
+        return [prim.bind(operand, indices, **op.params)]
+    mode = op.params["mode"]
+    cols = _start_columns(indices, dn.start_index_map, dn.collapsed_slice_dims,
+                          op.params["slice_sizes"], op, ctx)
+    # Rows outside this chunk gather 0, so the #sum over chunks keeps the one real row.
+    # Widened unsigned starts need not stay sorted.
+    local = prim.bind(operand, _local_indices(cols, clip=mode != Mode.FILL_OR_DROP),
+                      **{**op.params, "mode": Mode.FILL_OR_DROP, "fill_value": 0,
+                         "indices_are_sorted": False})
+    if mode != Mode.FILL_OR_DROP:
+        return [local]
+    # A row out of the global bounds is 0 in every chunk: its fill value goes in once.
+    fill = jnp.logical_and(jnp.logical_not(_in_bounds(cols)), ctx.is_first(0))
+    fill = jnp.expand_dims(fill, tuple(dn.offset_dims))
+    return [jnp.where(fill, jnp.asarray(op.params["fill_value"], local.dtype), local)]
+
+
 declare("gather", Primitive(
-    Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes, positional=True,
+    Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes, apply=gather_apply,
     doc="indices batch / operand-and-indices batching / whole window -> tile; indexed "
         "unit-window operand dim -> #sum"))
 
@@ -87,7 +154,7 @@ declare("gather", Primitive(
 #
 # Batching dims and whole windows pass through for every scatter, as does an indexed
 # unit-window operand dim (each chunk of the operand takes the updates whose index falls
-# in it: `partir.core.tmr.scatter`). The updates' scatter dims differ:
+# in it: `scatter_local`). The updates' scatter dims differ:
 #
 # - scatter-add (and scatter-sub, operand - sum of updates) and scatter-min/max: a
 #   reduction with the add / min / max monoid. Tiles of the updates each scatter into the
@@ -146,18 +213,58 @@ def scatter_flops(view: OpView, rule: ShardingRule | None) -> float:
     return float(view.in_types[2].size if rule is None else rule.elements_of_operand(2))
 
 
+def _scatter_windows(dn, operand_shape, updates_shape) -> dict[int, int]:
+    """Window size of every operand dim that has an update window dim."""
+    dims = window_dims(len(operand_shape), dn.inserted_window_dims, dn.operand_batching_dims)
+    return {d: updates_shape[u] for d, u in zip(dims, dn.update_window_dims, strict=True)}
+
+
+def scatter_local(op: OpView, indices, ctx):
+    """(indices, params) of a scatter tile: where an indexed unit-window operand dim is
+    sliced, the indices relative to the operand's chunk, out-of-chunk updates dropped."""
+    dn = op.params["dimension_numbers"]
+    params = op.params
+    if _unit_dim_sliced(ctx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
+        windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
+        cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
+                              dn.inserted_window_dims, windows, op, ctx)
+        # Updates outside this chunk must be dropped, not clamped into it; widened unsigned
+        # starts need not stay sorted.
+        indices = _local_indices(cols, clip=params["mode"] == Mode.CLIP)
+        params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}
+    return indices, params
+
+
+def scatter_add_apply(op: OpView, prim, operands, ctx):
+    """scatter-add's and scatter-sub's tile: where the tiles' results are summed, the
+    operand is kept in one of them only (operand - p0 + (0 - p1) + ... for sub)."""
+    operand, indices, updates = operands
+    if ctx.sums_result(0):
+        operand = jnp.where(ctx.is_first(0), operand, jnp.zeros_like(operand))
+    indices, params = scatter_local(op, indices, ctx)
+    return [prim.bind(operand, indices, updates, **params)]
+
+
+def scatter_apply(op: OpView, prim, operands, ctx):
+    """The other scatters' tile: min and max keep the operand in every tile (they are
+    idempotent); set and mul have no summed tiles."""
+    operand, indices, updates = operands
+    indices, params = scatter_local(op, indices, ctx)
+    return [prim.bind(operand, indices, updates, **params)]
+
+
 _TILES = "batching / whole window / indexed unit-window operand dim -> tile"
 declare(("scatter-add", "scatter-sub"), Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_add_apply,
     doc=f"updates batch -> #sum; {_TILES}"))
 declare("scatter-min", Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
     doc=f"updates batch -> #sum<min>; {_TILES}"))
 declare("scatter-max", Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
     doc=f"updates batch -> #sum<max>; {_TILES}"))
 declare(("scatter", "scatter-mul"), Primitive(
-    Kind.KERNEL, scatter_flops, scatter_rule, positional=True,
+    Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
     doc=f"updates batch whole; {_TILES}"))
 
 

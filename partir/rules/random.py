@@ -19,6 +19,10 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.random import threefry2x32_p
 
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops, per_point
 from partir.rules.elementwise import elementwise_rule, leading_dims_rule
@@ -56,12 +60,38 @@ def random_bits_localize(view: OpView) -> dict:
     return dict(view.params, shape=view.out_types[0].shape[view.in_types[0].rank:])
 
 
+def random_bits_apply(op: OpView, prim, operands, ctx):
+    """A tile of partitionable threefry bits hashes its own positions: threefry2x32 of
+    the key and the position's linear index in the global drawn shape, below 2**32 so its
+    high word is 0."""
+    (keys,) = operands
+    rank, out = keys.ndim, op.out_types[0].shape
+    global_drawn = ctx.out_types[0].shape[rank:]
+    if out[rank:] == global_drawn:
+        return [prim.bind(keys, **op.params)]
+    strides = np.cumprod((1, *global_drawn[:0:-1]))[::-1]
+    index = jnp.zeros(out, np.uint32)
+    for j, stride in enumerate(strides):
+        offset = lax.convert_element_type(ctx.result_offset(0, rank + j), np.uint32)
+        positions = lax.broadcasted_iota(np.uint32, out, rank + j) + offset
+        index = index + positions * np.uint32(stride)
+    data = jax.random.key_data(keys)
+    k1, k2 = (lax.broadcast_in_dim(data[..., w], out, tuple(range(rank))) for w in (0, 1))
+    bits1, bits2 = threefry2x32_p.bind(k1, k2, jnp.zeros(out, np.uint32), index)
+    width = op.params["bit_width"]
+    dtype = np.dtype(f"uint{width}")
+    if width == 64:
+        hi = lax.convert_element_type(bits1, dtype)
+        return [lax.shift_left(hi, dtype.type(32)) | lax.convert_element_type(bits2, dtype)]
+    return [lax.convert_element_type(bits1 ^ bits2, dtype)]
+
+
 # One counter-based hash per output element (random word or new key), fused with its
 # consumers as XLA fuses the iota/threefry/xor it lowers to; too costly to duplicate into
 # several of them.
 declare("random_bits", Primitive(
     Kind.ELEMENTWISE, per_point(THREEFRY_OPS), random_bits_rule,
-    localize=random_bits_localize, expensive=True, positional=True,
+    localize=random_bits_localize, expensive=True, apply=random_bits_apply,
     doc="t_d -> t_d for every dim d of the key array; ⊥ -> t_d for drawn dims of "
         "partitionable threefry bits"))
 declare("random_split", Primitive(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+
 from partir.ir.opnames import CONSTANT
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
 from partir.rules.factors import RuleBuilder, ShardingRule
@@ -219,8 +221,19 @@ def concatenate_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
+def concatenate_apply(op: OpView, prim, operands, ctx):
+    # The operands are whole along the dimension (`Factor.whole`), the other dims sliced
+    # alike; concatenated, they are the whole result there.
+    d = op.params["dimension"]
+    whole = prim.bind(*operands, **op.params)
+    size = op.out_types[0].shape[d]
+    if whole.shape[d] == size:
+        return [whole]
+    return [ctx.cut(whole, 0, d, size)]
+
+
 declare("concatenate", Primitive(
-    Kind.MOVEMENT, no_flops, concatenate_rule, positional=True,
+    Kind.MOVEMENT, no_flops, concatenate_rule, apply=concatenate_apply,
     doc="t_d, ..., t_d -> t_d for every d but the concatenated one; ⊥, ..., ⊥ -> t_d "
         "for the concatenated one, each tile cut out of the whole operands at its offset"))
 
@@ -365,10 +378,27 @@ def generated_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
+def iota_apply(op: OpView, prim, operands, ctx):
+    local = prim.bind(**op.params)
+    # The offset is 0 (and this a no-op) when the counting dim is not tiled.
+    offset = ctx.result_offset(0, op.params["dimension"])
+    if isinstance(offset, int) and offset == 0:
+        return [local]
+    return [local + jnp.asarray(offset).astype(local.dtype)]
+
+
+def constant_apply(op: OpView, prim, operands, ctx):
+    value = jnp.asarray(op.params["value"])
+    for d, size in enumerate(op.out_types[0].shape):
+        if size != value.shape[d]:
+            value = ctx.cut(value, 0, d, size)
+    return [value]
+
+
 declare("iota", Primitive(Kind.BROADCAST, no_flops, generated_rule,
-                          localize=_result_shape("shape"), positional=True,
+                          localize=_result_shape("shape"), apply=iota_apply,
                           doc="() -> t_d for every d; tiles of the counting dim add their "
                               "offset"))
-declare(CONSTANT, Primitive(Kind.BROADCAST, no_flops, generated_rule, positional=True,
+declare(CONSTANT, Primitive(Kind.BROADCAST, no_flops, generated_rule, apply=constant_apply,
                               doc="() -> t_d for every d; the tile is sliced at its "
                                   "offset"), jax=False)

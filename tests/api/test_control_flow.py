@@ -22,7 +22,7 @@ import partir
 from partir.core.materialize import materialize
 from partir.hlo import interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
 from partir.pipeline import lower
-from partir.rules.collectives import named_axes
+from partir.rules.collectives import ALL_REDUCE, named_axes
 from partir.rules.control import region_ops
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from tests.oracles import assert_tree_close
@@ -146,14 +146,24 @@ def test_a_while_predicate_summing_sharded_data_sums_it_on_every_device():
     assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
 
 
-def test_a_while_predicate_that_reads_sharded_data_otherwise_is_not_sharded_through():
+def test_a_while_predicate_taking_the_max_of_sharded_data_takes_it_on_every_device():
     def f(x):
         return lax.while_loop(lambda c: jnp.max(c) < 100.0, lambda c: c * 2.0, x + 10.0)
+
+    result, meta = _all_oracles(f, MESH, BP, X)
+    assert meta.collectives["all_gather"] == 0
+    (loop,) = _control_ops(result.program)
+    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+
+
+def test_a_while_predicate_that_reads_sharded_data_otherwise_is_not_sharded_through():
+    def f(x):
+        return lax.while_loop(lambda c: c[0, 0] < 100.0, lambda c: c * 2.0, x + 10.0)
 
     result = partir.core_partition(f, MESH, BP, X)
     (conflict,) = result.tactics[0].conflicts
     assert conflict.op == "while" and conflict.kind == "needs_replication"
-    assert conflict.detail.endswith("reduce_max in the body reduces it with max")
+    assert conflict.detail.endswith("in the body needs it whole")
     (loop,) = _control_ops(result.program)
     assert result.program.nest(loop) == ()
     assert_tree_close(result.interpret(X), f(X))
@@ -540,13 +550,47 @@ def test_a_convolution_in_a_switch_branch(groups):
     assert meta.collectives["all_gather"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: a body's max/min reduction of sliced data "
-                   "is not yet an all-reduce with its monoid; the loop is kept whole")
-@pytest.mark.parametrize("reduce", [jnp.max, jnp.min])
+@pytest.mark.parametrize("reduce", [jnp.max, jnp.min, jax.nn.logsumexp,
+                                    lambda c: jnp.max(jnp.sum(c, axis=1))])
 def test_a_max_or_min_reduction_in_a_body_keeps_the_loop_sliced(reduce):
+    """Reductions other than sums are all-reduced with their monoid where the body makes
+    them (a max of partial sums sums them first)."""
     def f(x):
         return lax.scan(lambda c, _: (c - reduce(c), None), x, None, length=2)[0]
 
-    _, meta = _all_oracles(f, MESH, BP, X)
+    result, meta = _all_oracles(f, MESH, BP, X)
     assert meta.collectives["all_gather"] == 0
+    assert {"max", "min"} & {inner.params["monoid"] for op in lower(result.program).hlo.ops
+                             for inner, _ in region_ops(op) if inner.name == ALL_REDUCE}
     assert meta.out_specs == (jax.sharding.PartitionSpec("batch", None),)
+
+
+def _dropout(c, key):
+    return jnp.where(jax.random.bernoulli(key, 0.75, c.shape), c / 0.75, 0.0)
+
+
+POSITIONAL = {
+    "iota": lambda c, _: c + lax.broadcasted_iota(jnp.float32, c.shape, 0),
+    "dropout": _dropout,
+    "gather": lambda c, _: c + jnp.take(c, jnp.asarray([1, 0, 3, 2, 5, 4, 7, 6]), axis=0,
+                                        mode="clip") * 0.5,
+}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("name", sorted(POSITIONAL))
+def test_a_primitive_computing_from_positions_in_a_body_keeps_the_loop_sliced(name, grad):
+    """A body op whose tile depends on where it lies (iota along the batch, dropout's
+    random bits, a gather of rows) computes it from the device's coordinate: the scan
+    keeps the batch sliced instead of gathering it."""
+    op = POSITIONAL[name]
+
+    def f(x, key):
+        keys = jax.random.split(key, 3)
+        return lax.scan(lambda c, k: (jnp.tanh(op(c, k)), None), x, keys)[0]
+
+    fn = (lambda x, key: jax.grad(lambda y: jnp.sum(f(y, key) ** 2))(x)) if grad else f
+    _, meta = _all_oracles(fn, MESH, BP, X, jax.random.key(3))
+    if name != "gather":  # its rows come from other devices' slices: gathered
+        assert meta.collectives["all_gather"] == 0
+        assert meta.out_specs[0] == jax.sharding.PartitionSpec("batch", None)

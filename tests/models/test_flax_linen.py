@@ -126,10 +126,9 @@ def test_megatron():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 28: a positional primitive (dropout's "
-                   "random bits) in a scan body blocks every dimension of the scan, so it "
-                   "stays replicated (and gathers the batch) under BP")
 def test_dropout_inside_scan():
+    # Dropout's random bits in the scanned body are drawn per device at its rows'
+    # positions (their declaration's `apply` at the device's coordinate).
     check_bp(*setup(dropout_in_scan=True), BP, batch=B)
 
 

@@ -74,6 +74,9 @@ class LocalContext:
         return lax.dynamic_slice_in_dim(value, self.result_offset(k, dim), size, axis=dim,
                                         allow_negative_indices=False)
 
+    def sums_result(self, k: int) -> bool:
+        return any(isinstance(lp.results[k], Sum) for lp in self.nest)
+
     def is_first(self, k: int) -> Any:
         """True on the single iteration of the `#sum` loops of result k whose indices are
         all 0: terms that must be added once, not once per iteration, are kept there."""

@@ -6,20 +6,19 @@ whole) and the action on every result (`Tile(d)` or `Sum(monoid)`): one per fact
 may be sliced, i.e. not a need-replication factor and, at the current factor sizes, the
 major factor of every dimension it is part of. A single propagation algorithm uses these
 mappings for all ops. Where the local op is not the same primitive on smaller operands,
-an `apply` computes it from the loop indices (e.g. `iota` adds the tile offset); the
-materializer turns that computation into explicit ops.
+its declaration's `apply` computes it from the tile's offsets (e.g. `iota` adds the tile
+offset); the materializer turns that computation into explicit ops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from partir.core.actions import ANY, Action, Sum, Tile
 from partir.registry import Registry
 from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
-from partir.rules.catalogue import Localized
+from partir.rules.catalogue import ApplyFn, Localized
 
 
 @dataclass(frozen=True)
@@ -66,19 +65,17 @@ def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
     return out
 
 
-# apply(view, prim, operands, ctx) -> results; `view` is the local one with localized
-# params, `ctx` a LocalContext giving the tile's offsets.
-ApplyFn = Callable[[OpView, Any, Sequence[Any], Any], list[Any]]
-
-
 @dataclass(frozen=True)
 class Entry:
     primitive: Primitive
-    apply: ApplyFn | None = None
 
     @property
     def localize(self):
         return self.primitive.localize
+
+    @property
+    def apply(self) -> ApplyFn | None:
+        return self.primitive.apply
 
     def rule(self, view: OpView) -> ShardingRule:
         return self.primitive.rule(view)
@@ -93,18 +90,6 @@ REGISTRY: Registry[Entry] = Registry("TMR entry")
 for _name, _primitive in CATALOGUE.items():
     if _primitive.rule is not None:
         REGISTRY.register(_name, Entry(_primitive))
-
-
-def register_apply(name: str, apply: ApplyFn) -> None:
-    """Give the entry of `name` the index-dependent computation of its tiles."""
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise ValueError(f"no TMR entry for {name!r} to give an apply to")
-    if entry.apply is not None:
-        raise ValueError(f"the TMR entry for {name!r} has an apply already")
-    if not entry.primitive.positional:
-        raise ValueError(f"{name!r} has an apply but its declaration is not positional")
-    REGISTRY[name] = Entry(entry.primitive, apply)
 
 
 def lookup(name: str) -> Entry | None:
