@@ -141,6 +141,15 @@ RegionApplyFn = Callable[[Any, Mapping[str, Any], Sequence[Any], Sequence[Tensor
                          tuple[list[Any], list[Any]]]
 
 
+# How partial sums pass through an op (`Primitive.linear`): the op of the sums is the sum
+# of the op's results on the summands when its operands are partial sums (over the same
+# slices) as follows. "all": every operand, literals excluded (add, reshape); "one":
+# exactly one, the others the same on every slice (mul, dot_general); "cases": all but
+# the first, which is the same on every slice (select_n); a tuple: the operands at those
+# positions, the others the same on every slice (div's numerator).
+Linearity = str | tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Primitive:
     kind: Kind
@@ -159,6 +168,7 @@ class Primitive:
     # the padding out of the partial sums: true of ops that reduce what they are given,
     # not of loops whose bodies compute non-linearly before they reduce.
     masks_padding: bool = True
+    linear: Linearity | None = None  # None: a partial sum must be summed before it
     # Its local op may hold collectives over the axes slicing it (a loop body summing a
     # partial result over the slices before using it): `localize` reads `view.slicing`.
     syncs: bool = False

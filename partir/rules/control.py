@@ -65,16 +65,6 @@ CALLS = {
     "checkpoint": "jaxpr",
 }
 
-# Ops through which a partial sum stays a partial sum, by how their operands may be
-# partial: "all" (every non-literal operand partial: add), "one" (exactly one partial,
-# the others independent of the group: mul, dot_general), or the operand positions that
-# must be partial while the rest are independent (div's numerator, select_n's cases).
-_SUMS = {"add": "all", "add_any": "all", "sub": "all", "concatenate": "all",
-         "mul": "one", "dot_general": "one", "div": (0,)}
-_UNARY_LINEAR = {"neg", "convert_element_type", "reshape", "transpose", "broadcast_in_dim",
-                 "squeeze", "expand_dims", "reduce_sum", "copy", "copy_p", "slice",
-                 "reduce_precision"}
-
 Node = int  # a dimension of a body value or of the op's operands/results
 # A body op's reduction over a group: a node of the group, the results partial over it,
 # and the monoid combining the slices' partial results.
@@ -348,23 +338,21 @@ class _Flow:
 
 
 def _linear(name: str, ins: list[int | None], at: list[int], differ: set[int]) -> bool:
-    """Whether the op's results are partial sums when its operands `at` are (and so the
-    sum of the slices' results is the op applied to the sum); `differ` are the values
-    that differ between slices."""
-    if name in _UNARY_LINEAR and len(ins) == 1:
-        return True
+    """Whether the op's results are partial sums when its operands `at` are, as its
+    declaration's `linear` says (and so the sum of the slices' results is the op applied
+    to the sum); `differ` are the values that differ between slices."""
+    prim = CATALOGUE.get(name)
+    how = None if prim is None else prim.linear
     # literals count as operands that are not partial sums: c + 1 is not linear
     others = [i for i in range(len(ins)) if i not in at]
     independent = all(ins[i] is None or ins[i] not in differ for i in others)
-    how = _SUMS.get(name)
     if how == "all":
         return not others
     if how == "one":
         return len(at) == 1 and independent
-    if isinstance(how, tuple):
-        return set(at) <= set(how) and independent
-    # select_n(p, a, b) of partial cases is partial if p is the same everywhere
-    return name == "select_n" and others == [0] and independent
+    if how == "cases":
+        return others == [0] and independent
+    return isinstance(how, tuple) and set(at) <= set(how) and independent
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ dim) do not have the factor of that dimension: every tile of the result reads al
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from partir.ir.opnames import ATOMIC, SHARDING_CONSTRAINT, TAG, TILE
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops, per_point
@@ -75,8 +76,14 @@ def _leading(in_shapes: tuple[tuple[int, ...], ...],
 
 
 ELEMENTWISE_DOC = "t_d, ..., t_d -> t_d for every dimension d"
-declare(CHEAP_UNARY + CHEAP_BINARY + NARY,
-        Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, doc=ELEMENTWISE_DOC))
+_CHEAP = Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, doc=ELEMENTWISE_DOC)
+# The cheap ops through which partial sums stay partial sums (`Primitive.linear`).
+_LINEAR = {"add": "all", "add_any": "all", "sub": "all", "neg": "all", "copy": "all",
+           "convert_element_type": "all", "reduce_precision": "all", "mul": "one",
+           "div": (0,), "select_n": "cases"}
+declare([n for n in CHEAP_UNARY + CHEAP_BINARY + NARY if n not in _LINEAR], _CHEAP)
+for _name, _how in _LINEAR.items():
+    declare(_name, replace(_CHEAP, linear=_how))
 declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY + EXPENSIVE_NARY,
         Primitive(Kind.ELEMENTWISE, per_point(1), elementwise_rule, expensive=True,
                   doc=ELEMENTWISE_DOC))

@@ -28,5 +28,6 @@ def dot_general_rule(view: OpView) -> ShardingRule:
 
 # 2 FLOPs (a multiply and an add) per point: per output element and contracted element.
 declare("dot_general", Primitive(Kind.KERNEL, per_point(2), dot_general_rule, matmul=True,
+                                 linear="one",
                                  doc="matmul: batch/free -> tile, contracting -> #sum"))
 

@@ -10,6 +10,7 @@ scans, sorts and top_k along a sliced dimension would need cross-iteration fix-u
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from partir.ir.monoids import of_reduce
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, per_point
@@ -96,11 +97,12 @@ def top_k_flops(view: OpView, rule: ShardingRule | None) -> float:
     return float(rule.elements_of_operand(0)) * max(1.0, math.log2(max(view.params["k"], 1)))
 
 
-declare(("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "reduce_prod",
-         "reduce_xor"),
-        Primitive(Kind.REDUCTION, per_point(1), reduce_rule,
-                  doc="kept dims -> tile; a reduced dim -> #sum<monoid> (not prod/xor, "
-                      "and/or on bool only)"))
+_REDUCE = Primitive(Kind.REDUCTION, per_point(1), reduce_rule,
+                    doc="kept dims -> tile; a reduced dim -> #sum<monoid> (not prod/xor, "
+                        "and/or on bool only)")
+declare(("reduce_max", "reduce_min", "reduce_and", "reduce_or", "reduce_prod", "reduce_xor"),
+        _REDUCE)
+declare("reduce_sum", replace(_REDUCE, linear="all"))
 declare(("argmax", "argmin"),
         Primitive(Kind.REDUCTION, per_point(1), argreduce_rule, doc="kept dims -> tile"))
 declare(("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"),

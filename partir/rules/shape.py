@@ -53,7 +53,7 @@ def broadcast_in_dim_rule(view: OpView) -> ShardingRule:
 
 declare("broadcast_in_dim", Primitive(
     Kind.BROADCAST, no_flops, broadcast_in_dim_rule, localize=_result_shape("shape"),
-    doc="t_i -> t_d for operand dim i broadcast to result dim d of the same size; "
+    linear="all", doc="t_i -> t_d for operand dim i broadcast to result dim d of the same size; "
         "⊥ -> t_d for new and size-1-broadcast result dims"))
 
 
@@ -140,7 +140,7 @@ def reshape_rule(view: OpView) -> ShardingRule:
 
 
 declare("reshape", Primitive(
-    Kind.FREE, no_flops, reshape_rule, localize=_result_shape("new_sizes"),
+    Kind.FREE, no_flops, reshape_rule, localize=_result_shape("new_sizes"), linear="all",
     doc="t_i -> t_o where i and o are the major dims of a group of merged/split dims"))
 
 
@@ -155,7 +155,7 @@ def transpose_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
-declare("transpose", Primitive(Kind.MOVEMENT, no_flops, transpose_rule,
+declare("transpose", Primitive(Kind.MOVEMENT, no_flops, transpose_rule, linear="all",
                                doc="t_perm[d] -> t_d"))
 
 
@@ -168,7 +168,7 @@ def squeeze_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
-declare("squeeze", Primitive(Kind.FREE, no_flops, squeeze_rule,
+declare("squeeze", Primitive(Kind.FREE, no_flops, squeeze_rule, linear="all",
                              doc="t_i -> t_d for every kept operand dim i"))
 
 
@@ -233,7 +233,7 @@ def concatenate_apply(op: OpView, prim, operands, ctx):
 
 
 declare("concatenate", Primitive(
-    Kind.MOVEMENT, no_flops, concatenate_rule, apply=concatenate_apply,
+    Kind.MOVEMENT, no_flops, concatenate_rule, apply=concatenate_apply, linear="all",
     doc="t_d, ..., t_d -> t_d for every d but the concatenated one; ⊥, ..., ⊥ -> t_d "
         "for the concatenated one, each tile cut out of the whole operands at its offset"))
 
@@ -362,7 +362,7 @@ def slice_localize(view: OpView) -> dict:
 
 
 declare("slice", Primitive(Kind.MOVEMENT, no_flops, slice_rule, localize=slice_localize,
-                           doc="t_d -> t_d for every dim d taken whole"))
+                           linear="all", doc="t_d -> t_d for every dim d taken whole"))
 
 
 # --- values made from nothing --------------------------------------------------------------
