@@ -141,6 +141,47 @@ RegionApplyFn = Callable[[Any, Mapping[str, Any], Sequence[Any], Sequence[Tensor
                          tuple[list[Any], list[Any]]]
 
 
+@dataclass(frozen=True)
+class Edge:
+    """A data-flow edge between one of an op's values and one of its regions' (Shardy's
+    `ShardableDataFlowOpInterface`): operand (or result) `value` and argument (or yield)
+    `position` of region `region`. The op's value has `lead` more leading dimensions,
+    one per iteration (a scan's scanned operands and stacked results); the others are
+    the same dimensions on both sides, sharded alike."""
+
+    value: int
+    region: int
+    position: int
+    lead: int = 0
+
+
+@dataclass(frozen=True)
+class Carry:
+    """A loop-carried value: operand `operand` is the arguments `args` (region,
+    position) of the first iteration, the yield `made` (region, position) of each
+    iteration is them in the next, and result `result` after the last."""
+
+    operand: int
+    args: tuple[tuple[int, int], ...]
+    made: tuple[int, int]
+    result: int
+
+
+@dataclass(frozen=True)
+class DataFlow:
+    """How a control-flow op's operands and results meet its regions' values."""
+
+    entries: tuple[Edge, ...]  # operand -> region argument, anew each iteration
+    exits: tuple[Edge, ...]  # region yield -> result, made anew each iteration
+    carries: tuple[Carry, ...] = ()
+    predicate: tuple[int, int] | None = None  # (region, yield): a while loop's condition
+
+
+# data_flow(view) -> the op's data-flow edges (its regions may be absent from the view
+# where only its carries are asked for).
+DataFlowFn = Callable[[OpView], DataFlow]
+
+
 # How partial sums pass through an op (`Primitive.linear`): the op of the sums is the sum
 # of the op's results on the summands when its operands are partial sums (over the same
 # slices) as follows. "all": every operand, literals excluded (add, reshape); "one":
@@ -169,6 +210,7 @@ class Primitive:
     # not of loops whose bodies compute non-linearly before they reduce.
     masks_padding: bool = True
     linear: Linearity | None = None  # None: a partial sum must be summed before it
+    data_flow: DataFlowFn | None = None  # an op with regions: how its values meet theirs
     # Its local op may hold collectives over the axes slicing it (a loop body summing a
     # partial result over the slices before using it): `localize` reads `view.slicing`.
     syncs: bool = False

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,9 @@ from partir.ir.types import TensorType
 from partir.ir.verifier import register_type_rule
 from partir.rules.catalogue import (
     CATALOGUE,
+    Carry,
+    DataFlow,
+    Edge,
     Kind,
     Localized,
     OpView,
@@ -181,7 +184,7 @@ class _Analysis:
                 self.block(dims or (), f"{name} in the body has no sharding rule")
         else:
             reduced = self._factors(name, rule, in_dims, out_dims)
-            if name in _EDGES:
+            if prim.data_flow is not None:
                 self._nest(_groups(view), in_dims, out_dims)
         self.eqns.append((name, reduced))
         self.flows.append((ins, outs))
@@ -384,89 +387,107 @@ class _Edges:
 Entry = tuple[int, int, int]
 
 
-def _scan(a: _Analysis, view: OpView) -> _Edges:
-    p = view.params
-    nc, nk = p["num_consts"], p["num_carry"]
+def scan_flow(view: OpView) -> DataFlow:
+    """The consts and the scanned operands' slices (one leading dimension fewer) enter
+    the body each iteration, the carries loop through it, and each iteration's body
+    results make one slice of the stacked results."""
+    nc, nk = view.params["num_consts"], view.params["num_carry"]
+    return DataFlow(
+        entries=(*(Edge(i, 0, i) for i in range(nc)),
+                 *(Edge(i, 0, i, lead=1) for i in range(nc + nk, len(view.in_types)))),
+        exits=tuple(Edge(k, 0, k, lead=1) for k in range(nk, len(view.out_types))),
+        carries=tuple(Carry(nc + k, ((0, nc + k),), (0, k), k) for k in range(nk)))
+
+
+def while_flow(view: OpView) -> DataFlow:
+    """The predicate's consts enter region 0 (the predicate), the body's region 1; the
+    carries are arguments of both, and the body makes their next values."""
+    cn, bn = view.params["cond_nconsts"], view.params["body_nconsts"]
+    nk = len(view.in_types) - cn - bn
+    return DataFlow(
+        entries=(*(Edge(i, 0, i) for i in range(cn)),
+                 *(Edge(cn + i, 1, i) for i in range(bn))),
+        exits=(),
+        carries=tuple(Carry(cn + bn + k, ((0, cn + k), (1, bn + k)), (1, k), k)
+                      for k in range(nk)),
+        predicate=(0, 0))
+
+
+def cond_flow(view: OpView) -> DataFlow:
+    """The operands after the branch index enter every branch; every branch makes the
+    results."""
+    branches = range(len(view.regions))
+    return DataFlow(
+        entries=tuple(Edge(i, b, i - 1) for b in branches for i in range(1, len(view.in_types))),
+        exits=tuple(Edge(k, b, k) for b in branches for k in range(len(view.out_types))))
+
+
+def _edges(a: _Analysis, view: OpView) -> _Edges:
+    """The op's values in the analysis, its regions walked, joined along its data-flow
+    edges."""
+    flow = CATALOGUE[view.name].data_flow(view)
     ops = [a.value(t.shape) for t in view.in_types]
     res = [a.value(t.shape) for t in view.out_types]
-    args = []
-    for i, v in enumerate(ops):
-        if i < nc + nk:
-            args.append(v)
-        else:  # a scanned operand: the body sees a slice of its leading dimension
-            a.block(a.dims_of[v][:1], "it is the scanned dimension")
-            args.append(a.value(view.in_types[i].shape[1:]))
-            for x, y in zip(a.dims_of[v][1:], a.dims_of[args[-1]], strict=True):
+    args: list[list[int]] = [[-1] * len(r.args) for r in view.regions]
+    for e in flow.entries:
+        v = ops[e.value]
+        if e.lead:  # the region sees one slice of the leading dimensions
+            a.block(a.dims_of[v][:e.lead], "it is the scanned dimension")
+            sliced = a.value(view.in_types[e.value].shape[e.lead:])
+            for x, y in zip(a.dims_of[v][e.lead:], a.dims_of[sliced], strict=True):
                 a.union(x, y)
-    top = a.frames
-    outs = a.body(view.regions[0], args)
-    for k, (o, r) in enumerate(zip(outs, res, strict=True)):
-        if k < nk:
-            a.join(ops[nc + k], o)
-            a.join(o, r)
-        else:  # a stacked result: the body makes one slice of it
-            a.block(a.dims_of[r][:1], "it is the scanned dimension")
-            for x, y in zip(a.dims_of[o], a.dims_of[r][1:], strict=True):
-                a.union(x, y)
-    entries = {i: [(top, i, 0 if i < nc else 1)] for i in range(len(ops))
-               if not nc <= i < nc + nk}
-    exits = {k: [(top, k, 1)] for k in range(nk, len(res))}
-    return _Edges(ops, res, [[o] for o in outs], {k: ops[nc + k] for k in range(nk)},
-                  _zeros(p), top, entries, exits, [top])
-
-
-def _while(a: _Analysis, view: OpView) -> _Edges:
-    p = view.params
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    ops = [a.value(t.shape) for t in view.in_types]
-    res = [a.value(t.shape) for t in view.out_types]
-    carries = ops[cn + bn:]
-    cond = a.frames
-    a.predicates += a.body(view.regions[0], ops[:cn] + carries)
-    body = a.frames
-    outs = a.body(view.regions[1], ops[cn:cn + bn] + carries)
-    for c, o, r in zip(carries, outs, res, strict=True):
-        a.join(c, o)
-        a.join(o, r)
-    entries = {i: [(cond, i, 0)] if i < cn else [(body, i - cn, 0)] for i in range(cn + bn)}
-    return _Edges(ops, res, [[o] for o in outs], dict(enumerate(carries)), _zeros(p),
-                  body, entries, tops=[cond, body])
-
-
-def _cond(a: _Analysis, view: OpView) -> _Edges:
-    ops = [a.value(t.shape) for t in view.in_types]
-    res = [a.value(t.shape) for t in view.out_types]
+            v = sliced
+        args[e.region][e.position] = v
+    for c in flow.carries:
+        for region, position in c.args:
+            args[region][position] = ops[c.operand]
+    tops, outs = [], []
+    for region, region_args in zip(view.regions, args, strict=True):
+        tops.append(a.frames)
+        outs.append(a.body(region, region_args))
+    if flow.predicate is not None:
+        a.predicates.append(outs[flow.predicate[0]][flow.predicate[1]])
     sources: list[list[int]] = [[] for _ in res]
-    branches = []
-    for branch in view.regions:
-        branches.append(a.frames)
-        for k, (o, r) in enumerate(zip(a.body(branch, ops[1:]), res, strict=True)):
-            a.join(o, r)
-            sources[k].append(o)
-    entries = {i: [(b, i - 1, 0) for b in branches] for i in range(1, len(ops))}
-    exits = {k: [(b, k, 0) for b in branches] for k in range(len(res))}
-    return _Edges(ops, res, sources, entries=entries, exits=exits, tops=branches)
+    for c in flow.carries:
+        made = outs[c.made[0]][c.made[1]]
+        a.join(ops[c.operand], made)
+        a.join(made, res[c.result])
+        sources[c.result].append(made)
+    for e in flow.exits:
+        made, r = outs[e.region][e.position], res[e.value]
+        a.block(a.dims_of[r][:e.lead], "it is the scanned dimension")
+        for x, y in zip(a.dims_of[made], a.dims_of[r][e.lead:], strict=True):
+            a.union(x, y)
+        sources[e.value].append(made)
+    entries: dict[int, list[Entry]] = {}
+    for e in flow.entries:
+        entries.setdefault(e.value, []).append((tops[e.region], e.position, e.lead))
+    exits: dict[int, list[Entry]] = {}
+    for e in flow.exits:
+        exits.setdefault(e.value, []).append((tops[e.region], e.position, e.lead))
+    body = tops[flow.carries[0].made[0]] if flow.carries else None
+    return _Edges(ops, res, sources, {c.result: ops[c.operand] for c in flow.carries},
+                  _zeros(view.params), body, entries, exits, tops)
 
 
 def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
     """The operands a loop primitive starts its carries from (None: not a loop)."""
-    if name == "scan":
-        nc = params["num_consts"]
-        return operands[nc:nc + params["num_carry"]]
-    if name == "while":
-        return operands[params["cond_nconsts"] + params["body_nconsts"]:]
-    return None
+    prim = CATALOGUE.get(name)
+    if prim is None or prim.data_flow is None:
+        return None
+    view = OpView(name, params, tuple(TensorType((), np.dtype("float32")) for _ in operands),
+                  ())
+    carries = prim.data_flow(view).carries
+    return [operands[c.operand] for c in carries] if carries else None
 
 
 def _zeros(params: Any) -> frozenset[int]:
     return frozenset(k for k, z in enumerate(params.get("_zero_init", ())) if z)
 
 
-_EDGES: dict[str, Callable[[_Analysis, OpView], _Edges]] = {
-    "scan": _scan, "while": _while, "cond": _cond}
 # The control-flow primitives: kept whole by the frontend, their bodies' tags named by
 # tactics (`partir.frontend.BodyTag`).
-CONTROL_FLOW = tuple(_EDGES)
+CONTROL_FLOW = ("scan", "while", "cond")
 
 
 @dataclass(frozen=True)
@@ -494,7 +515,7 @@ def _key(view: OpView) -> tuple:
 
 def _analyze(view: OpView) -> _Groups:
     a = _Analysis()
-    edges = _EDGES[view.name](a, view)
+    edges = _edges(a, view)
     bad = a.unsliceable()
     find = a.find
     b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
@@ -992,8 +1013,10 @@ def _region_flops(region: Region) -> float:
     return total
 
 
-declare(CONTROL_FLOW, Primitive(
+_CONTROL = Primitive(
     Kind.KERNEL, control_flops, control_rule, localize=localize, masks_padding=False,
     syncs=True,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
-        "outputs -> #sum; the rest replicated"))
+        "outputs -> #sum; the rest replicated")
+for _name, _flow in zip(CONTROL_FLOW, (scan_flow, while_flow, cond_flow), strict=True):
+    declare(_name, replace(_CONTROL, data_flow=_flow))
