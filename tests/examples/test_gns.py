@@ -165,6 +165,7 @@ def test_counts_without_layer_norm_and_on_a_2d_mesh():
     assert _collectives(24, mesh=(("batch", 4), ("model", 2))) == expected(GNS)
 
 
+@pytest.mark.slow
 def test_all_reduces_by_what_they_reduce():
     """Each all_reduce's operand shape tells its cause (the weight gradients come out of
     the backward matmuls transposed)."""

@@ -21,6 +21,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPECTED)
 def test_padded_schedule_runs_equal_to_the_unpartitioned_function(name):
     sf = load_schedule_file(EXAMPLE / f"{name}.partir.py")

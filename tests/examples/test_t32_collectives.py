@@ -140,6 +140,7 @@ def test_the_model_has_the_papers_289_parameter_tensors():
     assert len(jax.tree.leaves(params)) == PER_BLOCK * T32 + 1 == 289
 
 
+@pytest.mark.slow
 def test_metadata_of_bp_mp_matches_the_paper_per_tactic():
     meta = _bp_mp_metadata()
     assert [t.name for t in meta.tactics] == ["BP", "MP"]
@@ -149,6 +150,7 @@ def test_metadata_of_bp_mp_matches_the_paper_per_tactic():
     assert meta.tactics[0].collectives == expected("BP", T32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["BP", "MP", "BP+MP"])
 def test_rows_equal_to_the_paper(name):
     assert _table(_collectives(name, T32)) == PAPER[name]

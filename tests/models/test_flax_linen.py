@@ -103,6 +103,7 @@ def setup(dropout_in_scan: bool = False):
     return make_step(model, tx), inputs(model, tx)
 
 
+@pytest.mark.slow
 def test_bp():
     # Nothing to gather: the matmuls, BatchNorm's statistics (a sum over the examples,
     # all_reduced), dropout's masks and the scan all run on the local examples.

@@ -65,6 +65,7 @@ def test_bp():
     assert_tree_close(c.result[4], c.expected[4])
 
 
+@pytest.mark.slow
 def test_zero3():
     check_zero3(*setup(), BP, batch=B)
 

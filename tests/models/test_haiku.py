@@ -56,6 +56,7 @@ def inputs():
     return params, ema_state, TX.init(params), x, y
 
 
+@pytest.mark.slow
 def test_bp():
     check_bp(step, inputs(), BP, batch=B)
 

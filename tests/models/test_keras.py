@@ -53,12 +53,14 @@ def setup():
     return step, (trainable, non_trainable, tx.init(trainable), x, y)
 
 
+@pytest.mark.slow
 def test_bp():
     c = check_bp(*setup(), BP, batch=B)
     # The normalization's moving statistics, updated from the whole (sharded) batch.
     assert_tree_close(c.result[4], c.expected[4])
 
 
+@pytest.mark.slow
 def test_zero3():
     # Each trainable variable's first dimension is divisible by 8: ZeRO-3 shards dimension
     # 0, and the gradients are asked to come back the same way with `out_shardings` ...

@@ -192,6 +192,7 @@ class _Scanned(nn.Module):
         return jnp.mean(h ** 2)
 
 
+@pytest.mark.slow
 def test_an_annotation_inside_a_flax_scan_body_slices_the_scan():
     model = _Scanned()
     x = jnp.asarray(np.random.default_rng(3).normal(size=(16, 8)), jnp.float32)
