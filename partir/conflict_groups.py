@@ -25,11 +25,35 @@ MEANING = {
     "unsupported": "partir has no propagation rule for this primitive",
     "needs_replication": "the op cannot be sharded along the dimension propagation brings",
 }
+# What each kind costs the partitioned program and what users usually do about it: a
+# conflict is not an error, and some are what a tactic is for (ZeRO-3's parameters inside
+# the batch loop are gathered where they are used).
+ADVICE = {
+    "axis_in_scope": "Costs an all_gather of the operand where the op uses it; expected "
+                     "when sharding parameters over the batch axis (ZeRO-3/FSDP), else "
+                     "tile the value on another axis",
+    "multiple_matches": "The op stays unsharded on this axis (redundant compute, maybe a "
+                        "collective after it); tile one of its operands or results in a "
+                        "tactic to choose",
+    "indivisible": "The op stays unsharded on this axis (redundant compute, no traffic); "
+                   "pick a dimension the axis size divides or change the mesh",
+    "replicated_operand": "The op stays unsharded on this axis (redundant compute); drop "
+                          "the operand from the replicated ones if slicing it is fine",
+    "unsupported": "Ops past it stay unsharded on this axis (redundant compute, and a "
+                   "gather of its sharded inputs); tile its result in a tactic",
+    "needs_replication": "Costs an all_gather of that dimension before the op; shard "
+                         "another dimension of it instead",
+}
 UNSUPPORTED = "unsupported"
 
 
 def meaning(kind: str) -> str:
     return MEANING.get(kind, kind)
+
+
+def advice(kind: str) -> str:
+    """Whether a conflict of this kind costs anything, and the usual fix ("" unknown)."""
+    return ADVICE.get(kind, "")
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,10 @@ class ConflictGroup:
         """`model.py:12`, or "" when the op has no model line."""
         return f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line \
             else ""
+
+    @property
+    def advice(self) -> str:
+        return advice(self.kind)
 
     def message(self, tactic: str) -> str:
         """The group in one sentence; `tactic` names it ("tactic 2 (MP)")."""

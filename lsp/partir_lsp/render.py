@@ -15,7 +15,7 @@ from typing import Any
 
 from lsprotocol import types as lsp
 
-from partir.conflict_groups import group_conflicts, meaning
+from partir.conflict_groups import advice, group_conflicts, meaning
 from partir_daemon import protocol as P
 from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
@@ -38,6 +38,8 @@ _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "Alrea
 # Above this many shards per side the layout table is left out of the hover.
 MAX_LAYOUT_SIDE = 16
 MAX_HOVER_VALUES = 24
+# A tactic hover lists at most this many of its actions.
+MAX_ACTIONS = 12
 # Diagnostic messages longer than this are cut, their whole text going to the related
 # information: the Problems panel shows a message on one line.
 MAX_MESSAGE = 300
@@ -121,8 +123,12 @@ def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Di
     uri = uri_of(result.path)
     out = [_error(d, result, lines, uri) for d in result.diagnostics]
     for tactic in result.tactics:
-        written = tactic.range or result.schedule_range
-        r = to_range(written, lines) if written is not None else line_range(0, lines)
+        if tactic.range is not None:
+            r = tactic_head(tactic.range, lines)
+        elif result.schedule_range is not None:
+            r = to_range(result.schedule_range, lines)
+        else:
+            r = line_range(0, lines)
         out += _conflicts(tactic, visible_range(r, lines), uri)
         out += _padding(tactic, visible_range(r, lines), uri)
     return out
@@ -252,7 +258,8 @@ def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
 
 def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
     """One warning per group of conflicts (`partir.conflict_groups`: kind, op and model
-    line), with its occurrences as related information."""
+    line), saying what it costs and the usual fix, with its occurrences as related
+    information."""
     out = []
     for group in group_conflicts(tactic.metadata.get("conflicts") or []):
         related = []
@@ -269,9 +276,23 @@ def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagn
             related.append(lsp.DiagnosticRelatedInformation(
                 site, f"… and {len(occurrences) - MAX_RELATED} more"))
         code = "unsupported" if group.blocked else f"conflict/{group.kind}"
-        out.append(_diagnostic(r, group.message(f"tactic {tactic.index} ({tactic.name})"),
-                               lsp.DiagnosticSeverity.Warning, code, related, uri))
+        message = group.message(f"tactic {tactic.index} ({tactic.name})")
+        if group.advice:
+            message += f". {group.advice}"
+        out.append(_diagnostic(r, message, lsp.DiagnosticSeverity.Warning, code, related,
+                               uri))
     return out
+
+
+def tactic_head(r: P.Range, lines: Lines) -> lsp.Range:
+    """Where a tactic's warnings go: its name, or the callee of a call written in the
+    list (`partir.ManualPartition`), not the whole call, so that hovers on its input keys
+    are not led by every warning of the tactic."""
+    found = _snippet_call(r, lines)
+    if found is None:
+        return to_range(r, lines)
+    call, first, col0 = found
+    return node_range(call.func, lines, first, col0)
 
 
 # --- code lenses and inlay hints ------------------------------------------------------------
@@ -288,29 +309,43 @@ def lens_title(metadata: dict[str, Any]) -> str:
     return title
 
 
-def code_lenses(uri: str, result: P.PartitionResult, lines: Lines) -> list[lsp.CodeLens]:
-    """Above each tactic: its counts (showing the HLO-level program after it, where those
-    collectives are), its Core IR, and running the partitioned job."""
+# Leads the lenses of an analysis older than the text, which does not load: they stay
+# where they were rather than vanish (and the text jump) while a line is being typed.
+STALE = "(stale) "
+
+
+def code_lenses(uri: str, result: P.PartitionResult, lines: Lines,
+                stale: bool = False) -> list[lsp.CodeLens]:
+    """Above each tactic, named (a one-line list puts every tactic's lenses on one row):
+    its counts (showing the HLO-level program after it, where those collectives are) and
+    its Core IR; running the partitioned job once, above the schedule."""
     out = []
+    mark = STALE if stale else ""
     for t in result.tactics:
         if t.range is None:
             continue
         r = to_range(t.range, lines)
         after = {"uri": uri, "tactic": t.index}
         out += [
-            lsp.CodeLens(r, lsp.Command(title=lens_title(t.metadata), command=SHOW_IR,
+            lsp.CodeLens(r, lsp.Command(title=f"{mark}{t.name}: {lens_title(t.metadata)}",
+                                        command=SHOW_IR,
                                         arguments=[{**after, "level": "hlo"}])),
-            lsp.CodeLens(r, lsp.Command(title="Show IR after this tactic", command=SHOW_IR,
+            lsp.CodeLens(r, lsp.Command(title=f"Show IR after {t.name}", command=SHOW_IR,
                                         arguments=[after])),
-            lsp.CodeLens(r, lsp.Command(title="Run partitioned job", command=RUN_JOB,
-                                        arguments=[{"uri": uri}])),
         ]
+    where = result.schedule_range or next((t.range for t in result.tactics if t.range),
+                                           None)
+    if where is not None:
+        # On its first line alone: edits inside a multi-line list keep it in place.
+        start = to_range(where, lines).start
+        out.append(lsp.CodeLens(lsp.Range(start, start), lsp.Command(
+            title="Run partitioned job", command=RUN_JOB, arguments=[{"uri": uri}])))
     return out
 
 
 def hint_label(metadata: dict[str, Any]) -> str:
-    """The compact summary at the end of a tactic's line: the collectives it leaves in
-    the program, the estimated step time and the conflicts it hit."""
+    """The compact summary after a tactic: the collectives it leaves in the program, the
+    estimated step time and the conflicts it hit."""
     counts = collective_counts(metadata)
     parts = [" ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
              or "no collectives"]
@@ -323,13 +358,18 @@ def hint_label(metadata: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def inlay_hints(result: P.PartitionResult, lines: Lines) -> list[lsp.InlayHint]:
+def inlay_hints(result: P.PartitionResult, lines: Lines,
+                stale: bool = False) -> list[lsp.InlayHint]:
+    """At the end of each tactic's line, or right after the tactic where the line holds
+    more than one (`schedule = [BP, MP, Z3]`)."""
+    placed = [t for t in result.tactics if t.range is not None]
+    ending = [t.range.end_line for t in placed]
     out = []
-    for t in result.tactics:
-        if t.range is None:
-            continue
+    for t in placed:
         line = t.range.end_line - 1
-        out.append(lsp.InlayHint(lines.end_of_line(line), hint_label(t.metadata),
+        at = lines.end_of_line(line) if ending.count(t.range.end_line) == 1 else \
+            lsp.Position(line, lines.utf16_col(line, t.range.end_col))
+        out.append(lsp.InlayHint(at, (STALE if stale else "") + hint_label(t.metadata),
                                  padding_left=True,
                                  tooltip=f"tactic {t.index} ({t.name}): {lens_title(t.metadata)}"))
     return out
@@ -535,15 +575,13 @@ def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
 
 
 def tactic_hover(result: P.PartitionResult, index: int) -> str:
-    """Hover text of a tactic: its actions, the collectives the program has after it (and
-    how many it added) with the bytes each device sends, and its effect on the cost."""
+    """Hover text of a tactic, its summary first: its effect on the cost, the collectives
+    the program has after it (and how many it added) with the bytes each device sends,
+    its conflicts, and last its actions (a model's tactic has dozens)."""
     t = result.tactics[index - 1]
     previous = result.tactics[index - 2].metadata if index > 1 else None
     md = t.metadata
     parts = [f"**Tactic {t.index} · {t.name}** on axis `{t.axis}`"]
-    actions = [a for a in md.get("actions") or []]
-    if actions:
-        parts.append("Actions: " + ", ".join(f"`{a}`" for a in actions))
     counts = collective_counts(md)
     before = collective_counts(previous) if previous else dict.fromkeys(counts, 0)
     cost, cost_before = cost_of(md), cost_of(previous) if previous else None
@@ -558,7 +596,7 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
             rows.append(f"| {kind} ({abbr}) | {counts[kind]} | "
                         f"{counts[kind] - before[kind]:+d} | "
                         f"{format_bytes(sent)} ({signed_bytes(delta)}) |")
-    parts.append("\n".join(rows) if len(rows) > 2 else "No collectives in the program.")
+    table = "\n".join(rows) if len(rows) > 2 else "No collectives in the program."
     if cost is not None:
         line = (f"Estimated on `{cost.get('device', '?')}`: step time "
                 f"{format_time(float(cost['step_time_s']))}")
@@ -572,15 +610,22 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
         line += (f"; compute {format_time(float(cost['compute_time_s']))}, communication "
                  f"{format_time(float(cost['communication_time_s']))}")
         parts.append(line)
+    parts.append(table)
     conflicts = md.get("conflicts") or []
     if conflicts:
         kinds: dict[str, int] = {}
         for c in conflicts:
             kinds[c.get("kind", "")] = kinds.get(c.get("kind", ""), 0) + 1
         parts.append("Conflicts (warnings on this tactic): " + "; ".join(
-            f"{n} where {meaning(k)}" for k, n in kinds.items()))
+            f"{n} where {meaning(k)}" + (f" ({advice(k)})" if advice(k) else "")
+            for k, n in kinds.items()))
     for note in md.get("notes") or []:
         parts.append(f"Note: {note}")
+    actions = md.get("actions") or []
+    if actions:
+        shown = ", ".join(f"`{a}`" for a in actions[:MAX_ACTIONS])
+        more = f" and {len(actions) - MAX_ACTIONS} more" if len(actions) > MAX_ACTIONS else ""
+        parts.append(f"Actions ({len(actions)}): {shown}{more}")
     return "\n\n".join(parts)
 
 

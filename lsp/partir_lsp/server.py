@@ -96,21 +96,36 @@ class Document:
     # The last snapshot whose program was traced (it has values): what completion, go to
     # definition and quick fixes use while the text being typed does not load.
     traced: Snapshot | None = None
+    # The last snapshot with tactics: lenses and hints show it, marked stale, while the
+    # text does not load (a transient syntax error), rather than vanish.
+    tactics: Snapshot | None = None
     markers: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)  # model uri ->
-    # The snapshot's lines matched to the current text's, for the snapshot's version and
-    # the document's version it was computed for.
-    _moved: tuple[int, int, LineMap] | None = None
+    # Snapshots' lines matched to the current text's, by (the snapshot's version, the
+    # document's version it was computed for): only the current version's are kept.
+    _moved: dict[tuple[int, int], LineMap] = field(default_factory=dict)
+
+    def placed(self, snap: Snapshot) -> LineMap:
+        """Where the lines of `snap` (one of this document's) are in the current text."""
+        key = (snap.version, self.version)
+        if key not in self._moved:
+            self._moved = {k: m for k, m in self._moved.items() if k[1] == self.version}
+            self._moved[key] = LineMap(snap.lines, snap.lines if snap.version == self.version
+                                       else Lines.of(self.text))
+        return self._moved[key]
 
     def latest(self) -> tuple[Snapshot, LineMap] | None:
         """The last analysis, and where its lines are in the current text."""
         snap = self.snapshot
-        if snap is None:
-            return None
-        if self._moved is None or self._moved[:2] != (snap.version, self.version):
-            self._moved = (snap.version, self.version,
-                           LineMap(snap.lines, snap.lines if snap.version == self.version
-                                   else Lines.of(self.text)))
-        return snap, self._moved[2]
+        return None if snap is None else (snap, self.placed(snap))
+
+    def shown(self) -> tuple[Snapshot, LineMap, bool] | None:
+        """What lenses and hints show: the last analysis, or the last with tactics when
+        it failed to load (then stale), and where its lines are now."""
+        snap = self.snapshot
+        if snap is not None and not snap.result.tactics and not snap.result.ok and \
+                self.tactics is not None:
+            return self.tactics, self.placed(self.tactics), True
+        return None if snap is None else (snap, self.placed(snap), False)
 
 
 class PartirProtocol(LanguageServerProtocol):
@@ -247,6 +262,8 @@ class PartirServer(LanguageServer):
         doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
         if result.values:
             doc.traced = doc.snapshot
+        if result.tactics:
+            doc.tactics = doc.snapshot
         self.refresh()
         if self.settings.collective_markers_in_model:
             self.update_markers(doc, doc.snapshot)
@@ -327,21 +344,33 @@ class PartirServer(LanguageServer):
 
     # -- requests ------------------------------------------------------------------------
     def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
-        found = self.latest(uri)
+        doc = self.documents.get(uri)
+        found = doc.shown() if doc is not None else None
         if found is None:
             return []
-        _, snap, moved = found
-        lenses = render.code_lenses(uri, snap.result, snap.lines)
+        snap, moved, stale = found
+        lenses = render.code_lenses(uri, snap.result, snap.lines, stale)
         return [lens for lens in map(moved.lens, lenses) if lens is not None]
 
     def inlay_hints(self, uri: str, visible: lsp.Range) -> list[lsp.InlayHint]:
-        found = self.latest(uri)
+        doc = self.documents.get(uri)
+        found = doc.shown() if doc is not None else None
         if found is None:
             return []
-        _, snap, moved = found
-        hints = map(moved.hint, render.inlay_hints(snap.result, snap.lines))
+        snap, moved, stale = found
+        hints = map(moved.hint, render.inlay_hints(snap.result, snap.lines, stale))
         return [h for h in hints
                 if h is not None and visible.start.line <= h.position.line <= visible.end.line]
+
+    async def outline(self, uri: str) -> list[lsp.DocumentSymbol]:
+        """From the last analysis that traced the program, once there is one: it waits
+        for the first like lenses, as VS Code asks for the outline (and breadcrumbs) once
+        on opening a file and not again until an edit."""
+        await self.first_analysis(uri)
+        doc = self.documents.get(uri)
+        snap = doc.traced if doc is not None else None
+        return symbols.outline(snap.result, snap.lines, doc.placed(snap)) \
+            if snap is not None else []
 
     async def hover(self, uri: str, position: lsp.Position) -> lsp.Hover | None:
         path = path_of(uri)
@@ -676,12 +705,9 @@ def build() -> PartirServer:
                                       ls.workspace_root) if doc is not None else []
 
     @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
-    def document_symbol(ls: PartirServer,
-                        params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
-        doc = ls.documents.get(params.text_document.uri)
-        snap = doc.traced if doc is not None else None
-        return symbols.outline(snap.result, snap.lines, LineMap(snap.lines, Lines.of(doc.text))) \
-            if snap is not None else []
+    async def document_symbol(ls: PartirServer,
+                              params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
+        return await ls.outline(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
         code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite]))

@@ -71,8 +71,11 @@ async def check_lenses_against_metadata(session: Session, name: str, text: str) 
         show = [lens.command for lens in on_line if lens.command.title.startswith("Show IR")]
         assert [(c.command, list(c.arguments)) for c in show] == [
             ("partir.showIr", [{"uri": uri, "tactic": index}])]
-        run = [lens.command for lens in on_line if lens.command.command == "partir.runJob"]
-        assert [list(c.arguments) for c in run] == [[{"uri": uri}]]
+        assert title.startswith(f"{tactic.name}: "), title
+    # One job lens, above the schedule.
+    run = [lens for lens in lenses if lens.command.command == "partir.runJob"]
+    assert [(lens.range.start.line, list(lens.command.arguments)) for lens in run] == [
+        (text.splitlines().index("schedule = ["), [{"uri": uri}])]
     session.close(uri)
 
 
@@ -94,7 +97,7 @@ async def test_lenses_refresh_after_an_edit(session: Session) -> None:
     titles = [lens.command.title for lens in await session.lenses(uri)
               if COUNTS.search(lens.command.title)
               and lens.range.start.line == tactic_lines(edited)[2]]
-    assert titles and titles[0].startswith("+AG 1 +AR 1 +RS 0 +A2A 0"), titles
+    assert titles and titles[0].startswith("Z3: +AG 1 +AR 1 +RS 0 +A2A 0"), titles
     session.close(uri)
 
 

@@ -8,7 +8,7 @@ from partir_lsp import render
 from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
-from partir.conflict_groups import meaning
+from partir.conflict_groups import advice, meaning
 from partir_daemon import protocol as P
 
 
@@ -91,7 +91,7 @@ schedule = [
     partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
 ]
 '''
-TACTIC = P.Range(7, 4, 7, 62)
+TACTIC = P.Range(7, 4, 7, 61)  # the call, without the comma after it
 
 
 def tactic(conflicts: list[dict], reused: bool = False) -> P.TacticResult:
@@ -118,9 +118,13 @@ def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
                                         Lines.of(SCHEDULE))
     assert [d.code for d in diags] == ["conflict/axis_in_scope", "conflict/multiple_matches"]
     grouped = diags[0]
+    # What it costs and the usual fix follow what it means.
     assert grouped.message == ("conflict in tactic 1 (BP) at `dot_general` on axis 'batch', "
-                               "30 times: the op is already inside a loop over this axis")
-    assert grouped.range == T.Range(T.Position(6, 4), T.Position(6, 62))
+                               "30 times: the op is already inside a loop over this axis. "
+                               + advice("axis_in_scope"))
+    assert "all_gather" in grouped.message and "ZeRO-3" in grouped.message
+    # On the tactic's callee, not the whole call: hovers on its keys are not led by it.
+    assert grouped.range == T.Range(T.Position(6, 4), T.Position(6, 26))
     site, *occurrences = grouped.related_information
     assert site.location.uri == "file:///ws/model.py"
     assert site.location.range.start.line == 11 and site.location.range.end.line == 12
@@ -128,7 +132,8 @@ def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
     assert occurrences[0].message == \
         "on axis 'batch': loop 'batch' [%r0] vs operand 1 tiled #tile<0>"
     assert occurrences[-1].message == f"… and {30 - render.MAX_RELATED} more"
-    assert diags[1].message.endswith("several shardings of the op fit and none was chosen")
+    assert diags[1].message.endswith("several shardings of the op fit and none was chosen. "
+                                     + advice("multiple_matches"))
 
 
 def test_a_dimension_that_needs_replication_says_why() -> None:
@@ -137,7 +142,8 @@ def test_a_dimension_that_needs_replication_says_why() -> None:
            "detail": "dimension 1 of operand 0 needs replication"}
     (d,) = render.schedule_diagnostics(result(tactic([why])), Lines.of(SCHEDULE))
     assert d.code == "conflict/needs_replication"
-    assert d.message.endswith(meaning("needs_replication"))
+    assert d.message.endswith(f"{meaning('needs_replication')}. "
+                              + advice("needs_replication"))
     _, occurrence = d.related_information
     assert occurrence.message == "on axis 'batch': dimension 1 of operand 0 needs replication"
 
@@ -211,7 +217,8 @@ def test_every_lens_runs_a_server_command() -> None:
         (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1, "level": "hlo"}]),
         (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1}]),
         (render.RUN_JOB, [{"uri": "file:///ws/s.partir.py"}])]
-    assert lenses[0].command.title == "+AG 1 +AR 0 +RS 0 +A2A 0"
+    assert lenses[0].command.title == "BP: +AG 1 +AR 0 +RS 0 +A2A 0"
+    assert lenses[1].command.title == "Show IR after BP"
 
 
 def test_line_map_keeps_results_on_unchanged_lines() -> None:
@@ -243,3 +250,46 @@ def test_an_input_hover_reads_a_history_of_changes() -> None:
     between = render.input_hover(explained, "w", 3, "EMB", mesh)
     assert "| after tactic 3 (EMB) |" in between and "`[8, 2]`" in between
     assert "at the end (tactic 4, Z3)" in between and "`[2, 2]`" in between
+
+
+ONE_LINE = '''\
+mesh = {"batch": 4}
+schedule = [BP, MP, Z3]
+'''
+
+
+def test_a_one_line_schedule_names_each_tactic_and_hints_after_it() -> None:
+    """`schedule = [BP, MP, Z3]`: VS Code puts the lenses of a line on one row, and the
+    hints of a line at its end would pile up there."""
+    tactics = [P.TacticResult(i + 1, name, "batch", P.Range(2, col, 2, col + 2), {}, False,
+                              f"s{i}", {"collectives": {"all_reduce": i}})
+               for i, (name, col) in enumerate([("BP", 12), ("MP", 16), ("Z3", 20)])]
+    lines = Lines.of(ONE_LINE)
+    one_line = result(*tactics, schedule_range=P.Range(2, 0, 2, 23))
+    hints = render.inlay_hints(one_line, lines)
+    assert [(h.position.line, h.position.character) for h in hints] == [
+        (1, 14), (1, 18), (1, 22)]  # each right after its tactic's name
+    assert [h.label for h in hints] == ["no collectives", "AR 1", "AR 2"]
+    titles = [lens.command.title for lens in render.code_lenses("file:///ws/s.partir.py",
+                                                                one_line, lines)]
+    assert titles == ["BP: +AG 0 +AR 0 +RS 0 +A2A 0", "Show IR after BP",
+                      "MP: +AG 0 +AR 1 +RS 0 +A2A 0", "Show IR after MP",
+                      "Z3: +AG 0 +AR 2 +RS 0 +A2A 0", "Show IR after Z3",
+                      "Run partitioned job"]  # once, for the whole schedule
+    stale = render.code_lenses("file:///ws/s.partir.py", one_line, lines, stale=True)
+    assert stale[0].command.title.startswith(render.STALE + "BP: ")
+
+
+def test_a_tactic_hover_leads_with_its_summary() -> None:
+    conflict = {"kind": "axis_in_scope", "op": "dot_general", "axis": "batch",
+                "loc": {"file": "/ws/model.py", "line": 12}, "choices": [], "detail": ""}
+    many = tactic([conflict])
+    many.metadata["actions"] = [f'tile<%w{i},0,"batch">' for i in range(60)]
+    many.metadata["cost"] = {"step_time_s": 0.002, "peak_memory_bytes": 1024.0,
+                             "compute_time_s": 0.001, "communication_time_s": 0.001}
+    parts = render.tactic_hover(result(many), 1).split("\n\n")
+    assert parts[1].startswith("Estimated on ")
+    assert parts[2].startswith("| collective |")
+    assert parts[3].startswith("Conflicts (warnings on this tactic): 1 where")
+    assert parts[-1].startswith("Actions (60): `tile<%w0,0,\"batch\">`")
+    assert parts[-1].endswith(f"and {60 - render.MAX_ACTIONS} more")
