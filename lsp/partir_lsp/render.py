@@ -5,13 +5,14 @@ inlay hints and hover text. Pure functions of a result and the text it was compu
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types as lsp
 
@@ -19,6 +20,9 @@ from partir.conflict_groups import advice, group_conflicts, meaning
 from partir_daemon import protocol as P
 from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
+
+if TYPE_CHECKING:  # navigation reads files and imports this module
+    from partir_lsp.navigation import Site
 
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"
@@ -35,6 +39,8 @@ _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2"
 _SHORT_DTYPE = {"bool": "i1", "bfloat16": "bf16", "complex64": "c64", "complex128": "c128"}
 # Daemon diagnostics whose range is the whole tactic but that concern one argument of it.
 _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "AlreadyTiledError"}
+# Placed on its key by the daemon when the key is written in the schedule file.
+UNKNOWN_INPUT = "UnknownInputError"
 # Above this many shards per side the layout table is left out of the hover.
 MAX_LAYOUT_SIDE = 16
 MAX_HOVER_VALUES = 24
@@ -117,11 +123,22 @@ def cost_of(metadata: dict[str, Any]) -> dict[str, Any] | None:
 # --- diagnostics of a schedule file ---------------------------------------------------------
 
 
-def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Diagnostic]:
+def schedule_diagnostics(result: P.PartitionResult, lines: Lines,
+                         sites: Sequence[Site] = ()) -> list[lsp.Diagnostic]:
     """The errors of a partition result, and the conflicts and blocked propagations of its
-    tactics as warnings on the tactic, with the model line of the op as related info."""
+    tactics as warnings on the tactic, with the model line of the op as related info; an
+    error of a tactic written in another module (`sites`) points there first."""
     uri = uri_of(result.path)
-    out = [_error(d, result, lines, uri) for d in result.diagnostics]
+    out = []
+    for d in result.diagnostics:
+        written = _written_at(d, sites)
+        if written is not None:
+            d = dataclasses.replace(d, inner=None)  # raised there: said by `written`
+        diagnostic = _error(d, result, lines, uri)
+        if written is not None:
+            diagnostic.related_information = [written, *(diagnostic.related_information
+                                                         or [])]
+        out.append(diagnostic)
     for tactic in result.tactics:
         if tactic.range is not None:
             r = tactic_head(tactic.range, lines)
@@ -132,6 +149,42 @@ def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Di
         out += _conflicts(tactic, visible_range(r, lines), uri)
         out += _padding(tactic, visible_range(r, lines), uri)
     return out
+
+
+def written_diagnostics(result: P.PartitionResult,
+                        sites: Sequence[Site]) -> dict[str, list[lsp.Diagnostic]]:
+    """The diagnostics of the tactics written in another module (`from schedules import
+    Z3`), by that module's path, there: an error on the key or axis it concerns (else the
+    call), conflicts and padding on the callee. Quick fixes then act where the typo is."""
+    out: dict[str, list[lsp.Diagnostic]] = {}
+    for site in sites:
+        uri = uri_of(site.path)
+        found = out.setdefault(site.path, [])
+        for d in result.diagnostics:
+            if d.range == site.element:
+                # As if raised at the call: `_error` narrows it to the key or axis.
+                there = dataclasses.replace(d, file=result.path, range=site.call, inner=None)
+                diagnostic = _error(there, result, site.lines, uri)
+                if d.exc_type == UNKNOWN_INPUT:  # on the key in the list: here, the call's
+                    diagnostic.range = _narrow_to_key(site.call, d.message, site.lines) \
+                        or diagnostic.range
+                found.append(diagnostic)
+        if site.index <= len(result.tactics):
+            tactic = result.tactics[site.index - 1]
+            head = visible_range(tactic_head(site.call, site.lines), site.lines)
+            found += _conflicts(tactic, head, uri) + _padding(tactic, head, uri)
+    return out
+
+
+def _written_at(d: P.Diagnostic, sites: Sequence[Site]) -> lsp.DiagnosticRelatedInformation | None:
+    """Where the tactic of an error on a list element naming it is written, if elsewhere."""
+    site = next((s for s in sites if d.range == s.element), None)
+    if site is None:
+        return None
+    r = to_range(site.call, site.lines)
+    return lsp.DiagnosticRelatedInformation(
+        lsp.Location(uri_of(site.path), r),
+        f"written in {os.path.basename(site.path)}:{site.call.line}")
 
 
 def _padding_text(p: dict[str, Any]) -> str:
