@@ -29,20 +29,18 @@ MEANING = {
 # conflict is not an error, and some are what a tactic is for (ZeRO-3's parameters inside
 # the batch loop are gathered where they are used).
 ADVICE = {
-    "axis_in_scope": "Costs an all_gather of the operand where the op uses it; expected "
-                     "when sharding parameters over the batch axis (ZeRO-3/FSDP), else "
-                     "tile the value on another axis",
-    "multiple_matches": "The op stays unsharded on this axis (redundant compute, maybe a "
-                        "collective after it); tile one of its operands or results in a "
-                        "tactic to choose",
-    "indivisible": "The op stays unsharded on this axis (redundant compute, no traffic); "
-                   "pick a dimension the axis size divides or change the mesh",
-    "replicated_operand": "The op stays unsharded on this axis (redundant compute); drop "
-                          "the operand from the replicated ones if slicing it is fine",
-    "unsupported": "Ops past it stay unsharded on this axis (redundant compute, and a "
-                   "gather of its sharded inputs); tile its result in a tactic",
+    "axis_in_scope": "Costs an all_gather where the op uses it; expected for ZeRO-3/FSDP "
+                     "parameters, else tile on another axis",
+    "multiple_matches": "The op stays unsharded here (redundant compute); tile one of its "
+                        "operands or results to choose",
+    "indivisible": "The op stays unsharded here (redundant compute, no traffic); shard a "
+                   "dimension the axis divides",
+    "replicated_operand": "The op stays unsharded here (redundant compute); stop "
+                          "replicating the operand if it may be sliced",
+    "unsupported": "Ops past it stay unsharded (redundant compute, a gather before it); "
+                   "tile its result in a tactic",
     "needs_replication": "Costs an all_gather of that dimension before the op; shard "
-                         "another dimension of it instead",
+                         "another dimension instead",
 }
 UNSUPPORTED = "unsupported"
 

@@ -10,7 +10,6 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from lsprotocol import types as lsp
 
 from partir.conflict_groups import advice, group_conflicts, meaning
 from partir_daemon import protocol as P
+from partir_lsp import pictures
 from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
 
@@ -41,8 +41,6 @@ _SHORT_DTYPE = {"bool": "i1", "bfloat16": "bf16", "complex64": "c64", "complex12
 _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "AlreadyTiledError"}
 # Placed on its key by the daemon when the key is written in the schedule file.
 UNKNOWN_INPUT = "UnknownInputError"
-# Above this many shards per side the layout table is left out of the hover.
-MAX_LAYOUT_SIDE = 16
 MAX_HOVER_VALUES = 24
 # A tactic hover lists at most this many of its actions.
 MAX_ACTIONS = 12
@@ -460,90 +458,6 @@ def _collective_text(c: P.AttributedCollective) -> str:
 # --- hovers ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Mesh:
-    axes: tuple[tuple[str, int], ...]
-
-    @classmethod
-    def of(cls, mesh: dict[str, int] | None) -> Mesh:
-        return cls(tuple((mesh or {}).items()))
-
-    @property
-    def size(self) -> int:
-        return math.prod(n for _, n in self.axes)
-
-    def coords(self, device: int) -> dict[str, int]:
-        """Row-major device numbering over the mesh axes, the first axis major."""
-        out = {}
-        for axis, n in reversed(self.axes):
-            out[axis] = device % n
-            device //= n
-        return out
-
-    def __str__(self) -> str:
-        return "{" + ", ".join(f'"{a}": {n}' for a, n in self.axes) + "}"
-
-
-def _shard_index(axes: Sequence[str], coords: dict[str, int], mesh: Mesh) -> int:
-    sizes = dict(mesh.axes)
-    index = 0
-    for a in axes:
-        index = index * sizes.get(a, 1) + coords.get(a, 0)
-    return index
-
-
-def layout_table(shape: Sequence[int], sharding: Sequence[Sequence[str]],
-                 mesh: Mesh) -> str | None:
-    """A markdown table of which devices hold which tile of a value, like
-    `jax.debug.visualize_array_sharding`: rows are tiles of the leading sharded
-    dimensions, columns tiles of the last dimension (when sharded)."""
-    if mesh.size <= 0 or not mesh.axes:
-        return None
-    sizes = dict(mesh.axes)
-    rank = len(sharding)
-    sharded = [d for d, axes in enumerate(sharding) if axes]
-    col_dims = [rank - 1] if rank and (rank - 1) in sharded else []
-    row_dims = [d for d in sharded if d not in col_dims]
-    if rank == 1:
-        row_dims, col_dims = [], sharded
-
-    def count(dims: list[int]) -> int:
-        return math.prod(math.prod(sizes.get(a, 1) for a in sharding[d]) for d in dims)
-
-    rows, cols = count(row_dims), count(col_dims)
-    if rows > MAX_LAYOUT_SIDE or cols > MAX_LAYOUT_SIDE:
-        return None
-    cells: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
-    for device in range(mesh.size):
-        coords = mesh.coords(device)
-        r = tuple(_shard_index(sharding[d], coords, mesh) for d in row_dims)
-        c = tuple(_shard_index(sharding[d], coords, mesh) for d in col_dims)
-        cells.setdefault((r, c), []).append(device)
-    row_keys = sorted({r for r, _ in cells})
-    col_keys = sorted({c for _, c in cells})
-
-    def label(dims: list[int], key: tuple[int, ...]) -> str:
-        if not dims:
-            return ""
-        return ", ".join(f"dim {d}: {i + 1}/{count([d])}" for d, i in zip(dims, key,
-                                                                            strict=True))
-
-    def local(dims: list[int]) -> str:
-        return ", ".join(f"{shape[d] // max(count([d]), 1)} of dim {d}" for d in dims)
-
-    header = ["tile"] + [label(col_dims, c) or "whole" for c in col_keys]
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in row_keys:
-        row = [label(row_dims, r) or "whole"]
-        for c in col_keys:
-            row.append(" ".join(str(d) for d in cells.get((r, c), [])))
-        out.append("| " + " | ".join(row) + " |")
-    caption = f"devices holding each tile (mesh {mesh}, device ids row-major"
-    if row_dims or col_dims:
-        caption += "; tiles of " + local(row_dims + col_dims)
-    return caption + "):\n\n" + "\n".join(out)
-
-
 def key_values(result: P.PartitionResult, key: str) -> P.ExplainResult:
     """What the daemon's `explain` answers for an input key, from a partition result
     alone: the inputs, outputs and tags the key selects (itself, or every leaf under it as
@@ -567,14 +481,15 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
     values = explained.values
     if not values:
         return f"`{key}`: no input, output or tag of the program by this name"
-    m = Mesh.of(mesh)
+    m = pictures.Mesh.of(mesh)
     parts = []
     if len(values) == 1:
         v = values[0]
         parts.append(f"**`{v.name}`** · {v.kind} · `{tensor_type(v.shape, v.dtype)}` "
                      f"({format_bytes(nbytes(v.shape, v.dtype))})")
-        rows = ["| | sharding | local shape | bytes/device |", "|---|---|---|---|"]
-        steps = [(f"after tactic {tactic} ({tactic_name})", _step(v, tactic))]
+        rows = ["| | sharding | PartitionSpec | local shape | bytes/device |",
+                "|---|---|---|---|---|"]
+        steps = [(f"after tactic {tactic} ({tactic_name})", step_after(v, tactic))]
         if v.history and v.history[-1].tactic != tactic:
             last = v.history[-1]
             steps.append((f"at the end (tactic {last.tactic}, {last.tactic_name})", last))
@@ -582,14 +497,14 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
             if step is None:
                 continue
             rows.append(f"| {label} | `{format_sharding(step.sharding)}` | "
+                        f"`{pictures.partition_spec(step.sharding)}` | "
                         f"`{list(step.local_shape)}` | "
                         f"{format_bytes(nbytes(step.local_shape, v.dtype))} |")
         parts.append("\n".join(rows))
         final = v.history[-1] if v.history else None
-        if final is not None:
-            table = layout_table(v.shape, final.sharding, m)
-            if table:
-                parts.append("At the end, " + table)
+        tiles = pictures.tiling(v.shape, final.sharding, m) if final is not None else None
+        if tiles is not None:
+            parts.append("At the end, " + pictures.markdown(tiles))
     else:
         total = sum(nbytes(v.shape, v.dtype) for v in values)
         parts.append(f"**`{key}`** selects {len(values)} values "
@@ -597,7 +512,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
         rows = [f"| value | type | after tactic {tactic} | local shape | at the end |",
                 "|---|---|---|---|---|"]
         for v in values[:MAX_HOVER_VALUES]:
-            step = _step(v, tactic)
+            step = step_after(v, tactic)
             final = v.history[-1] if v.history else None
             rows.append(
                 f"| `{v.name}` | `{tensor_type(v.shape, v.dtype)}` | "
@@ -608,7 +523,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
             rows.append(f"| … and {len(values) - MAX_HOVER_VALUES} more | | | | |")
         parts.append("\n".join(rows))
         local = sum(nbytes(s.local_shape, v.dtype) for v in values
-                    if (s := _step(v, tactic)) is not None)
+                    if (s := step_after(v, tactic)) is not None)
         parts.append(f"Per device after tactic {tactic}: {format_bytes(local)}.")
     if explained.collectives:
         parts.append("Collectives moving it:\n" + "\n".join(
@@ -616,7 +531,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
     return "\n\n".join(parts)
 
 
-def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
+def step_after(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
     """The value's sharding after `tactic` (None past the last applied tactic): its
     history holds the steps that changed it, and the last tactic's."""
     if not v.history or tactic > v.history[-1].tactic:

@@ -107,12 +107,15 @@ async def test_hover_on_input_key(session: Session) -> None:
     text = await session.hover(uri, *_pos(position_of(MLP_BP_MP_Z3, '"w1"', 1)))
     assert text is not None
     assert "`tensor<8x16xf32>`" in text
-    assert '| after tactic 3 (Z3) | `[{"batch"}, {"model"}]` | `[2, 8]` | 64 B |' in text
-    assert "| dim 0: 1/4 | 0 | 1 |" in text  # devices 0 and 1 hold the first row tiles
+    assert ('| after tactic 3 (Z3) | `[{"batch"}, {"model"}]` | `P(\'batch\', \'model\')` | '
+            '`[2, 8]` | 64 B |') in text
+    assert "| dim 0: 1/4 | 🟥 0 | 🟦 1 |" in text  # devices 0 and 1 hold the first row tiles
     # w1 in MP: after tactic 2 and at the end differ.
     text = await session.hover(uri, *_pos(position_of(MLP_BP_MP_Z3, '"w1"', 0)))
-    assert '| after tactic 2 (MP) | `[{}, {"model"}]` | `[8, 8]` | 256 B |' in text
-    assert '| at the end (tactic 3, Z3) | `[{"batch"}, {"model"}]` | `[2, 8]` | 64 B |' in text
+    assert '| after tactic 2 (MP) | `[{}, {"model"}]` | `P(None, \'model\')` | `[8, 8]` | 256 B |' \
+        in text
+    assert ('| at the end (tactic 3, Z3) | `[{"batch"}, {"model"}]` | `P(\'batch\', \'model\')` | '
+            '`[2, 8]` | 64 B |') in text
     session.close(uri)
 
 

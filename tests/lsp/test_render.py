@@ -4,7 +4,7 @@ hand-made daemon results (no server, no daemon)."""
 from __future__ import annotations
 
 from lsprotocol import types as T
-from partir_lsp import render
+from partir_lsp import pictures, render
 from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
@@ -36,19 +36,32 @@ def test_lens_title_and_hint() -> None:
     assert render.lens_title({"collectives": {}}) == "+AG 0 +AR 0 +RS 0 +A2A 0"
 
 
-def test_layout_table_of_a_2d_sharding() -> None:
-    mesh = render.Mesh.of({"batch": 4, "model": 2})
-    table = render.layout_table([8, 16], [["batch"], ["model"]], mesh)
-    rows = table.split("\n\n", 1)[1].splitlines()
+def test_sharding_picture_of_a_2d_sharding() -> None:
+    mesh = pictures.Mesh.of({"batch": 4, "model": 2})
+    tiles = pictures.tiling([8, 16], [["batch"], ["model"]], mesh)
+    assert tiles.cols == ["dim 1: 1/2", "dim 1: 2/2"]
+    assert tiles.rows == [f"dim 0: {i}/4" for i in range(1, 5)]
+    assert tiles.cells == [[[0], [1]], [[2], [3]], [[4], [5]], [[6], [7]]]
+    rows = pictures.markdown(tiles).split("\n\n", 1)[1].splitlines()
     assert rows[0] == "| tile | dim 1: 1/2 | dim 1: 2/2 |"
-    assert rows[2:] == ["| dim 0: 1/4 | 0 | 1 |", "| dim 0: 2/4 | 2 | 3 |",
-                        "| dim 0: 3/4 | 4 | 5 |", "| dim 0: 4/4 | 6 | 7 |"]
+    # Each tile's cell is led by its own colour.
+    assert rows[2:4] == ["| dim 0: 1/4 | 🟥 0 | 🟦 1 |", "| dim 0: 2/4 | 🟩 2 | 🟨 3 |"]
     # Sharded on "model" only: each tile is replicated over the four "batch" devices.
-    rows = render.layout_table([8, 16], [[], ["model"]], mesh).split("\n\n", 1)[1]
-    assert rows.splitlines()[2] == "| whole | 0 2 4 6 | 1 3 5 7 |"
+    tiles = pictures.tiling([8, 16], [[], ["model"]], mesh)
+    assert tiles.rows == ["whole"] and tiles.cells == [[[0, 2, 4, 6], [1, 3, 5, 7]]]
     # Two axes on one dimension, the first major.
-    rows = render.layout_table([8], [["model", "batch"]], mesh).split("\n\n", 1)[1]
-    assert rows.splitlines()[2] == "| whole | 0 | 2 | 4 | 6 | 1 | 3 | 5 | 7 |"
+    tiles = pictures.tiling([8], [["model", "batch"]], mesh)
+    assert tiles.cells == [[[0], [2], [4], [6], [1], [3], [5], [7]]]
+    # In a terminal: the same cells on ANSI background colours, or squares without.
+    drawn = pictures.terminal(pictures.tiling([8, 16], [["batch"], ["model"]], mesh), True)
+    assert drawn.splitlines()[2].startswith("dim 0: 1/4 \x1b[48;5;160m")
+    assert "🟥 0" in pictures.terminal(tiles, False)
+
+
+def test_partition_spec_notation() -> None:
+    assert pictures.partition_spec([["batch"], []]) == "P('batch', None)"
+    assert pictures.partition_spec([["model", "batch"]]) == "P(('model', 'batch'))"
+    assert pictures.partition_spec([]) == "P()"
 
 
 def test_collective_markers_group_by_model_line() -> None:
@@ -246,7 +259,7 @@ def test_an_input_hover_reads_a_history_of_changes() -> None:
     explained = P.ExplainResult("/ws/s.partir.py", 1, [w], [])
     mesh = {"batch": 4, "model": 2}
     before = render.input_hover(explained, "w", 1, "BP", mesh)
-    assert "| after tactic 1 (BP) | `[{}, {}]` | `[8, 4]` | 128 B |" in before
+    assert "| after tactic 1 (BP) | `[{}, {}]` | `P(None, None)` | `[8, 4]` | 128 B |" in before
     between = render.input_hover(explained, "w", 3, "EMB", mesh)
     assert "| after tactic 3 (EMB) |" in between and "`[8, 2]`" in between
     assert "at the end (tactic 4, Z3)" in between and "`[2, 2]`" in between
