@@ -17,7 +17,7 @@ command -v rg >/dev/null || { echo "install_code_server: no rg (apt-get install 
 export npm_config_nodedir=/usr npm_config_yes=true npm_config_audit=false npm_config_fund=false
 npm install "code-server@$VERSION" --omit=dev --ignore-scripts
 CS="$DEST/node_modules/code-server"
-(cd "$CS" && npm rebuild argon2)
+npm rebuild argon2  # hoisted to the top node_modules
 # What code-server's postinstall.sh does, less its network steps.
 (
   cd "$CS/lib/vscode"

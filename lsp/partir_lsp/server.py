@@ -559,8 +559,13 @@ class PartirServer(LanguageServer):
         msg_id = self.protocol.msg_id
         if msg_id is not None:
             self.cancel_hooks[msg_id] = cancel.set
-        token: str | None = None
-        if self.capability("window", "work_done_progress"):
+        # A client that shows the job itself (the extension: a notification with Cancel)
+        # passes its own token, as a `workDoneToken` it creates; else the server creates
+        # one, which clients may show where they cannot cancel it.
+        token = args.get("progressToken")
+        if not isinstance(token, str):
+            token = None
+        if token is None and self.capability("window", "work_done_progress"):
             token = f"partir-job-{uuid.uuid4()}"
             try:
                 await self.work_done_progress.create_async(token)
