@@ -42,6 +42,9 @@ _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "Alrea
 # Placed on its key by the daemon when the key is written in the schedule file.
 UNKNOWN_INPUT = "UnknownInputError"
 MAX_HOVER_VALUES = 24
+# VS Code cuts inlay hints longer than this (`editor.inlayHints.maximumLength`): a longer
+# hint says its conflicts with a sign.
+MAX_HINT = 43
 # A tactic hover lists at most this many of its actions.
 MAX_ACTIONS = 12
 # Diagnostic messages longer than this are cut, their whole text going to the related
@@ -406,6 +409,9 @@ def hint_label(metadata: dict[str, Any]) -> str:
     conflicts = len(metadata.get("conflicts") or [])
     if conflicts:
         parts.append(f"{conflicts} conflict{'s' if conflicts > 1 else ''}")
+    label = " · ".join(parts)
+    if conflicts and len(label) > MAX_HINT:
+        parts[-1] = f"⚠ {conflicts}"
     return " · ".join(parts)
 
 

@@ -34,6 +34,12 @@ def test_lens_title_and_hint() -> None:
     assert render.lens_title(metadata) == "+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device"
     assert render.hint_label(metadata) == "AG 2 AR 1 · 1.23 ms · 1 conflict"
     assert render.lens_title({"collectives": {}}) == "+AG 0 +AR 0 +RS 0 +A2A 0"
+    # Within what VS Code shows of a hint, the cost and conflicts included.
+    busy = {"collectives": {"all_gather": 50, "all_reduce": 21, "reduce_scatter": 8,
+                            "all_to_all": 2},
+            "cost": {"step_time_s": 0.00407}, "conflicts": [{"kind": "axis_in_scope"}] * 93}
+    assert render.hint_label(busy) == "AG 50 AR 21 RS 8 A2A 2 · 4.07 ms · ⚠ 93"
+    assert len(render.hint_label(busy)) <= render.MAX_HINT
 
 
 def test_sharding_picture_of_a_2d_sharding() -> None:
