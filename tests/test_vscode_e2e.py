@@ -175,9 +175,12 @@ class Editor:
         return self.driver.find_elements(self.By.CSS_SELECTOR, css)
 
     def texts(self, css: str) -> list[str]:
-        # The text content: selenium's `text` leaves out what is scrolled or clipped out of
-        # view, as the end of a long row of lenses is.
-        return [e.get_attribute("textContent") or "" for e in self.all(css)]
+        # The text content, read in one script: selenium's `text` leaves out what is
+        # clipped out of view (the end of a long row of lenses), and an element read one
+        # call after it was found may have been replaced meanwhile.
+        return self.driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])]"
+            ".map(e => e.textContent.replace(/\\u00a0/g, ' '))", css)
 
     def keys(self, *keys: str, held: tuple[str, ...] = ()) -> None:
         """Type `keys` with the modifiers `held` down."""
@@ -216,10 +219,19 @@ class Editor:
         return [t for t in self.texts(".codelens-decoration a") if t]
 
     def click_lens(self, title: str) -> None:
-        link = _wait(f"the lens {title!r}", lambda: next(
-            (a for a in self.all(".codelens-decoration a")
-             if a.get_attribute("textContent") == title), None))
-        link.click()
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def clicked() -> bool:
+            # Lenses are redrawn as analyses land: a link found may be gone when clicked.
+            try:
+                link = next((a for a in self.all(".codelens-decoration a")
+                             if a.get_attribute("textContent") == title), None)
+                if link is not None:
+                    link.click()
+                return link is not None
+            except StaleElementReferenceException:
+                return False
+        _wait(f"the lens {title!r}", clicked)
 
     def hover_text(self) -> str:
         return " ".join(self.texts(".monaco-hover-content"))
@@ -283,6 +295,11 @@ def _drive(ed: Editor) -> None:
         assert any(t.startswith(f"{name}: +AG ") for t in lenses), lenses
         assert f"Show IR after {name}" in lenses, lenses
     assert lenses.count("Run partitioned job") == 1, lenses
+    # Each tactic's hint right after its name, none cut: Z3's conflicts show.
+    row = _wait("the hints of the schedule line", lambda: next(
+        (t for t in ed.texts(".view-line") if t.startswith("schedule = [BP") and "⚠" in t),
+        None))
+    assert "…" not in row and row.index("MP") < row.index("ms") < row.index("Z3"), row
 
     # 2. The outline, asked for once on opening (no edit since).
     ed.open("mlp/bp_mp_z3.partir.py")
@@ -348,9 +365,10 @@ def _drive(ed: Editor) -> None:
           ANALYSIS_S)
     ed.shot("mlp-ir-beside")
     assert len(ed.all(".editor-group-container")) == 2
+    ed.ctrl("w")  # the IR view, and with it its group
+    _wait("one editor group", lambda: len(ed.all(".editor-group-container")) == 1)
 
     # 8. A job from its lens, in a notification whose Cancel cancels it.
-    ed.open("mlp/bp_mp_z3.partir.py")
     ed.click_lens("Run partitioned job")
     cancel = _wait("the job's Cancel button", lambda: next(
         (b for b in ed.all(".notification-toast .monaco-button") if b.text == "Cancel"),

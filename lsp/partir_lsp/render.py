@@ -42,8 +42,8 @@ _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "Alrea
 # Placed on its key by the daemon when the key is written in the schedule file.
 UNKNOWN_INPUT = "UnknownInputError"
 MAX_HOVER_VALUES = 24
-# VS Code cuts inlay hints longer than this (`editor.inlayHints.maximumLength`): a longer
-# hint says its conflicts with a sign.
+# VS Code cuts the inlay hints of a line longer than this in all
+# (`editor.inlayHints.maximumLength`): a longer hint says its conflicts with a sign.
 MAX_HINT = 43
 # A tactic hover lists at most this many of its actions.
 MAX_ACTIONS = 12
@@ -397,20 +397,22 @@ def code_lenses(uri: str, result: P.PartitionResult, lines: Lines,
     return out
 
 
-def hint_label(metadata: dict[str, Any]) -> str:
-    """The compact summary after a tactic: the collectives it leaves in the program, the
-    estimated step time and the conflicts it hit."""
+def hint_label(metadata: dict[str, Any], compact: bool = False) -> str:
+    """The summary after a tactic: the collectives it leaves in the program, the estimated
+    step time and the conflicts it hit. `compact` (a line with several tactics, whose
+    hints VS Code cuts at MAX_HINT characters in all): the step time and the conflicts
+    alone, when there is a time (the tactic's lens, named, has its counts)."""
     counts = collective_counts(metadata)
-    parts = [" ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
-             or "no collectives"]
     cost = cost_of(metadata)
+    conflicts = len(metadata.get("conflicts") or [])
+    parts = [] if compact and cost is not None else [
+        " ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
+        or "no collectives"]
     if cost is not None:
         parts.append(format_time(float(cost["step_time_s"])))
-    conflicts = len(metadata.get("conflicts") or [])
     if conflicts:
         parts.append(f"{conflicts} conflict{'s' if conflicts > 1 else ''}")
-    label = " · ".join(parts)
-    if conflicts and len(label) > MAX_HINT:
+    if conflicts and (compact or len(" · ".join(parts)) > MAX_HINT):
         parts[-1] = f"⚠ {conflicts}"
     return " · ".join(parts)
 
@@ -418,16 +420,17 @@ def hint_label(metadata: dict[str, Any]) -> str:
 def inlay_hints(result: P.PartitionResult, lines: Lines,
                 stale: bool = False) -> list[lsp.InlayHint]:
     """At the end of each tactic's line, or right after the tactic where the line holds
-    more than one (`schedule = [BP, MP, Z3]`)."""
+    more than one (`schedule = [BP, MP, Z3]`), compact."""
     placed = [t for t in result.tactics if t.range is not None]
     ending = [t.range.end_line for t in placed]
     out = []
     for t in placed:
         line = t.range.end_line - 1
-        at = lines.end_of_line(line) if ending.count(t.range.end_line) == 1 else \
+        alone = ending.count(t.range.end_line) == 1
+        at = lines.end_of_line(line) if alone else \
             lsp.Position(line, lines.utf16_col(line, t.range.end_col))
-        out.append(lsp.InlayHint(at, (STALE if stale else "") + hint_label(t.metadata),
-                                 padding_left=True,
+        label = (STALE if stale else "") + hint_label(t.metadata, compact=not alone)
+        out.append(lsp.InlayHint(at, label, padding_left=True,
                                  tooltip=f"tactic {t.index} ({t.name}): {lens_title(t.metadata)}"))
     return out
 

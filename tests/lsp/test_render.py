@@ -295,6 +295,13 @@ def test_a_one_line_schedule_names_each_tactic_and_hints_after_it() -> None:
                       "MP: +AG 0 +AR 1 +RS 0 +A2A 0", "Show IR after MP",
                       "Z3: +AG 0 +AR 2 +RS 0 +A2A 0", "Show IR after Z3",
                       "Run partitioned job"]  # once, for the whole schedule
+    # With costs, compact: VS Code cuts a line's hints at MAX_HINT characters in all.
+    for i, t in enumerate(tactics):
+        t.metadata["cost"] = {"step_time_s": 0.003 + i * 1e-3, "peak_memory_bytes": 1024.0}
+    tactics[2].metadata["conflicts"] = [{"kind": "axis_in_scope"}] * 93
+    labels = [h.label for h in render.inlay_hints(one_line, lines)]
+    assert labels == ["3.00 ms", "4.00 ms", "5.00 ms · ⚠ 93"]
+    assert sum(len(label) + 1 for label in labels) <= render.MAX_HINT
     stale = render.code_lenses("file:///ws/s.partir.py", one_line, lines, stale=True)
     assert stale[0].command.title.startswith(render.STALE + "BP: ")
 
