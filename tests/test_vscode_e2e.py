@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -299,7 +300,8 @@ def _drive(ed: Editor) -> None:
     row = _wait("the hints of the schedule line", lambda: next(
         (t for t in ed.texts(".view-line") if t.startswith("schedule = [BP") and "⚠" in t),
         None))
-    assert "…" not in row and row.index("MP") < row.index("ms") < row.index("Z3"), row
+    assert re.fullmatch(r"schedule = \[BP [\d.]+ ms, MP [\d.]+ ms, Z3 [\d.]+ ms · ⚠ \d+\]",
+                        row), row
 
     # 2. The outline, asked for once on opening (no edit since).
     ed.open("mlp/bp_mp_z3.partir.py")
