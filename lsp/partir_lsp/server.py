@@ -228,7 +228,7 @@ class PartirServer(LanguageServer):
         before come with their counts in the first answer, which is then the only one."""
         lines = Lines.of(text)
         published: list[lsp.Diagnostic] | None = None
-        sites = navigation.written_elsewhere(doc.path, text, self.workspace_root)
+        sites: list[navigation.Site] = []  # read after the debounce, off every keystroke
 
         def publish(result: P.PartitionResult) -> None:
             nonlocal published
@@ -250,6 +250,7 @@ class PartirServer(LanguageServer):
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
+            sites = navigation.written_elsewhere(doc.path, text, self.workspace_root)
             result: P.PartitionResult = await self.link().call(
                 "partition", P.PartitionParams(doc.path, text, version, partial=True),
                 on_partial=publish)
