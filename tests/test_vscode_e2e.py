@@ -100,7 +100,15 @@ def _wait(what: str, found: Callable[[], T], timeout: float = UI_S) -> T:
 
 
 @pytest.fixture(scope="module")
-def vsix(installed: None) -> Path:  # noqa: F811
+def tools() -> None:
+    """Skips (before `npm ci` and the build) where the test cannot run."""
+    missing = _missing()
+    if missing is not None:
+        pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def vsix(tools: None, installed: None) -> Path:  # noqa: F811
     for old in EXTENSION.glob("*.vsix"):
         old.unlink()
     _npm("run", "package")
@@ -247,9 +255,6 @@ def _position(text: str, marked: str) -> tuple[int, int]:
 
 def test_the_extension_in_code_server(vsix: Path, artifacts: Path,
                                       tmp_path: Path) -> None:
-    missing = _missing()
-    if missing is not None:
-        pytest.skip(missing)
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
