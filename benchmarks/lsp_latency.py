@@ -77,7 +77,8 @@ from t32_edits import Z3, add_arguments, edited_tactic, schedule_text  # noqa: E
 
 from tests.lsp.support import Session, Workspace, start_session, stop_session  # noqa: E402
 
-COUNTS = re.compile(r"^\+AG \d+ \+AR \d+ \+RS \d+ \+A2A \d+")
+# A summary lens, named after its tactic ("Z3: +AG 2 ..."; not a stale one).
+COUNTS = re.compile(r"^(?:[^\s:]+: )?\+AG \d+ \+AR \d+ \+RS \d+ \+A2A \d+")
 TIMEOUT_S = 10.0  # no answer within this: the measurement is reported missed
 OPEN_TIMEOUT_S = 600.0  # the first analysis (daemon start, JAX import, trace)
 SETTLE_TIMEOUT_S = 120.0  # waiting, untimed, for the server to finish before the next step
@@ -361,8 +362,9 @@ def inline_variant(shipped: str, schedules: str) -> str:
     imports = next(source(node) for node in tree.body if isinstance(node, ast.ImportFrom)
                    and node.module == "partir")
     written = "\n".join([source(assigned["BATCH"]), source(assigned["MESH"]), "",
-                         source(assigned["MEGATRON_DIMS"]), "", "",
-                         source(functions["megatron"])])
+                         source(assigned["MEGATRON_DIMS"]), source(assigned["RANKS"]), "",
+                         "", source(functions["megatron"]), "", "",
+                         source(functions["zero"])])
     tactics = "\n".join(tactic(name) for name in ("BP", "MP", "Z3"))
     text = shipped.replace("from schedules import BP, MESH, MP, Z3\n", "")
     text = text.replace("import partir\n", f"import partir\n{imports}\n\n{written}\n\n")

@@ -25,11 +25,33 @@ MEANING = {
     "unsupported": "partir has no propagation rule for this primitive",
     "needs_replication": "the op cannot be sharded along the dimension propagation brings",
 }
+# What each kind costs the partitioned program and what users usually do about it: a
+# conflict is not an error, and some are what a tactic is for (ZeRO-3's parameters inside
+# the batch loop are gathered where they are used).
+ADVICE = {
+    "axis_in_scope": "Costs an all_gather where the op uses it; expected for ZeRO-3/FSDP "
+                     "parameters, else tile on another axis",
+    "multiple_matches": "The op stays unsharded here (redundant compute); tile one of its "
+                        "operands or results to choose",
+    "indivisible": "The op stays unsharded here (redundant compute, no traffic); shard a "
+                   "dimension the axis divides",
+    "replicated_operand": "The op stays unsharded here (redundant compute); stop "
+                          "replicating the operand if it may be sliced",
+    "unsupported": "Ops past it stay unsharded (redundant compute, a gather before it); "
+                   "tile its result in a tactic",
+    "needs_replication": "Costs an all_gather of that dimension before the op; shard "
+                         "another dimension instead",
+}
 UNSUPPORTED = "unsupported"
 
 
 def meaning(kind: str) -> str:
     return MEANING.get(kind, kind)
+
+
+def advice(kind: str) -> str:
+    """Whether a conflict of this kind costs anything, and the usual fix ("" unknown)."""
+    return ADVICE.get(kind, "")
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,10 @@ class ConflictGroup:
         """`model.py:12`, or "" when the op has no model line."""
         return f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line \
             else ""
+
+    @property
+    def advice(self) -> str:
+        return advice(self.kind)
 
     def message(self, tactic: str) -> str:
         """The group in one sentence; `tactic` names it ("tactic 2 (MP)")."""

@@ -3,7 +3,7 @@ and in `partir partition`."""
 
 from __future__ import annotations
 
-from partir.conflict_groups import MEANING, group_conflicts
+from partir.conflict_groups import ADVICE, MEANING, group_conflicts
 from partir.core import conflicts as C
 
 
@@ -15,6 +15,13 @@ def _conflict(kind: str, op: str, line: int, axis: str = "batch", **kw) -> dict:
 def test_every_kind_of_conflict_has_a_meaning():
     kinds = {v for k, v in vars(C).items() if k.isupper() and isinstance(v, str)}
     assert kinds == set(MEANING)
+
+
+def test_every_kind_of_conflict_says_what_it_costs_and_the_usual_fix():
+    assert set(ADVICE) == set(MEANING)
+    for kind, text in ADVICE.items():
+        assert "unsharded" in text or "all_gather" in text, kind  # what it costs
+        assert ";" in text, kind  # then what to do
 
 
 def test_groups_are_kind_op_and_model_line_in_the_order_met():

@@ -24,7 +24,7 @@ from partir_lsp.names import Names
 from partir_lsp.positions import Lines, to_range
 
 # The diagnostics' `code` is the daemon's `Diagnostic.exc_type`.
-FIXABLE: dict[str, Role] = {"UnknownInputError": KEY, "AxisNotInMeshError": AXIS}
+FIXABLE: dict[str, Role] = {render.UNKNOWN_INPUT: KEY, "AxisNotInMeshError": AXIS}
 MAX_FIXES = 3
 # As partir's own "did you mean" suggestion for unknown inputs.
 CUTOFF = 0.5

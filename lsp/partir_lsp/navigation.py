@@ -18,7 +18,7 @@ from partir_daemon import protocol as P
 from partir_lsp import render
 from partir_lsp.literals import KEY, parse, slot_at
 from partir_lsp.names import Names
-from partir_lsp.positions import Lines, line_range, node_range
+from partir_lsp.positions import Lines, byte_to_char_col, line_range, node_range
 
 SCHEDULE = "schedule"
 # How many `from a import b` a name may go through before its definition.
@@ -102,8 +102,20 @@ def _within(r: lsp.Range, p: lsp.Position) -> bool:
 
 def _resolve(module: Module, node: ast.expr, root: str, budget: int) -> lsp.Location | None:
     """The binding of a Name (or of `module.name` for an imported module) of `module`."""
+    found = _resolve_binding(module, node, root, budget)
+    if found is None:
+        return None
+    where, stmt, name = found
+    target = next((t for t in _targets(stmt) if t.id == name), stmt)
+    return lsp.Location(render.uri_of(where.path), node_range(target, where.lines))
+
+
+def _resolve_binding(module: Module, node: ast.expr, root: str,
+                     budget: int) -> tuple[Module, ast.stmt, str] | None:
+    """The module and statement binding a Name (or `module.name`) of `module`, and the
+    name it binds there."""
     if isinstance(node, ast.Name):
-        return _binding_location(module, node.id, root, budget)
+        return _binding(module, node.id, root, budget)
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         stmt = _bindings(module.tree).get(node.value.id)
         if isinstance(stmt, ast.Import):
@@ -112,24 +124,75 @@ def _resolve(module: Module, node: ast.expr, root: str, budget: int) -> lsp.Loca
             target = _import(alias.name if alias.asname else alias.name.split(".")[0], 0,
                              module.path, root)
             if target is not None:
-                return _binding_location(target, node.attr, root, budget)
+                return _binding(target, node.attr, root, budget)
     return None
 
 
-def _binding_location(module: Module, name: str, root: str,
-                      budget: int) -> lsp.Location | None:
+def _binding(module: Module, name: str, root: str,
+             budget: int) -> tuple[Module, ast.stmt, str] | None:
     stmt = _bindings(module.tree).get(name)
     if stmt is None:
         return None
     if isinstance(stmt, ast.ImportFrom) and budget > 0:
         alias = next(a for a in stmt.names if (a.asname or a.name) == name)
         target = _import(stmt.module or "", stmt.level, module.path, root)
-        found = _binding_location(target, alias.name, root, budget - 1) \
+        found = _binding(target, alias.name, root, budget - 1) \
             if target is not None else None
         if found is not None:
             return found
-    node = next((t for t in _targets(stmt) if t.id == name), stmt)
-    return lsp.Location(render.uri_of(module.path), node_range(node, module.lines))
+    return module, stmt, name
+
+
+@dataclass(frozen=True)
+class Site:
+    """A tactic of the schedule list written in another module (`from schedules import
+    Z3`): its 1-based index, its element of the list, and its call there, with the ranges
+    of its input keys (1-based lines, character columns, as the daemon's)."""
+
+    index: int
+    element: P.Range
+    path: str
+    lines: Lines
+    call: P.Range
+    keys: dict[str, P.Range]
+
+
+def written_elsewhere(path: str, text: str, root: str) -> list[Site]:
+    """The tactics of the schedule file's list bound, in another module, to a tactic call
+    (`Z3 = ManualPartition({...}, axis=..., name="Z3")`): where their diagnostics, hovers,
+    completion and quick fixes go there. Read statically, from the modules on disk."""
+    tree = parse(text)
+    if tree is None:
+        return []
+    value = getattr(_bindings(tree).get(SCHEDULE), "value", None)
+    if not isinstance(value, ast.List | ast.Tuple):
+        return []
+    module = Module(path, Lines.of(text), tree)
+    out = []
+    for index, elt in enumerate(value.elts, 1):
+        if not isinstance(elt, ast.Name | ast.Attribute):
+            continue
+        found = _resolve_binding(module, elt, root, MAX_IMPORTS)
+        if found is None or os.path.realpath(found[0].path) == os.path.realpath(path):
+            continue
+        where, stmt, _ = found
+        call = getattr(stmt, "value", None)
+        if not isinstance(call, ast.Call):
+            continue
+        inputs = call.args[0] if call.args else next(
+            (kw.value for kw in call.keywords if kw.arg == "inputs"), None)
+        keys = {k.value: _char_range(k, where.lines) for k in getattr(inputs, "keys", [])
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        out.append(Site(index, _char_range(elt, module.lines), where.path, where.lines,
+                        _char_range(call, where.lines), keys))
+    return out
+
+
+def _char_range(node: ast.AST, lines: Lines) -> P.Range:
+    end_line = node.end_lineno or node.lineno
+    return P.Range(node.lineno, byte_to_char_col(lines.line(node.lineno - 1), node.col_offset),
+                   end_line, byte_to_char_col(lines.line(end_line - 1),
+                                              node.end_col_offset or node.col_offset))
 
 
 def _import(name: str, level: int, importer: str, root: str) -> Module | None:

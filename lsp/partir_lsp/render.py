@@ -5,20 +5,24 @@ inlay hints and hover text. Pure functions of a result and the text it was compu
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types as lsp
 
-from partir.conflict_groups import group_conflicts, meaning
+from partir.conflict_groups import advice, group_conflicts, meaning
 from partir_daemon import protocol as P
+from partir_lsp import pictures
 from partir_lsp.names import SELECTABLE
 from partir_lsp.positions import Lines, line_range, node_range, to_range, visible_range
+
+if TYPE_CHECKING:  # navigation reads files and imports this module
+    from partir_lsp.navigation import Site
 
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"
@@ -35,9 +39,14 @@ _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2"
 _SHORT_DTYPE = {"bool": "i1", "bfloat16": "bf16", "complex64": "c64", "complex128": "c128"}
 # Daemon diagnostics whose range is the whole tactic but that concern one argument of it.
 _ON_INPUT_KEY = {"IndivisibleDimensionError", "DimensionOutOfRangeError", "AlreadyTiledError"}
-# Above this many shards per side the layout table is left out of the hover.
-MAX_LAYOUT_SIDE = 16
+# Placed on its key by the daemon when the key is written in the schedule file.
+UNKNOWN_INPUT = "UnknownInputError"
 MAX_HOVER_VALUES = 24
+# VS Code cuts the inlay hints of a line longer than this in all
+# (`editor.inlayHints.maximumLength`): a longer hint says its conflicts with a sign.
+MAX_HINT = 43
+# A tactic hover lists at most this many of its actions.
+MAX_ACTIONS = 12
 # Diagnostic messages longer than this are cut, their whole text going to the related
 # information: the Problems panel shows a message on one line.
 MAX_MESSAGE = 300
@@ -115,17 +124,68 @@ def cost_of(metadata: dict[str, Any]) -> dict[str, Any] | None:
 # --- diagnostics of a schedule file ---------------------------------------------------------
 
 
-def schedule_diagnostics(result: P.PartitionResult, lines: Lines) -> list[lsp.Diagnostic]:
+def schedule_diagnostics(result: P.PartitionResult, lines: Lines,
+                         sites: Sequence[Site] = ()) -> list[lsp.Diagnostic]:
     """The errors of a partition result, and the conflicts and blocked propagations of its
-    tactics as warnings on the tactic, with the model line of the op as related info."""
+    tactics as warnings on the tactic, with the model line of the op as related info; an
+    error of a tactic written in another module (`sites`) points there first."""
     uri = uri_of(result.path)
-    out = [_error(d, result, lines, uri) for d in result.diagnostics]
+    out = []
+    for d in result.diagnostics:
+        written = _written_at(d, sites)
+        if written is not None:
+            d = dataclasses.replace(d, inner=None)  # raised there: said by `written`
+        diagnostic = _error(d, result, lines, uri)
+        if written is not None:
+            diagnostic.related_information = [written, *(diagnostic.related_information
+                                                         or [])]
+        out.append(diagnostic)
     for tactic in result.tactics:
-        written = tactic.range or result.schedule_range
-        r = to_range(written, lines) if written is not None else line_range(0, lines)
+        if tactic.range is not None:
+            r = tactic_head(tactic.range, lines)
+        elif result.schedule_range is not None:
+            r = to_range(result.schedule_range, lines)
+        else:
+            r = line_range(0, lines)
         out += _conflicts(tactic, visible_range(r, lines), uri)
         out += _padding(tactic, visible_range(r, lines), uri)
     return out
+
+
+def written_diagnostics(result: P.PartitionResult,
+                        sites: Sequence[Site]) -> dict[str, list[lsp.Diagnostic]]:
+    """The diagnostics of the tactics written in another module (`from schedules import
+    Z3`), by that module's path, there: an error on the key or axis it concerns (else the
+    call), conflicts and padding on the callee. Quick fixes then act where the typo is."""
+    out: dict[str, list[lsp.Diagnostic]] = {}
+    for site in sites:
+        uri = uri_of(site.path)
+        found = out.setdefault(site.path, [])
+        for d in result.diagnostics:
+            if d.range == site.element:
+                # As if raised at the call: `_error` narrows it to the key or axis.
+                there = dataclasses.replace(d, file=result.path, range=site.call, inner=None)
+                diagnostic = _error(there, result, site.lines, uri)
+                if d.exc_type == UNKNOWN_INPUT:  # on the key in the list: here, the call's
+                    diagnostic.range = _narrow_to_key(site.call, d.message, site.lines) \
+                        or diagnostic.range
+                found.append(diagnostic)
+        if site.index <= len(result.tactics):
+            tactic = result.tactics[site.index - 1]
+            head = visible_range(tactic_head(site.call, site.lines), site.lines)
+            found += _conflicts(tactic, head, uri) + _padding(tactic, head, uri)
+    return out
+
+
+def _written_at(d: P.Diagnostic, sites: Sequence[Site]) -> lsp.DiagnosticRelatedInformation | None:
+    """Where the tactic of an error on a list element naming it is written, if elsewhere."""
+    site = next((s for s in sites if d.range == s.element), None)
+    if site is None:
+        return None
+    r = to_range(site.call, site.lines)
+    return lsp.DiagnosticRelatedInformation(
+        lsp.Location(uri_of(site.path), r),
+        f"written in {os.path.basename(site.path)}:{site.call.line}")
 
 
 def _padding_text(p: dict[str, Any]) -> str:
@@ -252,7 +312,8 @@ def _narrow_to_key(r: P.Range, message: str, lines: Lines) -> lsp.Range | None:
 
 def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagnostic]:
     """One warning per group of conflicts (`partir.conflict_groups`: kind, op and model
-    line), with its occurrences as related information."""
+    line), saying what it costs and the usual fix, with its occurrences as related
+    information."""
     out = []
     for group in group_conflicts(tactic.metadata.get("conflicts") or []):
         related = []
@@ -269,9 +330,23 @@ def _conflicts(tactic: P.TacticResult, r: lsp.Range, uri: str) -> list[lsp.Diagn
             related.append(lsp.DiagnosticRelatedInformation(
                 site, f"… and {len(occurrences) - MAX_RELATED} more"))
         code = "unsupported" if group.blocked else f"conflict/{group.kind}"
-        out.append(_diagnostic(r, group.message(f"tactic {tactic.index} ({tactic.name})"),
-                               lsp.DiagnosticSeverity.Warning, code, related, uri))
+        message = group.message(f"tactic {tactic.index} ({tactic.name})")
+        if group.advice:
+            message += f". {group.advice}"
+        out.append(_diagnostic(r, message, lsp.DiagnosticSeverity.Warning, code, related,
+                               uri))
     return out
+
+
+def tactic_head(r: P.Range, lines: Lines) -> lsp.Range:
+    """Where a tactic's warnings go: its name, or the callee of a call written in the
+    list (`partir.ManualPartition`), not the whole call, so that hovers on its input keys
+    are not led by every warning of the tactic."""
+    found = _snippet_call(r, lines)
+    if found is None:
+        return to_range(r, lines)
+    call, first, col0 = found
+    return node_range(call.func, lines, first, col0)
 
 
 # --- code lenses and inlay hints ------------------------------------------------------------
@@ -288,49 +363,74 @@ def lens_title(metadata: dict[str, Any]) -> str:
     return title
 
 
-def code_lenses(uri: str, result: P.PartitionResult, lines: Lines) -> list[lsp.CodeLens]:
-    """Above each tactic: its counts (showing the HLO-level program after it, where those
-    collectives are), its Core IR, and running the partitioned job."""
+# Leads the lenses of an analysis older than the text, which does not load: they stay
+# where they were rather than vanish (and the text jump) while a line is being typed.
+STALE = "(stale) "
+
+
+def code_lenses(uri: str, result: P.PartitionResult, lines: Lines,
+                stale: bool = False) -> list[lsp.CodeLens]:
+    """Above each tactic, named (a one-line list puts every tactic's lenses on one row):
+    its counts (showing the HLO-level program after it, where those collectives are) and
+    its Core IR; running the partitioned job once, above the schedule."""
     out = []
+    mark = STALE if stale else ""
     for t in result.tactics:
         if t.range is None:
             continue
         r = to_range(t.range, lines)
         after = {"uri": uri, "tactic": t.index}
         out += [
-            lsp.CodeLens(r, lsp.Command(title=lens_title(t.metadata), command=SHOW_IR,
+            lsp.CodeLens(r, lsp.Command(title=f"{mark}{t.name}: {lens_title(t.metadata)}",
+                                        command=SHOW_IR,
                                         arguments=[{**after, "level": "hlo"}])),
-            lsp.CodeLens(r, lsp.Command(title="Show IR after this tactic", command=SHOW_IR,
+            lsp.CodeLens(r, lsp.Command(title=f"Show IR after {t.name}", command=SHOW_IR,
                                         arguments=[after])),
-            lsp.CodeLens(r, lsp.Command(title="Run partitioned job", command=RUN_JOB,
-                                        arguments=[{"uri": uri}])),
         ]
+    where = result.schedule_range or next((t.range for t in result.tactics if t.range),
+                                           None)
+    if where is not None:
+        # On its first line alone: edits inside a multi-line list keep it in place.
+        start = to_range(where, lines).start
+        out.append(lsp.CodeLens(lsp.Range(start, start), lsp.Command(
+            title="Run partitioned job", command=RUN_JOB, arguments=[{"uri": uri}])))
     return out
 
 
-def hint_label(metadata: dict[str, Any]) -> str:
-    """The compact summary at the end of a tactic's line: the collectives it leaves in
-    the program, the estimated step time and the conflicts it hit."""
+def hint_label(metadata: dict[str, Any], compact: bool = False) -> str:
+    """The summary after a tactic: the collectives it leaves in the program, the estimated
+    step time and the conflicts it hit. `compact` (a line with several tactics, whose
+    hints VS Code cuts at MAX_HINT characters in all): the step time and the conflicts
+    alone, when there is a time (the tactic's lens, named, has its counts)."""
     counts = collective_counts(metadata)
-    parts = [" ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
-             or "no collectives"]
     cost = cost_of(metadata)
+    conflicts = len(metadata.get("conflicts") or [])
+    parts = [] if compact and cost is not None else [
+        " ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
+        or "no collectives"]
     if cost is not None:
         parts.append(format_time(float(cost["step_time_s"])))
-    conflicts = len(metadata.get("conflicts") or [])
     if conflicts:
         parts.append(f"{conflicts} conflict{'s' if conflicts > 1 else ''}")
+    if conflicts and (compact or len(" · ".join(parts)) > MAX_HINT):
+        parts[-1] = f"⚠ {conflicts}"
     return " · ".join(parts)
 
 
-def inlay_hints(result: P.PartitionResult, lines: Lines) -> list[lsp.InlayHint]:
+def inlay_hints(result: P.PartitionResult, lines: Lines,
+                stale: bool = False) -> list[lsp.InlayHint]:
+    """At the end of each tactic's line, or right after the tactic where the line holds
+    more than one (`schedule = [BP, MP, Z3]`), compact."""
+    placed = [t for t in result.tactics if t.range is not None]
+    ending = [t.range.end_line for t in placed]
     out = []
-    for t in result.tactics:
-        if t.range is None:
-            continue
+    for t in placed:
         line = t.range.end_line - 1
-        out.append(lsp.InlayHint(lines.end_of_line(line), hint_label(t.metadata),
-                                 padding_left=True,
+        alone = ending.count(t.range.end_line) == 1
+        at = lines.end_of_line(line) if alone else \
+            lsp.Position(line, lines.utf16_col(line, t.range.end_col))
+        label = (STALE if stale else "") + hint_label(t.metadata, compact=not alone)
+        out.append(lsp.InlayHint(at, label, padding_left=True,
                                  tooltip=f"tactic {t.index} ({t.name}): {lens_title(t.metadata)}"))
     return out
 
@@ -367,90 +467,6 @@ def _collective_text(c: P.AttributedCollective) -> str:
 # --- hovers ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Mesh:
-    axes: tuple[tuple[str, int], ...]
-
-    @classmethod
-    def of(cls, mesh: dict[str, int] | None) -> Mesh:
-        return cls(tuple((mesh or {}).items()))
-
-    @property
-    def size(self) -> int:
-        return math.prod(n for _, n in self.axes)
-
-    def coords(self, device: int) -> dict[str, int]:
-        """Row-major device numbering over the mesh axes, the first axis major."""
-        out = {}
-        for axis, n in reversed(self.axes):
-            out[axis] = device % n
-            device //= n
-        return out
-
-    def __str__(self) -> str:
-        return "{" + ", ".join(f'"{a}": {n}' for a, n in self.axes) + "}"
-
-
-def _shard_index(axes: Sequence[str], coords: dict[str, int], mesh: Mesh) -> int:
-    sizes = dict(mesh.axes)
-    index = 0
-    for a in axes:
-        index = index * sizes.get(a, 1) + coords.get(a, 0)
-    return index
-
-
-def layout_table(shape: Sequence[int], sharding: Sequence[Sequence[str]],
-                 mesh: Mesh) -> str | None:
-    """A markdown table of which devices hold which tile of a value, like
-    `jax.debug.visualize_array_sharding`: rows are tiles of the leading sharded
-    dimensions, columns tiles of the last dimension (when sharded)."""
-    if mesh.size <= 0 or not mesh.axes:
-        return None
-    sizes = dict(mesh.axes)
-    rank = len(sharding)
-    sharded = [d for d, axes in enumerate(sharding) if axes]
-    col_dims = [rank - 1] if rank and (rank - 1) in sharded else []
-    row_dims = [d for d in sharded if d not in col_dims]
-    if rank == 1:
-        row_dims, col_dims = [], sharded
-
-    def count(dims: list[int]) -> int:
-        return math.prod(math.prod(sizes.get(a, 1) for a in sharding[d]) for d in dims)
-
-    rows, cols = count(row_dims), count(col_dims)
-    if rows > MAX_LAYOUT_SIDE or cols > MAX_LAYOUT_SIDE:
-        return None
-    cells: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
-    for device in range(mesh.size):
-        coords = mesh.coords(device)
-        r = tuple(_shard_index(sharding[d], coords, mesh) for d in row_dims)
-        c = tuple(_shard_index(sharding[d], coords, mesh) for d in col_dims)
-        cells.setdefault((r, c), []).append(device)
-    row_keys = sorted({r for r, _ in cells})
-    col_keys = sorted({c for _, c in cells})
-
-    def label(dims: list[int], key: tuple[int, ...]) -> str:
-        if not dims:
-            return ""
-        return ", ".join(f"dim {d}: {i + 1}/{count([d])}" for d, i in zip(dims, key,
-                                                                            strict=True))
-
-    def local(dims: list[int]) -> str:
-        return ", ".join(f"{shape[d] // max(count([d]), 1)} of dim {d}" for d in dims)
-
-    header = ["tile"] + [label(col_dims, c) or "whole" for c in col_keys]
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in row_keys:
-        row = [label(row_dims, r) or "whole"]
-        for c in col_keys:
-            row.append(" ".join(str(d) for d in cells.get((r, c), [])))
-        out.append("| " + " | ".join(row) + " |")
-    caption = f"devices holding each tile (mesh {mesh}, device ids row-major"
-    if row_dims or col_dims:
-        caption += "; tiles of " + local(row_dims + col_dims)
-    return caption + "):\n\n" + "\n".join(out)
-
-
 def key_values(result: P.PartitionResult, key: str) -> P.ExplainResult:
     """What the daemon's `explain` answers for an input key, from a partition result
     alone: the inputs, outputs and tags the key selects (itself, or every leaf under it as
@@ -474,14 +490,15 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
     values = explained.values
     if not values:
         return f"`{key}`: no input, output or tag of the program by this name"
-    m = Mesh.of(mesh)
+    m = pictures.Mesh.of(mesh)
     parts = []
     if len(values) == 1:
         v = values[0]
         parts.append(f"**`{v.name}`** · {v.kind} · `{tensor_type(v.shape, v.dtype)}` "
                      f"({format_bytes(nbytes(v.shape, v.dtype))})")
-        rows = ["| | sharding | local shape | bytes/device |", "|---|---|---|---|"]
-        steps = [(f"after tactic {tactic} ({tactic_name})", _step(v, tactic))]
+        rows = ["| | sharding | PartitionSpec | local shape | bytes/device |",
+                "|---|---|---|---|---|"]
+        steps = [(f"after tactic {tactic} ({tactic_name})", step_after(v, tactic))]
         if v.history and v.history[-1].tactic != tactic:
             last = v.history[-1]
             steps.append((f"at the end (tactic {last.tactic}, {last.tactic_name})", last))
@@ -489,14 +506,14 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
             if step is None:
                 continue
             rows.append(f"| {label} | `{format_sharding(step.sharding)}` | "
+                        f"`{pictures.partition_spec(step.sharding)}` | "
                         f"`{list(step.local_shape)}` | "
                         f"{format_bytes(nbytes(step.local_shape, v.dtype))} |")
         parts.append("\n".join(rows))
         final = v.history[-1] if v.history else None
-        if final is not None:
-            table = layout_table(v.shape, final.sharding, m)
-            if table:
-                parts.append("At the end, " + table)
+        tiles = pictures.tiling(v.shape, final.sharding, m) if final is not None else None
+        if tiles is not None:
+            parts.append("At the end, " + pictures.markdown(tiles))
     else:
         total = sum(nbytes(v.shape, v.dtype) for v in values)
         parts.append(f"**`{key}`** selects {len(values)} values "
@@ -504,7 +521,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
         rows = [f"| value | type | after tactic {tactic} | local shape | at the end |",
                 "|---|---|---|---|---|"]
         for v in values[:MAX_HOVER_VALUES]:
-            step = _step(v, tactic)
+            step = step_after(v, tactic)
             final = v.history[-1] if v.history else None
             rows.append(
                 f"| `{v.name}` | `{tensor_type(v.shape, v.dtype)}` | "
@@ -515,7 +532,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
             rows.append(f"| … and {len(values) - MAX_HOVER_VALUES} more | | | | |")
         parts.append("\n".join(rows))
         local = sum(nbytes(s.local_shape, v.dtype) for v in values
-                    if (s := _step(v, tactic)) is not None)
+                    if (s := step_after(v, tactic)) is not None)
         parts.append(f"Per device after tactic {tactic}: {format_bytes(local)}.")
     if explained.collectives:
         parts.append("Collectives moving it:\n" + "\n".join(
@@ -523,7 +540,7 @@ def input_hover(explained: P.ExplainResult, key: str, tactic: int, tactic_name: 
     return "\n\n".join(parts)
 
 
-def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
+def step_after(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
     """The value's sharding after `tactic` (None past the last applied tactic): its
     history holds the steps that changed it, and the last tactic's."""
     if not v.history or tactic > v.history[-1].tactic:
@@ -535,15 +552,13 @@ def _step(v: P.ExplainedValue, tactic: int) -> P.ShardingStep | None:
 
 
 def tactic_hover(result: P.PartitionResult, index: int) -> str:
-    """Hover text of a tactic: its actions, the collectives the program has after it (and
-    how many it added) with the bytes each device sends, and its effect on the cost."""
+    """Hover text of a tactic, its summary first: its effect on the cost, the collectives
+    the program has after it (and how many it added) with the bytes each device sends,
+    its conflicts, and last its actions (a model's tactic has dozens)."""
     t = result.tactics[index - 1]
     previous = result.tactics[index - 2].metadata if index > 1 else None
     md = t.metadata
     parts = [f"**Tactic {t.index} · {t.name}** on axis `{t.axis}`"]
-    actions = [a for a in md.get("actions") or []]
-    if actions:
-        parts.append("Actions: " + ", ".join(f"`{a}`" for a in actions))
     counts = collective_counts(md)
     before = collective_counts(previous) if previous else dict.fromkeys(counts, 0)
     cost, cost_before = cost_of(md), cost_of(previous) if previous else None
@@ -558,7 +573,7 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
             rows.append(f"| {kind} ({abbr}) | {counts[kind]} | "
                         f"{counts[kind] - before[kind]:+d} | "
                         f"{format_bytes(sent)} ({signed_bytes(delta)}) |")
-    parts.append("\n".join(rows) if len(rows) > 2 else "No collectives in the program.")
+    table = "\n".join(rows) if len(rows) > 2 else "No collectives in the program."
     if cost is not None:
         line = (f"Estimated on `{cost.get('device', '?')}`: step time "
                 f"{format_time(float(cost['step_time_s']))}")
@@ -572,15 +587,22 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
         line += (f"; compute {format_time(float(cost['compute_time_s']))}, communication "
                  f"{format_time(float(cost['communication_time_s']))}")
         parts.append(line)
+    parts.append(table)
     conflicts = md.get("conflicts") or []
     if conflicts:
         kinds: dict[str, int] = {}
         for c in conflicts:
             kinds[c.get("kind", "")] = kinds.get(c.get("kind", ""), 0) + 1
         parts.append("Conflicts (warnings on this tactic): " + "; ".join(
-            f"{n} where {meaning(k)}" for k, n in kinds.items()))
+            f"{n} where {meaning(k)}" + (f" ({advice(k)})" if advice(k) else "")
+            for k, n in kinds.items()))
     for note in md.get("notes") or []:
         parts.append(f"Note: {note}")
+    actions = md.get("actions") or []
+    if actions:
+        shown = ", ".join(f"`{a}`" for a in actions[:MAX_ACTIONS])
+        more = f" and {len(actions) - MAX_ACTIONS} more" if len(actions) > MAX_ACTIONS else ""
+        parts.append(f"Actions ({len(actions)}): {shown}{more}")
     return "\n\n".join(parts)
 
 

@@ -83,6 +83,8 @@ class Snapshot:
     lines: Lines
     result: P.PartitionResult
     at: float
+    # Its tactics written in other modules (`from schedules import Z3`).
+    sites: list[navigation.Site] = field(default_factory=list)
 
 
 @dataclass
@@ -96,21 +98,38 @@ class Document:
     # The last snapshot whose program was traced (it has values): what completion, go to
     # definition and quick fixes use while the text being typed does not load.
     traced: Snapshot | None = None
+    # The last snapshot with tactics: lenses and hints show it, marked stale, while the
+    # text does not load (a transient syntax error), rather than vanish.
+    tactics: Snapshot | None = None
     markers: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)  # model uri ->
-    # The snapshot's lines matched to the current text's, for the snapshot's version and
-    # the document's version it was computed for.
-    _moved: tuple[int, int, LineMap] | None = None
+    # The diagnostics of its tactics written in other modules, by their uri.
+    written: dict[str, list[lsp.Diagnostic]] = field(default_factory=dict)
+    # Snapshots' lines matched to the current text's, by (the snapshot's version, the
+    # document's version it was computed for): only the current version's are kept.
+    _moved: dict[tuple[int, int], LineMap] = field(default_factory=dict)
+
+    def placed(self, snap: Snapshot) -> LineMap:
+        """Where the lines of `snap` (one of this document's) are in the current text."""
+        key = (snap.version, self.version)
+        if key not in self._moved:
+            self._moved = {k: m for k, m in self._moved.items() if k[1] == self.version}
+            self._moved[key] = LineMap(snap.lines, snap.lines if snap.version == self.version
+                                       else Lines.of(self.text))
+        return self._moved[key]
 
     def latest(self) -> tuple[Snapshot, LineMap] | None:
         """The last analysis, and where its lines are in the current text."""
         snap = self.snapshot
-        if snap is None:
-            return None
-        if self._moved is None or self._moved[:2] != (snap.version, self.version):
-            self._moved = (snap.version, self.version,
-                           LineMap(snap.lines, snap.lines if snap.version == self.version
-                                   else Lines.of(self.text)))
-        return snap, self._moved[2]
+        return None if snap is None else (snap, self.placed(snap))
+
+    def shown(self) -> tuple[Snapshot, LineMap, bool] | None:
+        """What lenses and hints show: the last analysis, or the last with tactics when
+        it failed to load (then stale), and where its lines are now."""
+        snap = self.snapshot
+        if snap is not None and not snap.result.tactics and not snap.result.ok and \
+                self.tactics is not None:
+            return self.tactics, self.placed(self.tactics), True
+        return None if snap is None else (snap, self.placed(snap), False)
 
 
 class PartirProtocol(LanguageServerProtocol):
@@ -191,6 +210,7 @@ class PartirServer(LanguageServer):
             doc.task.cancel()
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, []))
         doc.markers.clear()
+        doc.written.clear()
         self.publish_markers()
 
     def invalidated(self, paths: list[str]) -> None:
@@ -208,22 +228,29 @@ class PartirServer(LanguageServer):
         before come with their counts in the first answer, which is then the only one."""
         lines = Lines.of(text)
         published: list[lsp.Diagnostic] | None = None
+        sites: list[navigation.Site] = []  # read after the debounce, off every keystroke
 
         def publish(result: P.PartitionResult) -> None:
             nonlocal published
             if not self.is_current(doc, version):
                 return  # the document changed (or closed) meanwhile: drop the result
             self._daemon_error_shown = None
-            diagnostics = render.schedule_diagnostics(result, lines)
+            diagnostics = render.schedule_diagnostics(result, lines, sites)
             if diagnostics != published:
                 self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
                     doc.uri, diagnostics, version))
                 published = diagnostics
+            written = {render.uri_of(path): found for path, found
+                       in render.written_diagnostics(result, sites).items()}
+            if written != doc.written:
+                doc.written = written
+                self.publish_markers()
             self.log_timings(doc, version, result)
 
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
+            sites = navigation.written_elsewhere(doc.path, text, self.workspace_root)
             result: P.PartitionResult = await self.link().call(
                 "partition", P.PartitionParams(doc.path, text, version, partial=True),
                 on_partial=publish)
@@ -244,9 +271,11 @@ class PartirServer(LanguageServer):
         if not self.is_current(doc, version):
             return
         publish(result)
-        doc.snapshot = Snapshot(version, text, lines, result, time.monotonic())
+        doc.snapshot = Snapshot(version, text, lines, result, time.monotonic(), sites)
         if result.values:
             doc.traced = doc.snapshot
+        if result.tactics:
+            doc.tactics = doc.snapshot
         self.refresh()
         if self.settings.collective_markers_in_model:
             self.update_markers(doc, doc.snapshot)
@@ -301,11 +330,17 @@ class PartirServer(LanguageServer):
         self.publish_markers()
 
     def publish_markers(self) -> None:
+        """The diagnostics of files other than schedule files: collective markers (when
+        set) and those of tactics written there, each once however many open schedule
+        files have it."""
         merged: dict[str, list[lsp.Diagnostic]] = {}
-        if self.settings.collective_markers_in_model:
-            for doc in self.documents.values():
-                for uri, diags in doc.markers.items():
-                    merged.setdefault(uri, []).extend(diags)
+        for doc in self.documents.values():
+            sources = [doc.written, doc.markers] if self.settings.collective_markers_in_model \
+                else [doc.written]
+            for source in sources:
+                for uri, diags in source.items():
+                    there = merged.setdefault(uri, [])
+                    there += [d for d in diags if d not in there]
         for uri in self._model_published - set(merged):
             self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, []))
         for uri, diags in merged.items():
@@ -327,28 +362,41 @@ class PartirServer(LanguageServer):
 
     # -- requests ------------------------------------------------------------------------
     def code_lenses(self, uri: str) -> list[lsp.CodeLens]:
-        found = self.latest(uri)
+        doc = self.documents.get(uri)
+        found = doc.shown() if doc is not None else None
         if found is None:
             return []
-        _, snap, moved = found
-        lenses = render.code_lenses(uri, snap.result, snap.lines)
+        snap, moved, stale = found
+        lenses = render.code_lenses(uri, snap.result, snap.lines, stale)
         return [lens for lens in map(moved.lens, lenses) if lens is not None]
 
     def inlay_hints(self, uri: str, visible: lsp.Range) -> list[lsp.InlayHint]:
-        found = self.latest(uri)
+        doc = self.documents.get(uri)
+        found = doc.shown() if doc is not None else None
         if found is None:
             return []
-        _, snap, moved = found
-        hints = map(moved.hint, render.inlay_hints(snap.result, snap.lines))
+        snap, moved, stale = found
+        hints = map(moved.hint, render.inlay_hints(snap.result, snap.lines, stale))
         return [h for h in hints
                 if h is not None and visible.start.line <= h.position.line <= visible.end.line]
+
+    async def outline(self, uri: str) -> list[lsp.DocumentSymbol]:
+        """From the last analysis that traced the program, once there is one: it waits
+        for the first like lenses, as VS Code asks for the outline (and breadcrumbs) once
+        on opening a file and not again until an edit."""
+        await self.first_analysis(uri)
+        doc = self.documents.get(uri)
+        snap = doc.traced if doc is not None else None
+        return symbols.outline(snap.result, snap.lines, doc.placed(snap)) \
+            if snap is not None else []
 
     async def hover(self, uri: str, position: lsp.Position) -> lsp.Hover | None:
         path = path_of(uri)
         if path is None:
             return None
         if not is_schedule(path):
-            return await self.model_hover(path, position)
+            return self.written_hover(path, position) or \
+                await self.model_hover(path, position)
         await self.first_analysis(uri)
         found = self.latest(uri)
         if found is None:
@@ -369,6 +417,43 @@ class PartirServer(LanguageServer):
             if t.range is not None and contains(t.range, line, col):
                 return self.markdown(render.tactic_hover(snap.result, t.index),
                                      moved.span(to_range(t.range, snap.lines)))
+        return None
+
+    def writer(self, path: str) -> tuple[Snapshot, list[navigation.Site]] | None:
+        """The most recent analysis of an open schedule file with tactics written in the
+        module `path`, and those tactics."""
+        real = os.path.realpath(path)
+        best: tuple[Snapshot, list[navigation.Site]] | None = None
+        for doc in self.documents.values():
+            snap = doc.traced
+            mine = [s for s in snap.sites if os.path.realpath(s.path) == real] if snap else []
+            if mine and (best is None or snap.at > best[0].at):
+                best = (snap, mine)
+        return best
+
+    def written_hover(self, path: str, position: lsp.Position) -> lsp.Hover | None:
+        """An input key or the call of a tactic written in this module, explained by the
+        schedule file that uses it (the module's text as on disk when analysed)."""
+        found = self.writer(path)
+        if found is None:
+            return None
+        snap, sites = found
+        result = snap.result
+        for site in sites:
+            line = position.line + 1
+            col = site.lines.char_col(position.line, position.character)
+            if not contains(site.call, line, col):
+                continue
+            name = result.tactics[site.index - 1].name \
+                if site.index <= len(result.tactics) else "?"
+            for key, r in site.keys.items():
+                if contains(r, line, col):
+                    text = render.input_hover(render.key_values(result, key), key,
+                                              site.index, name, result.mesh)
+                    return self.markdown(text, to_range(r, site.lines))
+            if site.index <= len(result.tactics):
+                return self.markdown(render.tactic_hover(result, site.index),
+                                     to_range(site.call, site.lines))
         return None
 
     async def model_hover(self, path: str, position: lsp.Position) -> lsp.Hover | None:
@@ -475,8 +560,13 @@ class PartirServer(LanguageServer):
         msg_id = self.protocol.msg_id
         if msg_id is not None:
             self.cancel_hooks[msg_id] = cancel.set
-        token: str | None = None
-        if self.capability("window", "work_done_progress"):
+        # A client that shows the job itself (the extension: a notification with Cancel)
+        # passes its own token, as a `workDoneToken` it creates; else the server creates
+        # one, which clients may show where they cannot cancel it.
+        token = args.get("progressToken")
+        if not isinstance(token, str):
+            token = None
+        if token is None and self.capability("window", "work_done_progress"):
             token = f"partir-job-{uuid.uuid4()}"
             try:
                 await self.work_done_progress.create_async(token)
@@ -662,12 +752,25 @@ def build() -> PartirServer:
     def last_result(doc: Document) -> P.PartitionResult | None:
         return doc.traced.result if doc.traced is not None else None
 
+    def text_and_result(ls: PartirServer,
+                        uri: str) -> tuple[str, P.PartitionResult | None] | None:
+        """A schedule file's text and last analysis, or a module's where tactics of an
+        open schedule file are written and that file's analysis."""
+        doc = ls.documents.get(uri)
+        if doc is not None:
+            return doc.text, last_result(doc)
+        path = path_of(uri)
+        found = ls.writer(path) if path is not None else None
+        if found is None:
+            return None
+        return ls.workspace.get_text_document(uri).source, found[0].result
+
     @server.feature(lsp.TEXT_DOCUMENT_COMPLETION,
                     lsp.CompletionOptions(trigger_characters=list(completion.TRIGGERS)))
     def complete(ls: PartirServer, params: lsp.CompletionParams) -> lsp.CompletionList | None:
-        doc = ls.documents.get(params.text_document.uri)
-        return completion.complete(doc.text, params.position, last_result(doc)) \
-            if doc is not None else None
+        found = text_and_result(ls, params.text_document.uri)
+        return completion.complete(found[0], params.position, found[1]) \
+            if found is not None else None
 
     @server.feature(lsp.TEXT_DOCUMENT_DEFINITION)
     def definition(ls: PartirServer, params: lsp.DefinitionParams) -> list[lsp.Location]:
@@ -676,29 +779,25 @@ def build() -> PartirServer:
                                       ls.workspace_root) if doc is not None else []
 
     @server.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
-    def document_symbol(ls: PartirServer,
-                        params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
-        doc = ls.documents.get(params.text_document.uri)
-        snap = doc.traced if doc is not None else None
-        return symbols.outline(snap.result, snap.lines, LineMap(snap.lines, Lines.of(doc.text))) \
-            if snap is not None else []
+    async def document_symbol(ls: PartirServer,
+                              params: lsp.DocumentSymbolParams) -> list[lsp.DocumentSymbol]:
+        return await ls.outline(params.text_document.uri)
 
     @server.feature(lsp.TEXT_DOCUMENT_CODE_ACTION, lsp.CodeActionOptions(
         code_action_kinds=[lsp.CodeActionKind.QuickFix, lsp.CodeActionKind.RefactorRewrite]))
     def code_action(ls: PartirServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction]:
         uri = params.text_document.uri
-        doc = ls.documents.get(uri)
-        if doc is None:
+        known = text_and_result(ls, uri)
+        if known is None:
             return []
+        text, result = known
         only = params.context.only
         found = []
         if not only or any(lsp.CodeActionKind.QuickFix.value.startswith(k) for k in only):
-            found += actions.quick_fixes(uri, doc.text, last_result(doc),
-                                         params.context.diagnostics)
-        if not only or any(lsp.CodeActionKind.RefactorRewrite.value.startswith(k)
-                           for k in only):
-            found += actions.manual_replacements(uri, doc.text, last_result(doc),
-                                                 params.range)
+            found += actions.quick_fixes(uri, text, result, params.context.diagnostics)
+        if uri in ls.documents and (not only or any(
+                lsp.CodeActionKind.RefactorRewrite.value.startswith(k) for k in only)):
+            found += actions.manual_replacements(uri, text, result, params.range)
         return found
 
     @server.feature(IR_REQUEST)

@@ -208,3 +208,64 @@ async def test_quick_fix_replaces_an_unknown_name(session: Session, typo: str, c
     assert [d for d in await session.diagnostics_for(uri)
             if d.severity == T.DiagnosticSeverity.Error] == []
     session.close(uri)
+
+
+# Tactics written in a module the schedule file imports, as the shipped examples do
+# (`from schedules import BP, MP, Z3`); MP names an input the MLP does not have.
+TACTICS = '''\
+import partir
+
+BP = partir.ManualPartition({"x": 0}, axis="batch", name="BP")
+MP = partir.ManualPartition({"w11": 1}, axis="model", name="MP")
+'''
+IMPORTING = '''\
+from model import example_args, mlp
+from tactics import BP, MP
+
+import partir
+
+program = partir.Program(mlp, *example_args())
+mesh = {"batch": 4, "model": 2}
+schedule = [BP, MP]
+'''
+
+
+async def test_feedback_where_an_imported_tactic_is_written(session: Session) -> None:
+    """Diagnostics, hovers, completion and quick fixes in `tactics.py`, where the tactics
+    of `schedule = [BP, MP]` are written, not only on their names in the list."""
+    session.workspace.path("mlp/tactics.py").write_text(TACTICS)
+    uri = session.open("mlp/imported.partir.py", IMPORTING)
+    (error,) = await session.diagnostics_for(uri)
+    assert error.code == "UnknownInputError"
+    assert error.range.start == position_of(IMPORTING, "schedule = [BP, |MP]")
+    written = error.related_information[0]  # where MP is written, first
+    module_uri = session.workspace.uri("mlp/tactics.py")
+    assert written.location.uri == module_uri and written.location.range.start.line == 3
+    await analysed(session, uri)
+
+    def there() -> list[T.Diagnostic] | None:
+        p = session.latest(module_uri)
+        return p.diagnostics if p is not None and p.diagnostics else None
+
+    (typo,) = await session.wait_until("the diagnostics of tactics.py", there)
+    assert typo.code == "UnknownInputError" and "did you mean 'w1'" in typo.message
+    key = position_of(TACTICS, '{|"w11": 1}')
+    assert (typo.range.start, typo.range.end.character) == (key, key.character + 5)
+
+    session.open("mlp/tactics.py", TACTICS)
+    (fix, *_) = await quick_fixes(session, module_uri, typo)
+    assert applied(TACTICS, fix, module_uri) == TACTICS.replace('"w11"', '"w1"')
+    hover = await session.hover(module_uri, *_pos(position_of(TACTICS, '{"|x": 0}')))
+    assert hover is not None and "**`x`** · input · `tensor<256x8xf32>`" in hover
+    hover = await session.hover(module_uri, *_pos(position_of(TACTICS, "BP = partir.Manual|")))
+    assert hover is not None and hover.startswith("**Tactic 1 · BP** on axis `batch`")
+    typing = TACTICS.replace('{"x": 0}', '{"x": 0, "w')
+    session.change(module_uri, typing)
+    items = await complete(session, module_uri, typing, '"x": 0, "w|')
+    assert {"w1", "w2"} <= {i.label for i in items}
+    session.close(module_uri)
+    session.close(uri)
+
+
+def _pos(p: T.Position) -> tuple[int, int]:
+    return p.line, p.character

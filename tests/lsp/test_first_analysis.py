@@ -34,7 +34,10 @@ def _result(path: str, version: int, *, complete: bool) -> P.PartitionResult:
     if complete:
         metadata["collectives"] = {"all_reduce": 2}
     tactic = P.TacticResult(1, "BP", "batch", TACTIC_RANGE, {}, False, "s1", metadata)
-    return P.PartitionResult(path, version, True, [], mesh={"batch": 4}, tactics=[tactic])
+    x = P.ExplainedValue("x", "input", [8], "float32",
+                         [P.ShardingStep(1, "BP", [["batch"]], [2], True)])
+    return P.PartitionResult(path, version, True, [], mesh={"batch": 4}, tactics=[tactic],
+                             values=[x], schedule_range=P.Range(1, 0, 3, 1))
 
 
 class FakeLink:
@@ -152,3 +155,53 @@ async def test_the_wait_ends_when_the_document_closes(tmp_path: Path) -> None:
     await asyncio.sleep(0.01)
     server.closed(uri)
     assert await asyncio.wait_for(hover, 5) is None
+
+
+@pytest.mark.asyncio
+async def test_the_outline_waits_for_the_first_analysis(tmp_path: Path) -> None:
+    """VS Code asks for the outline (and breadcrumbs) once on opening, not again until an
+    edit: answering [] before the first analysis left them empty."""
+    server, uri = await _in_the_gap(tmp_path)
+    outline = asyncio.get_running_loop().create_task(server.outline(uri))
+    await asyncio.sleep(0.05)
+    assert not outline.done()
+    server.link_.release.set()
+    symbols = await asyncio.wait_for(outline, 5)
+    assert [s.name for s in symbols] == ["schedule"]
+    assert [c.name for c in symbols[0].children] == ["1. BP"]
+
+
+class BrokenLink(FakeLink):
+    """Answers a text that does not parse as the daemon does: an error, no tactics."""
+
+    async def call(self, method: str, params: Any, *, on_partial: Any = None) -> Any:
+        if "partir.Manual(" not in params.text:
+            return await super().call(method, params, on_partial=on_partial)
+        self.calls.append(params.version)
+        return P.PartitionResult(params.path, params.version, False, [P.Diagnostic(
+            "syntax", "invalid syntax", params.path, 2, P.Range(2, 4, 2, 10))])
+
+
+@pytest.mark.asyncio
+async def test_lenses_stay_marked_stale_while_the_text_does_not_parse(
+        tmp_path: Path) -> None:
+    server = Recorder()
+    server.link_ = server.daemon = BrokenLink()  # type: ignore[assignment]
+    server.link_.release.set()
+    uri = (tmp_path / "s.partir.py").as_uri()
+    server.opened(uri, 1, TEXT)
+    await _until(lambda: server.documents[uri].snapshot is not None, "the first analysis")
+    fresh = [lens.command.title for lens in server.code_lenses(uri)]
+    assert fresh[0] == "BP: +AG 0 +AR 2 +RS 0 +A2A 0"
+    typing = TEXT.replace("schedule = [", "schedule = [\n    partir.Manual(")
+    server.opened(uri, 2, typing)
+    await _until(lambda: server.documents[uri].snapshot.version == 2, "the broken version")
+    stale = server.code_lenses(uri)
+    assert [lens.command.title for lens in stale] == [
+        "(stale) " + fresh[0], *fresh[1:]]
+    assert stale[0].range.start.line == TACTIC_LINE + 1  # moved down with its line
+    (hint,) = server.inlay_hints(uri, lsp.Range(lsp.Position(0, 0), lsp.Position(10, 0)))
+    assert hint.label.startswith("(stale) ")
+    server.opened(uri, 3, TEXT)  # fixed: fresh again
+    await _until(lambda: server.documents[uri].snapshot.version == 3, "the fixed version")
+    assert [lens.command.title for lens in server.code_lenses(uri)] == fresh

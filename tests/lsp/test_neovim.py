@@ -190,7 +190,8 @@ def test_neovim_lsp_client_gets_diagnostic_and_hover(workspace: Workspace,
     assert isinstance(hover, str), f"no hover on the input key \"x\"\n{context}"
     assert "`tensor<256x8xf32>`" in hover, context  # x is 256 x 8
     # BP shards x's dimension 0 over the 4 "batch" devices: 64 x 8 each.
-    assert '| after tactic 1 (BP) | `[{"batch"}, {}]` | `[64, 8]` | 2.0 KiB |' in hover, context
+    assert ('| after tactic 1 (BP) | `[{"batch"}, {}]` | `P(\'batch\', None)` | `[64, 8]` | '
+            '2.0 KiB |') in hover, context
 
     # Neovim's shutdown and exit end the server cleanly; the daemon lives on until the
     # fixture stops it.

@@ -4,11 +4,11 @@ hand-made daemon results (no server, no daemon)."""
 from __future__ import annotations
 
 from lsprotocol import types as T
-from partir_lsp import render
+from partir_lsp import pictures, render
 from partir_lsp.positions import LineMap, Lines, contains, to_range
 from partir_lsp.settings import Settings
 
-from partir.conflict_groups import meaning
+from partir.conflict_groups import advice, meaning
 from partir_daemon import protocol as P
 
 
@@ -34,21 +34,40 @@ def test_lens_title_and_hint() -> None:
     assert render.lens_title(metadata) == "+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device"
     assert render.hint_label(metadata) == "AG 2 AR 1 · 1.23 ms · 1 conflict"
     assert render.lens_title({"collectives": {}}) == "+AG 0 +AR 0 +RS 0 +A2A 0"
+    # Within what VS Code shows of a hint, the cost and conflicts included.
+    busy = {"collectives": {"all_gather": 50, "all_reduce": 21, "reduce_scatter": 8,
+                            "all_to_all": 2},
+            "cost": {"step_time_s": 0.00407}, "conflicts": [{"kind": "axis_in_scope"}] * 93}
+    assert render.hint_label(busy) == "AG 50 AR 21 RS 8 A2A 2 · 4.07 ms · ⚠ 93"
+    assert len(render.hint_label(busy)) <= render.MAX_HINT
 
 
-def test_layout_table_of_a_2d_sharding() -> None:
-    mesh = render.Mesh.of({"batch": 4, "model": 2})
-    table = render.layout_table([8, 16], [["batch"], ["model"]], mesh)
-    rows = table.split("\n\n", 1)[1].splitlines()
+def test_sharding_picture_of_a_2d_sharding() -> None:
+    mesh = pictures.Mesh.of({"batch": 4, "model": 2})
+    tiles = pictures.tiling([8, 16], [["batch"], ["model"]], mesh)
+    assert tiles.cols == ["dim 1: 1/2", "dim 1: 2/2"]
+    assert tiles.rows == [f"dim 0: {i}/4" for i in range(1, 5)]
+    assert tiles.cells == [[[0], [1]], [[2], [3]], [[4], [5]], [[6], [7]]]
+    rows = pictures.markdown(tiles).split("\n\n", 1)[1].splitlines()
     assert rows[0] == "| tile | dim 1: 1/2 | dim 1: 2/2 |"
-    assert rows[2:] == ["| dim 0: 1/4 | 0 | 1 |", "| dim 0: 2/4 | 2 | 3 |",
-                        "| dim 0: 3/4 | 4 | 5 |", "| dim 0: 4/4 | 6 | 7 |"]
+    # Each tile's cell is led by its own colour.
+    assert rows[2:4] == ["| dim 0: 1/4 | 🟥 0 | 🟦 1 |", "| dim 0: 2/4 | 🟩 2 | 🟨 3 |"]
     # Sharded on "model" only: each tile is replicated over the four "batch" devices.
-    rows = render.layout_table([8, 16], [[], ["model"]], mesh).split("\n\n", 1)[1]
-    assert rows.splitlines()[2] == "| whole | 0 2 4 6 | 1 3 5 7 |"
+    tiles = pictures.tiling([8, 16], [[], ["model"]], mesh)
+    assert tiles.rows == ["whole"] and tiles.cells == [[[0, 2, 4, 6], [1, 3, 5, 7]]]
     # Two axes on one dimension, the first major.
-    rows = render.layout_table([8], [["model", "batch"]], mesh).split("\n\n", 1)[1]
-    assert rows.splitlines()[2] == "| whole | 0 | 2 | 4 | 6 | 1 | 3 | 5 | 7 |"
+    tiles = pictures.tiling([8], [["model", "batch"]], mesh)
+    assert tiles.cells == [[[0], [2], [4], [6], [1], [3], [5], [7]]]
+    # In a terminal: the same cells on ANSI background colours, or squares without.
+    drawn = pictures.terminal(pictures.tiling([8, 16], [["batch"], ["model"]], mesh), True)
+    assert drawn.splitlines()[2].startswith("dim 0: 1/4 \x1b[48;5;160m")
+    assert "🟥 0" in pictures.terminal(tiles, False)
+
+
+def test_partition_spec_notation() -> None:
+    assert pictures.partition_spec([["batch"], []]) == "P('batch', None)"
+    assert pictures.partition_spec([["model", "batch"]]) == "P(('model', 'batch'))"
+    assert pictures.partition_spec([]) == "P()"
 
 
 def test_collective_markers_group_by_model_line() -> None:
@@ -91,7 +110,7 @@ schedule = [
     partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
 ]
 '''
-TACTIC = P.Range(7, 4, 7, 62)
+TACTIC = P.Range(7, 4, 7, 61)  # the call, without the comma after it
 
 
 def tactic(conflicts: list[dict], reused: bool = False) -> P.TacticResult:
@@ -118,9 +137,13 @@ def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
                                         Lines.of(SCHEDULE))
     assert [d.code for d in diags] == ["conflict/axis_in_scope", "conflict/multiple_matches"]
     grouped = diags[0]
+    # What it costs and the usual fix follow what it means.
     assert grouped.message == ("conflict in tactic 1 (BP) at `dot_general` on axis 'batch', "
-                               "30 times: the op is already inside a loop over this axis")
-    assert grouped.range == T.Range(T.Position(6, 4), T.Position(6, 62))
+                               "30 times: the op is already inside a loop over this axis. "
+                               + advice("axis_in_scope"))
+    assert "all_gather" in grouped.message and "ZeRO-3" in grouped.message
+    # On the tactic's callee, not the whole call: hovers on its keys are not led by it.
+    assert grouped.range == T.Range(T.Position(6, 4), T.Position(6, 26))
     site, *occurrences = grouped.related_information
     assert site.location.uri == "file:///ws/model.py"
     assert site.location.range.start.line == 11 and site.location.range.end.line == 12
@@ -128,7 +151,8 @@ def test_conflicts_are_grouped_by_kind_op_and_model_line() -> None:
     assert occurrences[0].message == \
         "on axis 'batch': loop 'batch' [%r0] vs operand 1 tiled #tile<0>"
     assert occurrences[-1].message == f"… and {30 - render.MAX_RELATED} more"
-    assert diags[1].message.endswith("several shardings of the op fit and none was chosen")
+    assert diags[1].message.endswith("several shardings of the op fit and none was chosen. "
+                                     + advice("multiple_matches"))
 
 
 def test_a_dimension_that_needs_replication_says_why() -> None:
@@ -137,7 +161,8 @@ def test_a_dimension_that_needs_replication_says_why() -> None:
            "detail": "dimension 1 of operand 0 needs replication"}
     (d,) = render.schedule_diagnostics(result(tactic([why])), Lines.of(SCHEDULE))
     assert d.code == "conflict/needs_replication"
-    assert d.message.endswith(meaning("needs_replication"))
+    assert d.message.endswith(f"{meaning('needs_replication')}. "
+                              + advice("needs_replication"))
     _, occurrence = d.related_information
     assert occurrence.message == "on axis 'batch': dimension 1 of operand 0 needs replication"
 
@@ -211,7 +236,8 @@ def test_every_lens_runs_a_server_command() -> None:
         (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1, "level": "hlo"}]),
         (render.SHOW_IR, [{"uri": "file:///ws/s.partir.py", "tactic": 1}]),
         (render.RUN_JOB, [{"uri": "file:///ws/s.partir.py"}])]
-    assert lenses[0].command.title == "+AG 1 +AR 0 +RS 0 +A2A 0"
+    assert lenses[0].command.title == "BP: +AG 1 +AR 0 +RS 0 +A2A 0"
+    assert lenses[1].command.title == "Show IR after BP"
 
 
 def test_line_map_keeps_results_on_unchanged_lines() -> None:
@@ -239,7 +265,57 @@ def test_an_input_hover_reads_a_history_of_changes() -> None:
     explained = P.ExplainResult("/ws/s.partir.py", 1, [w], [])
     mesh = {"batch": 4, "model": 2}
     before = render.input_hover(explained, "w", 1, "BP", mesh)
-    assert "| after tactic 1 (BP) | `[{}, {}]` | `[8, 4]` | 128 B |" in before
+    assert "| after tactic 1 (BP) | `[{}, {}]` | `P(None, None)` | `[8, 4]` | 128 B |" in before
     between = render.input_hover(explained, "w", 3, "EMB", mesh)
     assert "| after tactic 3 (EMB) |" in between and "`[8, 2]`" in between
     assert "at the end (tactic 4, Z3)" in between and "`[2, 2]`" in between
+
+
+ONE_LINE = '''\
+mesh = {"batch": 4}
+schedule = [BP, MP, Z3]
+'''
+
+
+def test_a_one_line_schedule_names_each_tactic_and_hints_after_it() -> None:
+    """`schedule = [BP, MP, Z3]`: VS Code puts the lenses of a line on one row, and the
+    hints of a line at its end would pile up there."""
+    tactics = [P.TacticResult(i + 1, name, "batch", P.Range(2, col, 2, col + 2), {}, False,
+                              f"s{i}", {"collectives": {"all_reduce": i}})
+               for i, (name, col) in enumerate([("BP", 12), ("MP", 16), ("Z3", 20)])]
+    lines = Lines.of(ONE_LINE)
+    one_line = result(*tactics, schedule_range=P.Range(2, 0, 2, 23))
+    hints = render.inlay_hints(one_line, lines)
+    assert [(h.position.line, h.position.character) for h in hints] == [
+        (1, 14), (1, 18), (1, 22)]  # each right after its tactic's name
+    assert [h.label for h in hints] == ["no collectives", "AR 1", "AR 2"]
+    titles = [lens.command.title for lens in render.code_lenses("file:///ws/s.partir.py",
+                                                                one_line, lines)]
+    assert titles == ["BP: +AG 0 +AR 0 +RS 0 +A2A 0", "Show IR after BP",
+                      "MP: +AG 0 +AR 1 +RS 0 +A2A 0", "Show IR after MP",
+                      "Z3: +AG 0 +AR 2 +RS 0 +A2A 0", "Show IR after Z3",
+                      "Run partitioned job"]  # once, for the whole schedule
+    # With costs, compact: VS Code cuts a line's hints at MAX_HINT characters in all.
+    for i, t in enumerate(tactics):
+        t.metadata["cost"] = {"step_time_s": 0.003 + i * 1e-3, "peak_memory_bytes": 1024.0}
+    tactics[2].metadata["conflicts"] = [{"kind": "axis_in_scope"}] * 93
+    labels = [h.label for h in render.inlay_hints(one_line, lines)]
+    assert labels == ["3.00 ms", "4.00 ms", "5.00 ms · ⚠ 93"]
+    assert sum(len(label) + 1 for label in labels) <= render.MAX_HINT
+    stale = render.code_lenses("file:///ws/s.partir.py", one_line, lines, stale=True)
+    assert stale[0].command.title.startswith(render.STALE + "BP: ")
+
+
+def test_a_tactic_hover_leads_with_its_summary() -> None:
+    conflict = {"kind": "axis_in_scope", "op": "dot_general", "axis": "batch",
+                "loc": {"file": "/ws/model.py", "line": 12}, "choices": [], "detail": ""}
+    many = tactic([conflict])
+    many.metadata["actions"] = [f'tile<%w{i},0,"batch">' for i in range(60)]
+    many.metadata["cost"] = {"step_time_s": 0.002, "peak_memory_bytes": 1024.0,
+                             "compute_time_s": 0.001, "communication_time_s": 0.001}
+    parts = render.tactic_hover(result(many), 1).split("\n\n")
+    assert parts[1].startswith("Estimated on ")
+    assert parts[2].startswith("| collective |")
+    assert parts[3].startswith("Conflicts (warnings on this tactic): 1 where")
+    assert parts[-1].startswith("Actions (60): `tile<%w0,0,\"batch\">`")
+    assert parts[-1].endswith(f"and {60 - render.MAX_ACTIONS} more")

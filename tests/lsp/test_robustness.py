@@ -53,6 +53,21 @@ async def test_run_job_reports_a_finished_job(session: Session) -> None:
     session.close(uri)
 
 
+async def test_run_job_reports_on_the_clients_progress_token(session: Session) -> None:
+    """The extension shows a job in its own cancellable notification: the server reports
+    on the token it passes, and creates none (vscode-languageclient would show that one in
+    the status bar, without Cancel)."""
+    uri = session.open("mlp/bp_mp_z3.partir.py")
+    before = set(session.client.progress_reports)
+    result = await session.client.workspace_execute_command_async(T.ExecuteCommandParams(
+        "partir.runJob", [{"uri": uri, "steps": 1, "progressToken": "the-extensions"}]))
+    assert result["status"] == "finished", result
+    assert set(session.client.progress_reports) - before == {"the-extensions"}
+    kinds = [r.kind for r in session.client.progress_reports["the-extensions"]]
+    assert kinds[0] == "begin" and kinds[-1] == "end", kinds
+    session.close(uri)
+
+
 async def test_run_job_of_a_broken_file_fails(session: Session) -> None:
     path = session.workspace.path("mlp/broken.partir.py")
     path.write_text(MLP_BP_MP_Z3.replace('{"x": 0}', '{"y": 0}'))
@@ -79,7 +94,7 @@ async def test_broken_schedule_files_never_crash_the_server(session: Session) ->
     diags = await session.diagnostics_for(uri)
     assert not [d for d in diags if d.severity == T.DiagnosticSeverity.Error]
     await session.wait_until("the lenses refreshed", lambda: session.lens_refreshes > refreshes)
-    assert len(await session.lenses(uri)) == 9
+    assert len(await session.lenses(uri)) == 7  # two per tactic, one job lens
     session.close(uri)
 
 

@@ -77,13 +77,16 @@ async def test_requests_answer_from_the_last_analysis_while_one_runs(
     text, elapsed = await timed(session.hover(
         uri, *_pos(position_of(MLP_BP_MP_Z3, '"w1"', 1))))
     assert elapsed < QUICK_S, elapsed
-    assert '| after tactic 3 (Z3) | `[{"batch"}, {"model"}]` | `[2, 8]` | 64 B |' in text
+    assert ('| after tactic 3 (Z3) | `[{"batch"}, {"model"}]` | `P(\'batch\', \'model\')` | '
+            '`[2, 8]` | 64 B |') in text
     assert "Collectives moving it:\n- all_gather ×1 over 'batch' of `w1` (tactic 3, Z3)" \
         in text
     lenses, elapsed = await timed(session.lenses(uri))
     assert elapsed < QUICK_S, elapsed
-    assert sorted({lens.range.start.line for lens in lenses}) == tactic_lines(MLP_BP_MP_Z3)
-    assert len(lenses) == 9
+    schedule = MLP_BP_MP_Z3.splitlines().index("schedule = [")  # the job lens
+    assert sorted({lens.range.start.line for lens in lenses}) == [
+        schedule, *tactic_lines(MLP_BP_MP_Z3)]
+    assert len(lenses) == 7
     hints, elapsed = await timed(session.client.text_document_inlay_hint_async(
         T.InlayHintParams(T.TextDocumentIdentifier(uri),
                           T.Range(T.Position(0, 0), T.Position(100, 0)))))
@@ -105,7 +108,8 @@ async def test_lines_changed_since_the_last_analysis_have_no_lens(session: Sessi
         + "".join(lines[mp + 1:]) + SLOW
     session.change(uri, edited)
     lenses = await session.lenses(uri)
-    assert sorted({lens.range.start.line for lens in lenses}) == [bp + 1, z3 + 1]
+    schedule = MLP_BP_MP_Z3.splitlines().index("schedule = [")
+    assert sorted({lens.range.start.line for lens in lenses}) == [schedule + 1, bp + 1, z3 + 1]
     assert await session.hover(uri, mp + 1, 30) is None  # the edited line: nothing known
     assert await session.hover(uri, *_pos(position_of(edited, 'name="Z3"'))) is not None
     session.close(uri)

@@ -5,12 +5,14 @@
 
 import * as vscode from "vscode";
 import {
+  ExecuteCommandRequest,
   LanguageClient,
   type LanguageClientOptions,
   RevealOutputChannelOn,
   type ServerOptions,
   State,
   TransportKind,
+  WorkDoneProgress,
 } from "vscode-languageclient/node";
 
 import { IrDocuments } from "./irDocuments";
@@ -212,9 +214,9 @@ class PartirExtension implements vscode.Disposable {
         executeCommand: (name, args, next) => {
           switch (name) {
             case RUN_JOB_COMMAND:
-              return this.runJob(args, async (a) => next(name, a));
+              return this.runJob(args);
             case SHOW_IR_COMMAND:
-              return this.showServerIr(args, async (a) => next(name, a));
+              return this.showIrBeside(args);
             default:
               return next(name, args);
           }
@@ -336,17 +338,19 @@ class PartirExtension implements vscode.Disposable {
     return level === undefined ? undefined : { uri: parsed.uri, tactic, level };
   }
 
-  /** The server's `partir.showIr` (a code lens, one click: the server picks the level a
-   * lens leaves out): the server writes the IR to a file under `.partir/ir/` and opens it
-   * with `window/showDocument`, which the client handles. Only its errors need showing:
-   * the client logs failed requests without a message (RevealOutputChannelOn.Never). */
-  private async showServerIr(args: unknown[], send: (args: unknown[]) => Promise<unknown>): Promise<unknown> {
+  /** The server's `partir.showIr` (a code lens, one click): the IR view the picker opens
+   * (read-only, beside the schedule file, refreshed as it changes), at the level the lens
+   * names, else Core as the server's default, rather than the server's file under
+   * `.partir/ir/` (which other editors open). */
+  private async showIrBeside(args: unknown[]): Promise<unknown> {
+    let parsed: ShowIrArgs | undefined;
     try {
-      return await send(args);
+      parsed = parseShowIrArgs(args);
     } catch (e) {
-      void vscode.window.showErrorMessage(`PartIR: could not show the IR: ${errorMessage(e)}`);
+      void vscode.window.showErrorMessage(`PartIR: ${errorMessage(e)}`);
       return undefined;
     }
+    return this.showIrPicker(parsed === undefined ? [] : [{ level: "core", ...parsed }]);
   }
 
   /** `partir.showIrPicker` (palette): a read-only `partir-ir:` document fetched with the
@@ -402,11 +406,11 @@ class PartirExtension implements vscode.Disposable {
 
   // ---- partir.runJob -----------------------------------------------------------------
 
-  /** Runs the job through `send` (the server's `workspace/executeCommand`), reports the
-   * result in the "PartIR" channel and a message, and returns the server's result. The
-   * server reports work-done progress itself (`window/workDoneProgress/create`), which
-   * vscode-languageclient shows as a notification. */
-  private async runJob(args: readonly unknown[], send: (args: unknown[]) => Promise<unknown>): Promise<unknown> {
+  /** Runs the job (the server's `workspace/executeCommand`) under a notification with a
+   * Cancel button, which shows the server's progress (reported to a token the extension
+   * passes as `progressToken`) and cancels the request, hence the job; reports the result
+   * in the "PartIR" channel and a message, and returns the server's result. */
+  private async runJob(args: readonly unknown[]): Promise<unknown> {
     let parsed: RunJobArgs | undefined;
     try {
       parsed = parseRunJobArgs(args);
@@ -422,13 +426,40 @@ class PartirExtension implements vscode.Disposable {
       }
       parsed = { uri: doc.uri.toString() };
     }
-    const file = uriBasename(parsed.uri);
+    const client = this.client;
+    if (client === undefined || !client.isRunning()) {
+      void vscode.window.showErrorMessage("PartIR: the language server is not running (command: PartIR: Restart Language Server).");
+      return undefined;
+    }
+    const job = parsed;
+    const file = uriBasename(job.uri);
     this.output.appendLine(
-      `[${new Date().toISOString()}] Running the partitioned job of ${file}${parsed.steps === undefined ? "" : ` (${parsed.steps} steps)`}`,
+      `[${new Date().toISOString()}] Running the partitioned job of ${file}${job.steps === undefined ? "" : ` (${job.steps} steps)`}`,
     );
-    const status = vscode.window.setStatusBarMessage(`$(sync~spin) PartIR: running ${file}`);
+    const progressToken = `partir-job-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+    const title = `PartIR job (${file})`;
     try {
-      const raw = await send([parsed]);
+      const raw = await vscode.window.withProgress(
+        { location: vscode.ProgressLocation.Notification, title, cancellable: true },
+        async (progress, cancelled) => {
+          let done = 0;
+          const listening = client.onProgress(WorkDoneProgress.type, progressToken, (value) => {
+            if (value.kind === "end") return;
+            const increment = value.percentage === undefined ? undefined : Math.max(value.percentage - done, 0);
+            done = value.percentage ?? done;
+            progress.report({ ...(value.message === undefined ? {} : { message: value.message }), ...(increment ? { increment } : {}) });
+          });
+          try {
+            return await client.sendRequest(
+              ExecuteCommandRequest.type,
+              { command: RUN_JOB_COMMAND, arguments: [{ ...job, progressToken }] },
+              cancelled,
+            );
+          } finally {
+            listening.dispose();
+          }
+        },
+      );
       const result = parseJobResult(raw);
       this.output.appendLine(formatJobReport(result, file).join("\n"));
       const message = formatJobMessage(result, file);
@@ -443,13 +474,15 @@ class PartirExtension implements vscode.Disposable {
       });
       return raw;
     } catch (e) {
-      this.output.appendLine(`  failed: ${errorMessage(e)}`);
-      void vscode.window.showErrorMessage(`PartIR: the job of ${file} failed: ${errorMessage(e)}`, "Show Output").then((choice) => {
+      // Cancelling the notification cancels the request: the client stops waiting for its
+      // answer, and the server cancels the job.
+      const cancelled = e instanceof Error && /cancel/i.test(e.message);
+      this.output.appendLine(cancelled ? "  cancelled" : `  failed: ${errorMessage(e)}`);
+      const text = cancelled ? `PartIR: the job of ${file} was cancelled` : `PartIR: the job of ${file} failed: ${errorMessage(e)}`;
+      void (cancelled ? vscode.window.showWarningMessage : vscode.window.showErrorMessage)(text, "Show Output").then((choice) => {
         if (choice) this.output.show(true);
       });
       return undefined;
-    } finally {
-      status.dispose();
     }
   }
 

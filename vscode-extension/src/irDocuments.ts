@@ -1,10 +1,11 @@
 // Read-only `partir-ir:` documents: the program after a tactic, fetched from the server with
-// the `partir/ir` request, refreshed when the schedule file changes.
+// the `partir/ir` request, refreshed when the schedule file changes; while it does not load,
+// the last IR shown stays, marked stale.
 
 import * as vscode from "vscode";
 import type { LanguageClient } from "vscode-languageclient/node";
 
-import { IR_SCHEME, parseIrQuery } from "./irUri";
+import { IR_SCHEME, parseIrQuery, staleIr } from "./irUri";
 import { IR_REQUEST, type IrParams, parseIrResult, sameUri } from "./protocol";
 
 const REFRESH_DELAY_MS = 1000;
@@ -14,10 +15,13 @@ export class IrDocuments implements vscode.TextDocumentContentProvider, vscode.D
   readonly onDidChange = this.changed.event;
   private readonly subscriptions: vscode.Disposable[] = [this.changed];
   private readonly pending = new Map<string, ReturnType<typeof setTimeout>>();
+  /** The last IR fetched for each open document (by URI), shown stale when a refresh fails. */
+  private readonly shown = new Map<string, string>();
 
   constructor(private readonly client: () => LanguageClient | undefined) {
     this.subscriptions.push(
       vscode.workspace.onDidSaveTextDocument((doc) => this.refresh(doc.uri.toString(), 0)),
+      vscode.workspace.onDidCloseTextDocument((doc) => this.shown.delete(doc.uri.toString())),
       vscode.workspace.onDidChangeTextDocument((e) => {
         if (e.contentChanges.length > 0 && e.document.uri.scheme === "file") {
           this.refresh(e.document.uri.toString(), REFRESH_DELAY_MS);
@@ -32,8 +36,19 @@ export class IrDocuments implements vscode.TextDocumentContentProvider, vscode.D
     if (client === undefined || !client.isRunning()) {
       throw new Error("the PartIR language server is not running (command: PartIR: Restart Language Server)");
     }
-    const result: unknown = await client.sendRequest(IR_REQUEST, params, token);
-    return parseIrResult(result).text;
+    const key = uri.toString();
+    try {
+      const result: unknown = await client.sendRequest(IR_REQUEST, params, token);
+      const text = parseIrResult(result).text;
+      this.shown.set(key, text);
+      return text;
+    } catch (e) {
+      const last = this.shown.get(key);
+      if (last === undefined || token.isCancellationRequested) {
+        throw e;
+      }
+      return staleIr(last, e instanceof Error ? e.message : String(e));
+    }
   }
 
   /** Re-fetches the open IR documents of schedule file `sourceUri` after `delayMs`. */

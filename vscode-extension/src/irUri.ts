@@ -48,3 +48,13 @@ export function parseIrQuery(query: string): IrParams {
   }
   return validateIrParams(decoded);
 }
+
+/** First line of an IR document whose schedule file no longer loads. */
+export const STALE_IR_MARK = "// STALE";
+
+/** The last IR shown of a schedule file that no longer loads, marked stale with the reason
+ * (the `partir/ir` error) above it. */
+export function staleIr(last: string, reason: string): string {
+  const body = last.startsWith(STALE_IR_MARK) ? last.slice(last.indexOf("\n") + 1) : last;
+  return `${STALE_IR_MARK}: ${reason.replace(/\s+/g, " ")}. The IR below is from the last version that loaded.\n${body}`;
+}

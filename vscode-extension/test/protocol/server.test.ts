@@ -220,11 +220,16 @@ describe("the PartIR language server over stdio", () => {
       if (arg?.uri !== URI || arg?.tactic !== t.index) {
         problems.push(`tactic ${t.index}: no ${SHOW_IR_COMMAND} lens with arguments [{uri, tactic: ${t.index}}] (got ${JSON.stringify(showIr?.command)})`);
       }
-      const run = onLine.find((l) => l.command?.command === RUN_JOB_COMMAND);
-      if ((run?.command?.arguments?.[0] as { uri?: unknown } | undefined)?.uri !== URI) {
-        problems.push(`tactic ${t.index}: no ${RUN_JOB_COMMAND} lens with arguments [{uri}] (got ${JSON.stringify(run?.command)})`);
-      }
     });
+    // One job lens, above the schedule (the statement's first line, before the tactics').
+    const runs = lenses.filter((l) => l.command?.command === RUN_JOB_COMMAND);
+    if (
+      runs.length !== 1 ||
+      (runs[0]?.command?.arguments?.[0] as { uri?: unknown } | undefined)?.uri !== URI ||
+      (runs[0]?.range.start.line ?? Infinity) >= Math.min(...(lines as number[]))
+    ) {
+      problems.push(`expected one ${RUN_JOB_COMMAND} lens with arguments [{uri}] above the tactics, got ${JSON.stringify(runs)}`);
+    }
     assert.deepEqual(problems, [], `lenses: ${JSON.stringify(lenses.map((l) => [l.range.start.line, l.command?.title]))}`);
   });
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { irDocumentPath, irQuery, irTitle, parseIrQuery, uriBasename } from "../../src/irUri";
+import { irDocumentPath, irQuery, irTitle, parseIrQuery, STALE_IR_MARK, staleIr, uriBasename } from "../../src/irUri";
 import type { IrParams } from "../../src/protocol";
 
 describe("IR document URIs", () => {
@@ -60,5 +60,16 @@ describe("IR document URIs", () => {
     assert.equal(uriBasename("file:///a/my%20schedule.partir.py"), "my schedule.partir.py");
     assert.equal(uriBasename("file:///a/b/?q=1"), "b");
     assert.equal(irDocumentPath({ uri: "file:///a/x%2Fy.partir.py", tactic: 1, level: "core" }), "/x_y.partir.py after tactic 1.core.txt");
+  });
+});
+
+describe("stale IR", () => {
+  it("keeps the last IR below a mark saying why, once however often it fails", () => {
+    const once = staleIr("func @main\n", "the schedule file does not load (line 3): invalid\nsyntax");
+    assert.equal(
+      once,
+      `${STALE_IR_MARK}: the schedule file does not load (line 3): invalid syntax. The IR below is from the last version that loaded.\nfunc @main\n`,
+    );
+    assert.equal(staleIr(once, "the schedule file does not load (line 3): invalid syntax"), once);
   });
 });
