@@ -13,10 +13,12 @@
     partir partition FILE --emit-schedule
                                         the schedule as source, each AutomaticPartition
                                         replaced by the ManualPartitions it found
-    partir run FILE [--steps N] [--seed S] [--no-check] [--json]
+    partir run FILE [--steps N] [--seed S] [--no-check] [--json] [--processes N]
                                         run the partitioned program on the local devices,
                                         check it against the unpartitioned function (inputs
-                                        drawn with seed S) and report the step time
+                                        drawn with seed S) and report the step time; with
+                                        --processes, as N processes under jax.distributed
+                                        (`partir.launch`)
     partir daemon start|stop|status [--workspace DIR] [--json]
                                         the compiler daemon of a workspace (default: the
                                         current directory), see `partir_daemon`
@@ -47,14 +49,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
-from partir import __version__
+from partir import __version__, launch
 from partir.api import CorePartition, tactic_metadata
 from partir.cancel import Progress, reporting
 from partir.conflict_groups import group_conflicts
 from partir.core.program import Sharding
 from partir.errors import PartitionError
+from partir.launch import LOCAL_DEVICES
 from partir.pipeline import Lowered, lower
 from partir.schedule_file import ScheduleFile, load_schedule_file
 from partir.sim import DEFAULT_DEVICE, get_device, registered_devices
@@ -186,6 +190,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="do not run the unpartitioned function to compare with")
     run.add_argument("--json", action="store_true",
                      help="print the results as one JSON object instead of text")
+    run.add_argument("--processes", type=_at_least(1), default=1, metavar="N",
+                     help="run as N processes of this machine under jax.distributed, with "
+                          f"a local coordinator, each with {LOCAL_DEVICES}/N of the "
+                          f"{LOCAL_DEVICES} virtual CPU devices: one program on one global "
+                          "mesh, as on a cluster (default 1)")
     _progress_flag(run)
     for command in entry_points(group="partir.commands"):
         command.load()(commands)
@@ -466,13 +475,19 @@ def _json(schedule_file: ScheduleFile, result: CorePartition,
 
 
 def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
+    place = launch.current()
+    if args.processes > 1 and place is None:
+        return _run_processes(args)
     # Without an accelerator, run on 8 virtual CPU devices; this must precede JAX's backend
     # initialisation, which happens on first use below.
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    if place is not None:
+        launch.initialize(place)
+    elif "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_force_host_platform_device_count=8").strip()
     import jax
     import numpy as np
+    from jax.experimental import multihost_utils
 
     import partir
 
@@ -484,11 +499,13 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
                           static_argnums=program.static_argnums)
     devices = jax.devices()
     report = {"file": schedule_file.path, "platform": devices[0].platform,
-              "devices": len(devices), "mesh": dict(schedule_file.mesh), "seed": args.seed}
+              "devices": len(devices), "processes": jax.process_count(),
+              "mesh": dict(schedule_file.mesh), "seed": args.seed}
     if not args.json:
         progress.done()
-        print(f"{schedule_file.path}: {len(devices)} {devices[0].platform} devices, "
-              f"mesh {schedule_file.mesh}")
+        print(f"{schedule_file.path}: {len(devices)} {devices[0].platform} devices"
+              + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+              + f", mesh {schedule_file.mesh}")
     progress(f"partitioning ({len(schedule_file.schedule)} tactics) and compiling")
     start = time.perf_counter()
     with reporting(progress):  # a search's progress
@@ -502,6 +519,8 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
     ok = True
     if args.check:
         progress("running the unpartitioned function to compare with")
+        if jax.process_count() > 1:  # each process holds only its devices' tiles
+            out = multihost_utils.process_allgather(out, tiled=True)
         worst, ok = compare_with_unpartitioned(program, inputs, out)
         report |= {"max_abs_error": worst, "check_ok": ok}
         if not args.json:
@@ -524,6 +543,37 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
         print(f"step time: median {np.median(times) * 1e3:.2f} ms, "
               f"min {min(times) * 1e3:.2f} ms over {len(times)} steps")
     return 0 if ok else 1
+
+
+def _run_processes(args: argparse.Namespace) -> int:
+    """`partir run --processes N`: the same command as N processes of one run; process
+    0's output is the run's."""
+    import tempfile
+
+    argv = ["run", args.file, "--steps", str(args.steps), "--seed", str(args.seed),
+            *([] if args.check else ["--no-check"]), *(["--json"] if args.json else []),
+            "--no-progress"]
+    try:
+        logs = Path(tempfile.mkdtemp(prefix="partir-run-"))
+        finished = launch.launch(argv, args.processes, logs)
+    except ValueError as e:
+        return _fail(str(e))
+    # Gloo's transport logs its connections to the processes' stdout, among the report.
+    report = "".join(line for line in finished[0].stdout.read_text().splitlines(True)
+                     if not line.startswith("[Gloo]"))
+    failed = [f for f in finished if f.returncode != 0]
+    if not failed:
+        sys.stdout.write(report)
+        shutil.rmtree(logs, ignore_errors=True)
+        return 0
+    first = failed[0]
+    # A check that found a mismatch exits 1 with its report; anything else is a crash.
+    if first.returncode == 1 and all(f.returncode == 1 for f in finished):
+        sys.stdout.write(report)
+        return 1
+    tail = first.stderr.read_text()[-4000:]
+    return _fail(f"process {first.process_id} of {args.processes} exited with "
+                 f"{first.returncode} (logs of every process in {logs}):\n{tail}")
 
 
 def compare_with_unpartitioned(program: Any, inputs: tuple[Any, ...],
@@ -557,3 +607,7 @@ def _concrete_inputs(args: tuple[Any, ...], seed: int = 0) -> tuple[Any, ...]:
         return rng.normal(size=x.shape).astype(x.dtype)
 
     return tuple(jax.tree.map(make, a) for a in args)
+
+
+if __name__ == "__main__":  # `partir.launch` starts its processes as `python -m partir.cli`
+    sys.exit(main())

@@ -178,6 +178,33 @@ def test_run_as_json_with_a_seed_and_without_the_check(capsys):
     assert "must be >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_run_as_two_processes_equals_the_single_process_run(capsys):
+    """`--processes 2`: two processes of 4 CPU devices under jax.distributed run the one
+    8-device program; each checks the gathered result against the unpartitioned
+    function, and the collectives are the single-process run's."""
+    argv = ["run", str(EXAMPLES / "bp_mp_z3.partir.py"), "--steps", "1", "--json"]
+    assert main(argv) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--processes", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["processes"] == 2 and single["processes"] == 1
+    assert report["devices"] == single["devices"] == 8
+    assert report["check_ok"] is True and report["max_abs_error"] < 1e-4
+    assert report["collectives"] == single["collectives"]
+    assert main([*argv, "--processes", "3"]) == 2
+    assert "cannot share this machine's 8 devices evenly" in capsys.readouterr().err
+
+
+def test_a_failing_process_of_a_run_ends_the_others_and_names_their_logs(capsys, tmp_path):
+    bad = tmp_path / "bad.partir.py"
+    bad.write_text("raise RuntimeError('broken schedule file')\n")
+    assert main(["run", str(bad), "--processes", "2", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "exited with" in err and "logs of every process in" in err
+    assert "broken schedule file" in err
+
+
 def test_version_is_the_installed_packages(capsys):
     from importlib.metadata import version
 
