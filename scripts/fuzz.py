@@ -28,9 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fuzz.program import MODES
 
 
-def _range(text: str) -> range:
+def _seeds(text: str) -> list[int]:
+    """A:B (B excluded), one seed, or seeds separated by commas (a replay of a list)."""
+    if "," in text:
+        return [int(s) for s in text.split(",")]
     a, _, b = text.partition(":")
-    return range(int(a), int(b)) if b else range(int(a), int(a) + 1)
+    return list(range(int(a), int(b)) if b else range(int(a), int(a) + 1))
 
 
 def replay(seed: int, modes: list[str], core: bool, source: bool) -> int:
@@ -56,7 +59,8 @@ def replay(seed: int, modes: list[str], core: bool, source: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0:100", help="A:B (B excluded) or one seed")
+    ap.add_argument("--seeds", default="0:100",
+                    help="A:B (B excluded), one seed, or seeds separated by commas")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a case")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated of {MODES}")
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
-        report = run_campaign(_range(args.seeds), modes, args.workers, args.timeout,
+        report = run_campaign(_seeds(args.seeds), modes, args.workers, args.timeout,
                               args.minimize_s, args.minimize_total_s, args.core_every,
                               args.budget_s, log)
     except KeyboardInterrupt:
