@@ -487,7 +487,6 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
                                    " --xla_force_host_platform_device_count=8").strip()
     import jax
     import numpy as np
-    from jax.experimental import multihost_utils
 
     import partir
 
@@ -519,8 +518,6 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
     ok = True
     if args.check:
         progress("running the unpartitioned function to compare with")
-        if jax.process_count() > 1:  # each process holds only its devices' tiles
-            out = multihost_utils.process_allgather(out, tiled=True)
         worst, ok = compare_with_unpartitioned(program, inputs, out)
         report |= {"max_abs_error": worst, "check_ok": ok}
         if not args.json:
@@ -555,7 +552,8 @@ def _run_processes(args: argparse.Namespace) -> int:
             "--no-progress"]
     try:
         logs = Path(tempfile.mkdtemp(prefix="partir-run-"))
-        finished = launch.launch(argv, args.processes, logs)
+        finished = launch.launch([sys.executable, "-m", "partir.cli", *argv],
+                                 args.processes, logs)
     except ValueError as e:
         return _fail(str(e))
     # Gloo's transport logs its connections to the processes' stdout, among the report.
@@ -580,9 +578,14 @@ def compare_with_unpartitioned(program: Any, inputs: tuple[Any, ...],
                                out: Any) -> tuple[float, bool]:
     """The partitioned program's result `out` against the unpartitioned function's on
     `inputs` (a `partir.Program`'s): the largest absolute difference, and whether every
-    leaf is close (rtol = atol = 1e-4)."""
+    leaf is close (rtol = atol = 1e-4). Under `jax.distributed` every process calls it:
+    each holds only its devices' tiles of `out`, gathered first."""
     import jax
     import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() > 1:
+        out = multihost_utils.process_allgather(out, tiled=True)
 
     want = jax.jit(program.fn, static_argnums=program.static_argnums)(*inputs)
     pairs = list(zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True))

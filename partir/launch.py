@@ -1,14 +1,14 @@
 """Multi-process runs on this machine under `jax.distributed`, as a cluster runs them.
 
-`launch` starts N processes of a `partir` command with a local coordinator; each process
-reads its place from the environment (`current`) and joins the others (`initialize`)
-before JAX starts its backend, with its share of this machine's devices: 8 virtual CPU
-devices in all, split evenly. From there every process runs the same program on the
-one global mesh, the code path a cluster job takes (where `jax.distributed.initialize`
-reads SLURM's or Kubernetes' settings itself). A process's output goes to its own log
-files, never to a pipe: a process blocked on a full pipe would hang the others in a
-collective. When one process fails, or the launcher is interrupted, every process is
-ended.
+`launch` starts N processes of a command (`partir run`, the daemon's job runner) with a
+local coordinator; each process reads its place from the environment (`current`) and
+joins the others (`initialize`) before JAX starts its backend, with its share of this
+machine's virtual CPU devices (8 in all by default), split evenly. From there every
+process runs the same program on the one global mesh, the code path a cluster job takes
+(where `jax.distributed.initialize` reads SLURM's or Kubernetes' settings itself). A
+process's output goes to its own log files, never to a pipe: a process blocked on a full
+pipe would hang the others in a collective. When one process fails, or the launcher is
+interrupted, every process is ended.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,38 +77,42 @@ def initialize(place: Place) -> None:
                                initialization_timeout=120)
 
 
-def places(processes: int) -> list[Place]:
-    """The places of a run of `processes` processes on this machine."""
-    if processes < 1 or LOCAL_DEVICES % processes:
-        raise ValueError(f"{processes} processes cannot share this machine's "
-                         f"{LOCAL_DEVICES} devices evenly (use 1, 2, 4 or 8)")
+def places(processes: int, devices: int = LOCAL_DEVICES) -> list[Place]:
+    """The places of a run of `processes` processes sharing `devices` on this machine."""
+    if processes < 1 or devices % processes:
+        divisors = [n for n in range(1, devices + 1) if devices % n == 0]
+        raise ValueError(f"{processes} processes cannot share {devices} devices evenly "
+                         f"(use {', '.join(map(str, divisors))})")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         coordinator = f"127.0.0.1:{s.getsockname()[1]}"
-    return [Place(coordinator, processes, i, LOCAL_DEVICES // processes)
-            for i in range(processes)]
+    return [Place(coordinator, processes, i, devices // processes) for i in range(processes)]
 
 
-def launch(argv: Sequence[str], processes: int, log_dir: Path,
-           timeout_s: float | None = None) -> list[Finished]:
-    """Run `python -m partir.cli *argv` as `processes` processes of one run, each logging
-    to `log_dir/p<i>.out` and `.err`; wait for all. The first to fail (or the timeout, or
-    an interrupt) ends the others."""
+def launch(command: Sequence[str], processes: int, log_dir: Path, devices: int = LOCAL_DEVICES,
+           timeout_s: float | None = None, tick: Callable[[], None] | None = None
+           ) -> list[Finished]:
+    """Run `command` as `processes` processes of one run sharing `devices`, each logging
+    to `log_dir/p<i>.out` and `.err`, and wait for all, calling `tick` every 0.1 s (to
+    follow their output). The first to fail (or the timeout, or an interrupt) ends the
+    others."""
     log_dir.mkdir(parents=True, exist_ok=True)
     running: list[tuple[subprocess.Popen, Path, Path]] = []
     try:
-        for place in places(processes):
+        for place in places(processes, devices):
             out = log_dir / f"p{place.process_id}.out"
             err = log_dir / f"p{place.process_id}.err"
             with out.open("w") as o, err.open("w") as e:
                 running.append((subprocess.Popen(
-                    [sys.executable, "-m", "partir.cli", *argv], stdout=o, stderr=e,
-                    env={**os.environ, ENV: place.encode()}), out, err))
+                    command, stdout=o, stderr=e, env={**os.environ, ENV: place.encode()}),
+                    out, err))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while any(p.poll() is None for p, _, _ in running):
             if any(p.returncode not in (None, 0) for p, _, _ in running) or (
                     deadline is not None and time.monotonic() > deadline):
                 break
+            if tick is not None:
+                tick()
             time.sleep(0.1)
     finally:
         for p, _, _ in running:

@@ -201,6 +201,9 @@ def _job_text(job: P.JobInfo) -> str:
              f"{_when(job.finished)}"]
     if job.pid is not None or job.exit_code is not None:
         lines.append(f"  process  pid {job.pid}, exit status {job.exit_code}")
+    for p in job.processes:  # a multi-process job's runners
+        lines.append(f"  process {p.process} of {len(job.processes)}: exit status "
+                     f"{p.exit_code}, log {p.log_path}")
     if job.error:
         lines.append(f"  error    {job.error}")
     if job.metrics is not None:

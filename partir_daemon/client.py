@@ -611,10 +611,10 @@ class DaemonClient:
 
     def run(self, path: str | os.PathLike[str], *, steps: int = 10, inputs: str = "example",
             seed: int = 0, timeout_s: float = 1800.0, check: bool = True,
-            timeout: float | None = -1.0) -> P.JobInfo:
+            processes: int = 1, timeout: float | None = -1.0) -> P.JobInfo:
         """Start a job running the partitioned program; returns at once with its record."""
         return self.request("run", P.RunParams(os.fspath(path), steps, inputs, seed,
-                                               timeout_s, check), timeout).job
+                                               timeout_s, check, processes), timeout).job
 
     def jobs(self, timeout: float | None = -1.0) -> list[P.JobInfo]:
         return self.request("jobs", P.JobsParams(), timeout).jobs

@@ -3,6 +3,7 @@ devices, in a process of its own (started by `partir_daemon.jobs`).
 
     python -m partir_daemon.job_runner --path FILE --steps N [--inputs example|random|F.npz]
                                        [--seed S] [--no-check]
+                                       [--processes N --devices D --log-dir DIR]
 
 The daemon sets `XLA_FLAGS=--xla_force_host_platform_device_count=<mesh size>` (used when
 there is no accelerator) and `PARTIR_JOB_ID`. Events go to the daemon as JSON lines on a
@@ -11,6 +12,12 @@ private duplicate of stdout: {"event": "started" | "compiled" | "step" | "result
 process never outlives the daemon: it gets SIGKILL when the daemon dies (the daemon
 starts it with `processes.die_with_parent`), and exits when its stdin closes; its
 `partir_daemon.reaper` then ends the processes the user's code started.
+
+With `--processes N` it launches N runners of one run under `jax.distributed`
+(`partir.launch`), sharing the D devices; each logs to DIR/p<i>.err, and process 0's
+events (DIR/p0.out) are passed on as its own, followed by a "processes" event with each
+process's exit and log. The runners carry the job's id, so cancelling the job ends them
+all; only the launcher has a reaper (a runner's would end the others when it exits).
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
+from partir import launch
 from partir_daemon import protocol as P
 from partir_daemon.processes import JOB_ID_VARIABLE
 
@@ -97,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", default="example")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--devices", type=int, default=launch.LOCAL_DEVICES)
+    parser.add_argument("--log-dir")
     args = parser.parse_args(argv)
     # The schedule file's directory, after the standard library (started with -P: see
     # `client.module_command`).
@@ -105,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.append(directory)
     out = P.child_stream()
     _watch_parent()
-    _start_reaper()
+    place = launch.current()
+    if place is None:
+        _start_reaper()
+    if args.processes > 1 and place is None:
+        return _launch(args, out)
+    if place is not None:
+        launch.initialize(place)  # before JAX starts its backend
 
     def emit(event: str, **data: Any) -> None:
         out.write(P.encode({"event": event, **data}))
@@ -134,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"partitioned and compiled in {compile_s:.2f} s; collectives "
               f"{meta.collectives}", flush=True)
         peak = None
-        stats = devices[0].memory_stats() if hasattr(devices[0], "memory_stats") else None
+        local = jax.local_devices()[0]  # of this process (all of them but under --processes)
+        stats = local.memory_stats() if hasattr(local, "memory_stats") else None
         if stats and "peak_bytes_in_use" in stats:
             peak = int(stats["peak_bytes_in_use"])
         else:
@@ -161,12 +180,51 @@ def main(argv: list[str] | None = None) -> int:
             "platform": devices[0].platform, "devices": len(devices), "steps": len(times),
             "compile_s": compile_s, "step_time_median_s": median,
             "step_time_min_s": min(times) if times else None, "peak_memory_bytes": peak,
-            "max_abs_error": worst, "check_ok": ok, "collectives": meta.collectives})
+            "max_abs_error": worst, "check_ok": ok, "collectives": meta.collectives,
+            "processes": jax.process_count()})
         return 0 if ok is not False else 1
     except Exception as e:
         traceback.print_exc()
         emit("error", message=f"{type(e).__name__}: {e}")
         return 1
+
+
+def _launch(args: argparse.Namespace, out: BinaryIO) -> int:
+    """The job as `args.processes` runners of one run (see the module's docstring)."""
+    log_dir = Path(args.log_dir)
+    command = [sys.executable, "-P", "-m", "partir_daemon.job_runner", "--path", args.path,
+               "--steps", str(args.steps), "--inputs", args.inputs, "--seed", str(args.seed),
+               *(["--no-check"] if args.no_check else [])]
+    events = log_dir / "p0.out"
+    passed = 0
+
+    def pass_on() -> None:
+        nonlocal passed
+        try:
+            with events.open("rb") as f:
+                f.seek(passed)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1  # whole lines only
+        if end:
+            out.write(data[:end])
+            passed += end
+
+    try:
+        finished = launch.launch(command, args.processes, log_dir, devices=args.devices,
+                                 tick=pass_on)
+    except ValueError as e:
+        out.write(P.encode({"event": "error", "message": str(e)}))
+        return 1
+    pass_on()
+    out.write(P.encode({"event": "processes", "processes": [
+        {"process": f.process_id, "exit_code": f.returncode, "log_path": str(f.stderr)}
+        for f in finished]}))
+    for f in finished:
+        print(f"--- process {f.process_id} of {args.processes}: exit {f.returncode}, "
+              f"log {f.stderr} ---\n{f.stderr.read_text(errors='replace')}", flush=True)
+    return 0 if all(f.returncode == 0 for f in finished) else 1
 
 
 if __name__ == "__main__":

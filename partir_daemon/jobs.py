@@ -305,6 +305,9 @@ class JobManager:
                "--seed", str(params.seed)]
         if not params.check:
             cmd.append("--no-check")
+        if params.processes > 1:
+            cmd += ["--processes", str(params.processes), "--devices", str(devices),
+                    "--log-dir", str(Path(job.log_path).parent)]
         flags = os.environ.get("XLA_FLAGS", "")
         flags = " ".join(f for f in flags.split()
                          if not f.startswith("--xla_force_host_platform_device_count"))
@@ -393,6 +396,8 @@ class JobManager:
                 job.steps_done = job.metrics.steps
             elif kind == "error":
                 job.error = event.get("message")
+            elif kind == "processes":
+                job.processes = [P.from_json(P.JobProcess, p) for p in event["processes"]]
 
         async def events() -> None:
             assert proc.stdout is not None

@@ -240,6 +240,18 @@ class RunParams:
     seed: int = field(default=0, metadata={"min": 0})
     timeout_s: float = field(default=1800.0, metadata={"min": 0, "exclusive": True})
     check: bool = True  # compare against the unpartitioned function
+    # Processes of one run under jax.distributed (`partir.launch`), sharing the mesh's
+    # devices evenly; 1: one process.
+    processes: int = field(default=1, metadata={"min": 1})
+
+
+@dataclass
+class JobProcess:
+    """One process of a multi-process job: how it ended and its own log."""
+
+    process: int
+    exit_code: int | None
+    log_path: str
 
 
 @dataclass
@@ -254,6 +266,7 @@ class JobMetrics:
     max_abs_error: float | None
     check_ok: bool | None
     collectives: dict[str, int] = field(default_factory=dict)
+    processes: int = 1
 
 
 @dataclass
@@ -274,6 +287,7 @@ class JobInfo:
     log_path: str = ""
     # Output past the log's cap (`jobs.LOG_LIMIT_BYTES`), dropped.
     log_dropped_bytes: int = 0
+    processes: list[JobProcess] = field(default_factory=list)  # of a multi-process job
 
 
 @dataclass

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from partir_daemon.client import DaemonError
 from partir_daemon.paths import pid_alive
+from partir_daemon.processes import job_processes
 from tests.daemon.support import BP_MP_Z3, processes_mentioning, wait_until
 
 SCHEDULE = "mlp/bp_mp_z3.partir.py"
@@ -48,6 +50,32 @@ def test_a_job_runs_to_completion_on_8_cpu_devices(shared):
     assert any(p.token == job.id and p.step == 3 for p in progress)
     assert job.id in [j.id for j in client.jobs()]
     assert not pid_alive(done.pid)
+
+
+@pytest.mark.slow
+def test_a_job_as_two_processes_equals_the_single_process_job(shared):
+    """processes=2: two runners of 4 CPU devices under jax.distributed run the one
+    8-device program; the record keeps each runner's exit and log, and cancelling a
+    two-process job ends both runners."""
+    client = shared.connect()
+    single = client.wait_job(client.run(SCHEDULE, steps=2).id, timeout=180)
+    job = client.wait_job(client.run(SCHEDULE, steps=2, processes=2).id, timeout=240)
+    assert job.state == "succeeded", (job.error, client.job(job.id).log[-3000:])
+    assert job.metrics.processes == 2 and single.metrics.processes == 1
+    assert job.metrics.devices == single.metrics.devices == 8
+    assert job.metrics.check_ok and job.metrics.collectives == single.metrics.collectives
+    assert [(p.process, p.exit_code) for p in job.processes] == [(0, 0), (1, 0)]
+    for p in job.processes:  # each runner's own log
+        assert "step time" in Path(p.log_path).read_text()
+    assert "process 1 of 2: exit 0" in client.job(job.id).log
+    uneven = client.wait_job(client.run(SCHEDULE, steps=1, processes=3).id, timeout=60)
+    assert uneven.state == "failed" and "cannot share 8 devices evenly" in uneven.error
+    long = client.run(SCHEDULE, steps=LONG, processes=2)
+    assert wait_until(lambda: _running(client, long.id), timeout=240)
+    # the launcher, its reaper and its two runners carry the job's id
+    assert len(job_processes(long.id, None)) >= 3
+    assert client.cancel(long.id).job.state == "cancelled"
+    assert wait_until(lambda: not job_processes(long.id, None), timeout=30)
 
 
 def test_cancel_a_long_job(shared):
