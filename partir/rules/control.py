@@ -520,6 +520,7 @@ def _analyze(view: OpView) -> _Groups:
     find = a.find
     b = RuleBuilder([t.rank for t in view.in_types], [t.rank for t in view.out_types])
     placed: set[Node] = set()
+    shown: set[Node] = set()  # the factors' groups that some result has
     nodes: dict[int, list[Node]] = {}
     syncs: dict[int, frozenset[Site]] = {}
     monoids: dict[Site, str] = {}
@@ -567,13 +568,19 @@ def _analyze(view: OpView) -> _Groups:
                 *((edges.results[k], d) for k, d in results.items()))]
             placed.update(n for v in (*edges.operands, *edges.results)
                           for n in a.dims_of[v] if find(n) == g)
+            if results:
+                shown.add(g)
     for i, v in enumerate(edges.operands):
         entry = edges.entries.get(i)
         for d, n in enumerate(a.dims_of[v]):
             # Sliced, an operand the bodies take as it is can be all-gathered where they
             # take it (ZeRO-3 through a scan over layers: a layer's parameters gathered
-            # one layer at a time); no result depends on that slicing.
-            if entry and a.sizes[n] > 1 and d >= entry[0][2]:
+            # one layer at a time); no result depends on that slicing. Of a factor, only
+            # where a result has it too: the result's local size tells the local op that
+            # the factor is whole, which a factor of operands the bodies take alone
+            # cannot (sliced to be gathered or sliced as the factor, they look alike).
+            if entry and a.sizes[n] > 1 and d >= entry[0][2] and (
+                    n not in placed or find(n) in shown):
                 b.gatherable.add((i, d))
             if n not in placed:
                 b.replicated(a.sizes[n], operands={i: d}, why=why.get(find(n), ""))

@@ -594,3 +594,23 @@ def test_a_primitive_computing_from_positions_in_a_body_keeps_the_loop_sliced(na
     if name != "gather":  # its rows come from other devices' slices: gathered
         assert meta.collectives["all_gather"] == 0
         assert meta.out_specs[0] == jax.sharding.PartitionSpec("batch", None)
+
+
+def test_a_factor_only_the_bodies_operands_have_is_sliced_or_gathered_as_propagation_says():
+    """Fuzzer seed 617: the indices of a gather in a while body (a factor no result of the
+    loop has) arrive sliced, to be gathered where the body takes them, beside another
+    factor sliced on an overlapping sub-axis. The local op took them for a sliced factor
+    and summed the body's partial results over both: half the pairs were missing."""
+    def f(x, table, idx):
+        def body(s):
+            i, c = s
+            rows = partir.tag(jnp.take(table, idx, axis=0, mode="wrap"), "rows")
+            return i + 1, c + jnp.mean(rows)
+        return lax.while_loop(lambda s: s[0] < 2, body, (jnp.int32(0), x))[1]
+
+    x = jnp.asarray(RNG.standard_normal((3, 12)).astype(np.float32))
+    table = jnp.asarray(RNG.standard_normal((1, 4, 4)).astype(np.float32))
+    idx = jnp.asarray(RNG.integers(-3, 3, (6,)).astype(np.int32))
+    schedule = [partir.ManualPartition({"idx": 0, "table": 2}, axis="a"),
+                partir.ManualPartition({"rows": 1}, axis="a:(1)2")]
+    _all_oracles(f, {"a": 6}, schedule, x, table, idx)
