@@ -28,24 +28,29 @@ the program runs, so
     peak = arguments + results + peak of the live temporaries,
 
 which is what `compiled.memory_analysis()` reports as argument + output + temp sizes
-(without donation). A temporary is live from the op that writes it to the last op that
-reads it (directly or through fused producers), in program order. An op's result may
-reuse the buffer of an operand of the same size whose last read is that op, when the op
-is fusible (XLA's in-place buffer sharing for elementwise users). Constants are part of
-the executable, not temporaries. A gather or reduce-scatter along an inner dimension also
-needs a transposed copy while it runs (`_layout_copy_bytes`). Ops whose results nobody
-reads are dead code, which XLA removes: they cost nothing. Temporaries may live in the
-results' allocations, which the results take only at the end (`_Scan`).
+(without donation). A temporary is live from the kernel that writes it to the last kernel
+that reads it (directly or through fused producers), in the order XLA's CPU scheduler runs
+them: breadth first, each kernel as soon as the kernels it reads from have run
+(`_breadth_first`), which is not the program order (a ZeRO-3 gather runs at the start; a
+weight's gradient and its update right after the backward step that yields them). An
+op's result may reuse the buffer of an operand of the same size whose last read is that
+op, when the op is fusible (XLA's in-place buffer sharing for elementwise users).
+Constants are part of the executable, not temporaries. A gather or reduce-scatter along an
+inner dimension also needs a transposed copy while it runs (`_layout_copy_bytes`). Ops
+whose results nobody reads are dead code, which XLA removes: they cost nothing.
+Temporaries may live in the results' allocations before their writers run (`_Scan`).
 
-Checked against XLA's buffer assignment (the dumps of `--xla_dump_to`) on the programs of
-`benchmarks/simulator_accuracy.py`. What is not modelled: XLA's scheduler reorders ops
-(weight-gradient matmuls moved next to the backward step that feeds them), so where the
-program order differs much from XLA's, the peak differs too.
+Checked against XLA's buffer assignment and schedule (the dumps of `--xla_dump_to`) on the
+programs of `benchmarks/simulator_accuracy.py`. Kernels that become ready together keep
+their program order, which stands in for the order of XLA's instruction lists, and XLA's
+bitcasts and tuple accesses, which delay their users by a step of the breadth-first walk,
+are not modelled.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -161,7 +166,6 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     # bytes it moves, and the last reader of every buffer.
     reads: list[tuple[Value, ...]] = [()] * n_ops
     sources: dict[Value, tuple[Value, ...]] = {}  # fused value -> buffers it reads
-    last_read: dict[Value, int] = {}
     live = [False] * n_ops
     kernel = [False] * n_ops
     op_bytes = [0] * n_ops
@@ -201,21 +205,25 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
         if op.name in _DIM_COLLECTIVES:
             transient[i] = _layout_copy_bytes(op, sizes)
         reads[i] = tuple(read)
-        for b in read:
-            last_read[b] = i
 
-    # Pass 3: the temporaries live in program order. A result nothing in the program
-    # reads can be written last; one that is read, no later than its writer's place.
-    allocations = [_ResultAllocation(sizes(v.type)[1], n_ops if v not in consumers else w,
-                                     frozenset(reads[w]))
+    # Pass 3: the temporaries live in the order XLA's scheduler runs the kernels; a
+    # result's allocation is free until its writer runs.
+    order = _breadth_first(kernel, reads, producer)
+    position: dict[int, int] = {}
+    last_read: dict[Value, int] = {}
+    for t, i in enumerate(order):
+        position[i] = t
+        for b in reads[i]:
+            last_read[b] = t
+    allocations = [_ResultAllocation(sizes(v.type)[1], position[w], frozenset(reads[w]))
                    for v, w in sorted(((v, producer.get(v, -1)) for v in outputs),
                                       key=lambda vw: vw[1]) if w >= 0]
-    scan = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
+    scan = _Scan(ops, order, kinds, reads, last_read, sources, consumers, outputs,
                  allocations, transient, sizes)
     peak, peak_op = scan.run()
     at_peak: list[tuple[int, int]] = []
     if explain and peak_op >= 0:
-        again = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
+        again = _Scan(ops, order, kinds, reads, last_read, sources, consumers, outputs,
                       allocations, transient, sizes)
         again.run(stop_at=peak_op)
         at_peak = sorted(((sizes(b.type)[1], j) for b, j in again.holder.items()
@@ -224,6 +232,39 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
     return BufferPlan(rules, kinds, live, kernel, op_bytes, argument_bytes, output_bytes,
                       peak, peak_op, at_peak)
+
+
+def _breadth_first(kernel: list[bool], reads: list[tuple[Value, ...]],
+                   producer: dict[Value, int]) -> list[int]:
+    """The kernels in the order of XLA's CPU scheduler (its BFS scheduler, the default
+    while `xla_cpu_enable_concurrency_optimized_scheduler` is): a kernel runs once the
+    kernels writing the buffers it reads have, first come first served, so every kernel
+    runs as early as its inputs allow. Kernels that become ready together keep their
+    program order, which stands in for the order of XLA's instruction and user lists.
+    XLA's GPU and TPU schedulers minimize memory instead, which this order can only
+    over-estimate: the safe side."""
+    users: dict[int, list[int]] = {}
+    waiting = [0] * len(kernel)
+    ready: deque[int] = deque()
+    for i, runs in enumerate(kernel):
+        if not runs:
+            continue
+        # Buffers no kernel writes (arguments, an axis index) are there from the start.
+        inputs = {j for j in (producer.get(b, -1) for b in reads[i]) if j >= 0 and kernel[j]}
+        waiting[i] = len(inputs)
+        for j in inputs:
+            users.setdefault(j, []).append(i)
+        if not inputs:
+            ready.append(i)
+    order = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for j in users.get(i, ()):
+            waiting[j] -= 1
+            if not waiting[j]:
+                ready.append(j)
+    return order
 
 
 _LIBRARY_REDUCTIONS = frozenset(MONOIDS[m].reduce for m in ("add", "max", "min"))
@@ -276,30 +317,28 @@ def _frozen(v: object) -> object:
 @dataclass(frozen=True)
 class _ResultAllocation:
     nbytes: int
-    free_until: int  # the op index before which the result need not be written
+    free_until: int  # its writer's place in the schedule: the result's bytes are free before
     writer_reads: frozenset[Value]  # the buffers its writer reads: never placed in it
 
 
 class _Scan:
-    """Walks the kernels in program order, allocating and freeing temporaries.
+    """Walks the kernels in schedule order, allocating and freeing temporaries.
 
     XLA allocates the results before the run, and its buffer assignment places a
-    temporary in a result's allocation when their live ranges do not overlap. Its
-    scheduler writes the results as late as it can (a step's parameter and
-    optimizer-state updates come in the last fifth of its schedule, after the whole
-    backward pass, wherever the program computes them), so a result's allocation hosts
-    the temporaries that die before its writer runs, those its writer reads excepted. A
-    new temporary first goes to such an allocation with room for it (the roomiest one,
-    kept in a heap), and only otherwise to the temporaries' pool, whose peak is the
-    reported temp bytes.
+    temporary in a result's allocation when their live ranges do not overlap: a
+    result's allocation hosts the temporaries that die before its writer runs, those
+    its writer reads excepted. A new temporary first goes to such an allocation with
+    room for it (the roomiest one, kept in a heap), and only otherwise to the
+    temporaries' pool, whose peak is the reported temp bytes. Times are positions in
+    `order`; `last_read` and the allocations' `free_until` are given in them.
     """
 
-    def __init__(self, ops: list, kinds: list[Kind], kernel: list[bool],
+    def __init__(self, ops: list, order: list[int], kinds: list[Kind],
                  reads: list[tuple[Value, ...]], last_read: dict[Value, int],
                  sources: dict[Value, tuple[Value, ...]], consumers: dict[Value, list[Kind]],
                  outputs: set[Value], allocations: list[_ResultAllocation],
                  transient: list[int], sizes: SizesFn) -> None:
-        self.ops, self.kinds, self.kernel, self.reads = ops, kinds, kernel, reads
+        self.ops, self.order, self.kinds, self.reads = ops, order, kinds, reads
         self.last_read, self.sources, self.consumers = last_read, sources, consumers
         self.outputs, self.allocations, self.sizes = outputs, allocations, sizes
         self.transient = transient
@@ -351,12 +390,11 @@ class _Scan:
         current = peak = 0
         peak_op = -1
         sizes, holder, placed = self.sizes, self.holder, self.placed
-        for i, op in enumerate(self.ops):
-            if not self.kernel[i]:
-                continue
+        for t, i in enumerate(self.order):
+            op = self.ops[i]
             # A list in read order, not a set: the donor choice must not depend on hashes.
             dying = [b for b in dict.fromkeys(self.reads[i])
-                     if self.last_read.get(b) == i and b in holder]
+                     if self.last_read.get(b) == t and b in holder]
             for r in op.results:
                 if r in self.sources or r in self.outputs or r not in self.consumers \
                         or op.name == CONSTANT:
@@ -366,7 +404,7 @@ class _Scan:
                     donor = next((b for b in dying if sizes(b.type)[1] == nbytes), None)
                     if donor is not None and (
                             placed[donor] is None
-                            or self._fits(placed[donor], r, self.last_read.get(r, i))):
+                            or self._fits(placed[donor], r, self.last_read.get(r, t))):
                         # In place: the result takes the operand's buffer.
                         dying.remove(donor)
                         del holder[donor]
@@ -374,7 +412,7 @@ class _Scan:
                         placed[r] = placed.pop(donor)
                         continue
                 holder[r] = i
-                placed[r] = where = self._place(r, nbytes, self.last_read.get(r, i))
+                placed[r] = where = self._place(r, nbytes, self.last_read.get(r, t))
                 if where is None:
                     current += nbytes
             if current + self.transient[i] > peak:
