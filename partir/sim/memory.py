@@ -216,7 +216,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     # combined group of collectives as one step; those that fit in a result's allocation
     # before its writer runs go there, the others to the pool.
     group = _combined_groups(ops, kinds, live, combined_collectives)
-    steps = _breadth_first(kernel, reads, producer, group)
+    steps = _breadth_first(kernel, reads, producer, group, outputs, sizes)
     position: dict[int, int] = {}
     last_read: dict[Value, int] = {}
     for t, step in enumerate(steps):
@@ -257,14 +257,20 @@ def _combined_groups(ops: list[Op], kinds: list[Kind], live: list[bool],
 
 
 def _breadth_first(kernel: list[bool], reads: list[tuple[Value, ...]],
-                   producer: dict[Value, int], group: list[int]) -> list[list[int]]:
+                   producer: dict[Value, int], group: list[int], outputs: set[Value],
+                   sizes: SizesFn) -> list[list[int]]:
     """The kernels in the order of XLA's CPU scheduler (its BFS scheduler, the default
     while `xla_cpu_enable_concurrency_optimized_scheduler` is), as steps: a kernel runs
     once the kernels writing the buffers it reads have, first come first served, so
     every kernel runs as early as its inputs allow. A combined group of collectives is
     one step, run once every member's inputs are ready (a step's gradient all_reduces
-    after the whole backward pass). Kernels that become ready together keep their
-    program order, which stands in for the order of XLA's instruction and user lists.
+    after the whole backward pass).
+
+    XLA queues the kernels that one kernel makes ready in the order of its users list,
+    which its passes rewrite beyond prediction; here they queue by the bytes of the
+    temporaries they are the last to read, fewest first (program order among equals), so
+    that a buffer lives as long as an order of theirs can keep it (the gathered weight a
+    backward step reads stays live while the weight's gradient is computed beside it).
     XLA's GPU and TPU schedulers minimize memory instead, which this order can only
     over-estimate: the safe side."""
     members: dict[int, list[int]] = {}  # step (its first kernel) -> its kernels
@@ -274,28 +280,48 @@ def _breadth_first(kernel: list[bool], reads: list[tuple[Value, ...]],
     users: dict[int, list[int]] = {}
     waiting: dict[int, int] = {}
     ready: deque[int] = deque()
+    temporaries: dict[int, set[Value]] = {}  # step -> the temporaries it reads
+    readers: dict[Value, int] = {}  # temporary -> steps reading it not yet run
     for step, kernels in members.items():
         # Buffers no kernel writes (arguments, an axis index) are there from the start.
-        inputs = {group[j] for i in kernels for j in (producer.get(b, -1) for b in reads[i])
-                  if j >= 0 and kernel[j]}
+        inputs = set()
+        temporaries[step] = read = set()
+        for i in kernels:
+            for b in reads[i]:
+                j = producer.get(b, -1)
+                if j >= 0 and kernel[j]:
+                    inputs.add(group[j])
+                    if b not in outputs:
+                        read.add(b)
+        for b in read:
+            readers[b] = readers.get(b, 0) + 1
         inputs.discard(step)
         waiting[step] = len(inputs)
         for j in inputs:
             users.setdefault(j, []).append(step)
         if not inputs:
             ready.append(step)
+
+    def freed(step: int) -> int:
+        return sum(sizes(b.type)[1] for b in temporaries[step] if readers[b] == 1)
+
     steps = []
     while ready:
         step = ready.popleft()
         steps.append(members[step])
+        for b in temporaries[step]:
+            readers[b] -= 1
+        now = []
         for j in users.get(step, ()):
             waiting[j] -= 1
             if not waiting[j]:
-                ready.append(j)
+                now.append(j)
+        ready.extend(sorted(now, key=freed) if len(now) > 1 else now)
     if len(steps) < len(members):
         # Groups that wait on each other (`Combiner` tracks dependencies per kind and
         # axes only, XLA's combiners never form such groups): the collectives run alone.
-        return _breadth_first(kernel, reads, producer, list(range(len(kernel))))
+        return _breadth_first(kernel, reads, producer, list(range(len(kernel))), outputs,
+                              sizes)
     return steps
 
 
