@@ -277,6 +277,51 @@ def test_independent_kernels_run_side_by_side():
     assert sorted(b for b, _ in plan.at_peak) == [4, 64 * 64 * 4, 64 * 64 * 4]
 
 
+def test_temporaries_fill_the_results_allocations_largest_first():
+    """XLA assigns the largest temporaries first, each to the smallest result allocation
+    it fits in: y @ y (16 KiB) goes to the 16 KiB result's, x @ x (4 KiB) to the 4 KiB
+    one, although x @ x comes first (in program order it would take the larger one and
+    leave y @ y no room). Only the two scalar sums need the pool."""
+    def f(x, y):
+        s = jnp.sum(x @ x) + jnp.sum(y @ y)
+        return y * s, x * s
+    plan = plan_buffers(hlo(f, S((32, 32), F32), S((64, 64), F32)))
+    assert plan.temp_bytes == 2 * 4
+
+
+def test_kernels_ready_together_run_the_one_freeing_least_first():
+    """Once exp(x) is written, both the sum of (w @ w) * exp(x), the last read of w @ w,
+    and exp(x) @ exp(x) may run. XLA's order between them follows its users lists, which
+    cannot be predicted: the one freeing the fewest bytes runs first, so w @ w stays live
+    beside both other 16 KiB matrices (the safe side; the other order needs 32 KiB)."""
+    def f(x, w):
+        big = w @ w
+        p = jnp.exp(x)
+        return jnp.sum(big * p) + jnp.sum(jnp.tanh(p @ p))
+    plan = plan_buffers(hlo(f, S((64, 64), F32), S((64, 64), F32)))
+    assert plan.temp_bytes == 3 * 64 * 64 * 4 + 4
+
+
+def test_combined_all_reduces_run_together_once_all_their_operands_are_ready():
+    """XLA merges the independent all_reduces of a data-parallel step into one, which
+    runs once the last of its operands is written: the first partial sum stays live
+    through the rest of the step. The step time pays one latency for both."""
+    def f(x, w):
+        h = jnp.tanh(x @ w) @ w
+        return x.T @ x, h.T @ h
+    h = hlo(f, S((64, 64), F32), S((64, 64), F32), mesh={"a": 2},
+            schedule=[partir.ManualPartition({"x": 0}, axis="a")])
+    first, *_ = (i for i, op in enumerate(h.ops) if op.name == "dot_general")
+    reduces = [i for i, op in enumerate(h.ops) if op.name == "hlo.all_reduce"]
+    kib16 = 64 * 64 * 4
+    plan = plan_buffers(h, combined_collectives=frozenset({"all_reduce"}), explain=True)
+    assert [plan.group[i] for i in reduces] == [reduces[0]] * 2
+    assert (kib16, first) in plan.at_peak and plan.temp_bytes == 2 * kib16
+    alone = plan_buffers(h, explain=True)
+    assert (kib16, first) not in alone.at_peak and alone.temp_bytes < 2 * kib16
+    assert simulate(h, TOY, links={"a": "slow"}).combined_collectives == 1
+
+
 # --- registry --------------------------------------------------------------------------------
 
 
