@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from partir.ir import Function, Op, TensorType, Value
+from partir.ir import Function, Op, Region, TensorType, Value
 from partir.ir.dtypes import itemsize
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import CONSTANT
@@ -210,6 +210,10 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
         op_bytes[i] = direct + written
         if op.name in _DIM_COLLECTIVES:
             transient[i] = _layout_copy_bytes(op, sizes)
+        elif op.regions:
+            # A loop's or a branch's own buffers, while it runs.
+            transient[i] = max(_region_bytes(op, r, sizes, library_reduction_elements,
+                                             combined_collectives) for r in op.regions)
         reads[i] = tuple(read)
 
     # Pass 3: the temporaries live in the order XLA's scheduler runs the kernels, a
@@ -234,6 +238,32 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
     return BufferPlan(rules, kinds, live, kernel, group, op_bytes, argument_bytes,
                       output_bytes, peak, peak_op, at_peak)
+
+
+def _region_bytes(op: Op, region: Region, sizes: SizesFn,
+                  library_reduction_elements: int | None,
+                  combined_collectives: frozenset[str]) -> int:
+    """The bytes a region needs while its op runs: its temporaries' peak and, for a scan,
+    the per-iteration values it stacks that get a buffer of their own before XLA's
+    dynamic-update-slice copies them into the stacked results (those a kernel other
+    than a fusible producer writes, or that other ops read too: a fusible producer
+    stacked only is fused into that copy). A new carry takes the old one's buffer."""
+    plan = plan_buffers(Function("region", region.args, region.ops, region.yields), sizes,
+                        library_reduction_elements=library_reduction_elements,
+                        combined_collectives=combined_collectives)
+    if op.name != "scan":
+        return plan.temp_bytes
+    writer = {r: i for i, inner in enumerate(region.ops) for r in inner.results}
+    read = {u for inner in region.ops for u in inner.operands}
+    stacked = 0
+    for y in dict.fromkeys(region.yields[op.params["num_carry"]:]):
+        i = writer.get(y)
+        while i is not None and plan.kinds[i] is Kind.FREE:  # a view of its operand
+            y = region.ops[i].operands[0]
+            i = writer.get(y)
+        if i is not None and (plan.kinds[i] not in FUSIBLE_PRODUCERS or y in read):
+            stacked += sizes(y.type)[1]
+    return plan.temp_bytes + stacked
 
 
 def _combined_groups(ops: list[Op], kinds: list[Kind], live: list[bool],

@@ -322,6 +322,27 @@ def test_combined_all_reduces_run_together_once_all_their_operands_are_ready():
     assert simulate(h, TOY, links={"a": "slow"}).combined_collectives == 1
 
 
+def test_a_scan_holds_its_bodys_buffers_while_it_runs():
+    """A scan runs its body inside it: the body's temporaries (c @ w, its tanh in place,
+    read by the next matmul) take 16 KiB while the scan runs, the new carry taking the
+    old one's buffer; a per-iteration value it stacks that a matmul writes (and tanh
+    reads) exists before XLA's dynamic-update-slice copies it into the stacked result.
+    16 KiB in both, as XLA's `memory_analysis()` reports (besides 68 bytes of scalars)."""
+    def carried(x, w):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w) @ w, None), x, None, length=3)[0]
+
+    def stacked(x, w):
+        def body(c, _):
+            y = c @ w
+            return jnp.tanh(y), y
+        return jax.lax.scan(body, x, None, length=3)
+    kib16 = 64 * 64 * 4
+    for f in (carried, stacked):
+        h = hlo(f, S((64, 64), F32), S((64, 64), F32))
+        assert [op.name for op in h.ops] == ["scan"]
+        assert plan_buffers(h).temp_bytes == kib16
+
+
 # --- registry --------------------------------------------------------------------------------
 
 
