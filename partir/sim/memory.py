@@ -28,23 +28,32 @@ the program runs, so
     peak = arguments + results + peak of the live temporaries,
 
 which is what `compiled.memory_analysis()` reports as argument + output + temp sizes
-(without donation). A temporary is live from the kernel that writes it to the last kernel
-that reads it (directly or through fused producers), in the order XLA's CPU scheduler runs
+(without donation).
+
+Schedule. A temporary is live from the kernel that writes it to the last kernel that
+reads it (directly or through fused producers), in the order XLA's CPU scheduler runs
 them: breadth first, each kernel as soon as the kernels it reads from have run
 (`_breadth_first`), which is not the program order (a ZeRO-3 gather runs at the start; a
-weight's gradient and its update right after the backward step that yields them). An
-op's result may reuse the buffer of an operand of the same size whose last read is that
-op, when the op is fusible (XLA's in-place buffer sharing for elementwise users).
-Constants are part of the executable, not temporaries. A gather or reduce-scatter along an
-inner dimension also needs a transposed copy while it runs (`_layout_copy_bytes`). Ops
-whose results nobody reads are dead code, which XLA removes: they cost nothing.
-Temporaries may live in the results' allocations before their writers run (`_Scan`).
+weight's gradient and its update right after the backward step that yields them). A
+group of collectives XLA combines (`DeviceSpec.combined_collectives`) is one step, run
+once all its operands are written. Where XLA's order among kernels ready together cannot
+be predicted, the one freeing the fewest bytes runs first (the safe side).
 
-Checked against XLA's buffer assignment and schedule (the dumps of `--xla_dump_to`) on the
-programs of `benchmarks/simulator_accuracy.py`. Kernels that become ready together keep
-their program order, which stands in for the order of XLA's instruction lists, and XLA's
-bitcasts and tuple accesses, which delay their users by a step of the breadth-first walk,
-are not modelled.
+Buffers. An op's result may reuse the buffer of an operand of the same size whose last
+read is that op, when the op is fusible (XLA's in-place buffer sharing for elementwise
+users). Constants are part of the executable, not temporaries. XLA's buffer assignment
+puts temporaries into the results' allocations, largest first, each into the smallest
+one whose result is written after it dies (`_into_results`); the rest share the pool,
+whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
+dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
+branch its region's buffers (`_region_bytes`). Ops whose results nobody reads are dead
+code, which XLA removes: they cost nothing.
+
+Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
+the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the copies XLA's layout
+assignment makes where a matmul wants an operand in another layout (a weight transposed
+once for the whole step, a layer norm written in two layouts), and the bitcasts and tuple
+accesses that delay their users by a step of the breadth-first walk.
 """
 
 from __future__ import annotations
