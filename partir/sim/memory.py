@@ -61,7 +61,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -241,7 +241,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                                outputs, sizes)
     _into_results(temporaries, [(sizes(v.type)[1], position[producer[v]], producer[v])
                                 for v in outputs if producer.get(v, -1) in position],
-                  _post_order(ops, fn.results))
+                  _post_order([root.get(v, v) for v in fn.results], reads, producer))
     peak, peak_op, at_peak = _pool_peak(temporaries, steps, transient, explain)
     argument_bytes = sum(sizes(a.type)[1] for a in fn.args)
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
@@ -441,9 +441,7 @@ def _temporaries(ops: list[Op], steps: list[list[int]], kinds: list[Kind],
     temporaries: list[_Temporary] = []
     temporary: dict[Value, _Temporary] = {}
     for t, step in enumerate(steps):
-        # A list in read order, not a set: the donor choice must not depend on hashes.
-        dying = [temporary[b] for b in dict.fromkeys(b for i in step for b in reads[i])
-                 if b in temporary and last_read[b] == t]
+        dying: list[_Temporary] | None = None  # found once a fusible producer asks
         for i in step:
             op = ops[i]
             for r in op.results:
@@ -452,6 +450,12 @@ def _temporaries(ops: list[Op], steps: list[list[int]], kinds: list[Kind],
                 nbytes = sizes(r.type)[1]
                 donor = None
                 if kinds[i] in FUSIBLE_PRODUCERS:
+                    if dying is None:
+                        # In read order, not a set: the donor must not depend on hashes.
+                        read = reads[i] if len(step) == 1 else [b for j in step
+                                                                 for b in reads[j]]
+                        dying = [temporary[b] for b in dict.fromkeys(read)
+                                 if b in temporary and last_read[b] == t]
                     donor = next((d for d in dying if d.nbytes == nbytes), None)
                     if donor is not None:
                         dying.remove(donor)
@@ -464,17 +468,27 @@ def _temporaries(ops: list[Op], steps: list[list[int]], kinds: list[Kind],
 
 @dataclass(eq=False)
 class _Allocation:
-    """A result's allocation: the temporaries it hosts before its writer's step."""
+    """A result's allocation: the temporaries it hosts before its writer's step, which
+    overlap none of each other's steps but an in-place pair's shared one, so sorted by
+    their first steps they are sorted by their last too."""
 
     written: int
-    hosted: list[_Temporary]
+    starts: list[int] = field(default_factory=list)
+    hosted: list[_Temporary] = field(default_factory=list)
 
     def take(self, x: _Temporary) -> bool:
         """Host `x` if it dies before the result is written and overlaps none of the
-        temporaries here."""
-        if self.written <= x.end or any(x.overlaps(o) for o in self.hosted):
+        temporaries here (those starting by its last step and ending from its first)."""
+        if self.written <= x.end:
             return False
-        self.hosted.append(x)
+        k = bisect.bisect_right(self.starts, x.end)
+        j = k - 1
+        while j >= 0 and self.hosted[j].end >= x.start:
+            if x.overlaps(self.hosted[j]):
+                return False
+            j -= 1
+        self.starts.insert(k, x.start)
+        self.hosted.insert(k, x)
         x.hosted = self
         return True
 
@@ -490,7 +504,7 @@ def _into_results(temporaries: list[_Temporary], results: list[tuple[int, int, i
     `_Temporary.hosted`; the others stay in the pool."""
     by_size: dict[int, list[_Allocation]] = {}  # last created first
     for nbytes, step, _ in sorted(results, key=lambda r: -post[r[2]]):
-        by_size.setdefault(nbytes, []).append(_Allocation(step, []))
+        by_size.setdefault(nbytes, []).append(_Allocation(step))
     sizes = sorted(by_size)
     for x in sorted(temporaries, key=lambda x: (-x.nbytes, post[x.op])):
         d = x.donor
@@ -501,25 +515,27 @@ def _into_results(temporaries: list[_Temporary], results: list[tuple[int, int, i
                 break
 
 
-def _post_order(ops: list[Op], results: list[Value]) -> list[int]:
-    """Each op's place in the post-order of a depth-first walk from the results, operands
-    in order (XLA's `MakeInstructionPostOrder`); ops the walk does not reach come last."""
-    owner = {r: i for i, op in enumerate(ops) for r in op.results}
-    post = [len(ops)] * len(ops)
+def _post_order(results: list[Value], reads: list[tuple[Value, ...]],
+                producer: dict[Value, int]) -> list[int]:
+    """Each kernel's place in the post-order of a depth-first walk from the results
+    through the buffers each reads, in order (XLA's `MakeInstructionPostOrder` over the
+    fused program); other ops come last."""
+    n = len(reads)
+    post = [n] * n
     count = 0
     for v in results:
-        i = owner.get(v)
-        if i is None or post[i] < len(ops):
+        i = producer.get(v)
+        if i is None or post[i] < n:
             continue
         post[i] = -1  # on the walk's stack
-        stack = [(i, iter(ops[i].operands))]
+        stack = [(i, iter(reads[i]))]
         while stack:
-            j, operands = stack[-1]
-            for u in operands:
-                k = owner.get(u)
-                if k is not None and post[k] == len(ops):
+            j, inputs = stack[-1]
+            for b in inputs:
+                k = producer.get(b)
+                if k is not None and post[k] == n:
                     post[k] = -1
-                    stack.append((k, iter(ops[k].operands)))
+                    stack.append((k, iter(reads[k])))
                     break
             else:
                 stack.pop()
