@@ -310,7 +310,7 @@ def _breadth_first(kernel: list[bool], reads: list[tuple[Value, ...]],
     temporaries they are the last to read, fewest first (program order among equals), so
     that a buffer lives as long as an order of theirs can keep it (the gathered weight a
     backward step reads stays live while the weight's gradient is computed beside it).
-    XLA's GPU and TPU schedulers minimize memory instead, which this order can only
+    XLA's GPU and TPU schedulers minimize memory instead, which this order tends to
     over-estimate: the safe side."""
     members: dict[int, list[int]] = {}  # step (its first kernel) -> its kernels
     for i, runs in enumerate(kernel):
