@@ -43,8 +43,11 @@ from partir.ir import Op
 from partir.mesh import split_axis_name
 from partir.sim.devices import DeviceSpec, LinkSpec, UnknownDeviceError
 
-# Keys of `Cost.bytes_moved`: the collectives that communicate.
-KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+# The collectives that communicate, by op name: their kinds key `Cost.bytes_moved` and
+# `DeviceSpec.combined_collectives`.
+KIND_OF = {ALL_GATHER: "all_gather", ALL_REDUCE: "all_reduce",
+           REDUCE_SCATTER: "reduce_scatter", ALL_TO_ALL: "all_to_all"}
+KINDS = tuple(KIND_OF.values())
 
 
 @dataclass(frozen=True)
@@ -171,17 +174,16 @@ class Combiner:
             for r in op.results:
                 self.deps[r] = merged
 
-    def join(self, op: Op, kind: str, merged: dict[tuple, int]) -> bool:
-        """Record the collective; True if it joins an existing group (its latency is
-        already paid)."""
-        if kind not in self.kinds:
-            return False
+    def join(self, op: Op, merged: dict[tuple, int]) -> int:
+        """Record the collective; the id of the group it joins or opens (-1: its kind is
+        not combined)."""
+        if KIND_OF[op.name] not in self.kinds:
+            return -1
         axes = op.params["axes"]
         key = (op.name, axes, op.params.get("monoid"))
         current = self.open.get(key)
-        joined = current is not None and merged.get(key) != current
-        if not joined:
+        if current is None or merged.get(key) == current:
             current = self.open[key] = self.groups
             self.groups += 1
         self.deps[op.results[0]] = {**merged, key: current}
-        return joined
+        return current

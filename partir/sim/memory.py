@@ -28,33 +28,48 @@ the program runs, so
     peak = arguments + results + peak of the live temporaries,
 
 which is what `compiled.memory_analysis()` reports as argument + output + temp sizes
-(without donation). A temporary is live from the op that writes it to the last op that
-reads it (directly or through fused producers), in program order. An op's result may
-reuse the buffer of an operand of the same size whose last read is that op, when the op
-is fusible (XLA's in-place buffer sharing for elementwise users). Constants are part of
-the executable, not temporaries. A gather or reduce-scatter along an inner dimension also
-needs a transposed copy while it runs (`_layout_copy_bytes`). Ops whose results nobody
-reads are dead code, which XLA removes: they cost nothing. Temporaries may live in the
-results' allocations, which the results take only at the end (`_Scan`).
+(without donation).
 
-Checked against XLA's buffer assignment (the dumps of `--xla_dump_to`) on the programs of
-`benchmarks/simulator_accuracy.py`. What is not modelled: XLA's scheduler reorders ops
-(weight-gradient matmuls moved next to the backward step that feeds them), so where the
-program order differs much from XLA's, the peak differs too.
+Schedule. A temporary is live from the kernel that writes it to the last kernel that
+reads it (directly or through fused producers), in the order XLA's CPU scheduler runs
+them: breadth first, each kernel as soon as the kernels it reads from have run
+(`_breadth_first`), which is not the program order (a ZeRO-3 gather runs at the start; a
+weight's gradient and its update right after the backward step that yields them). A
+group of collectives XLA combines (`DeviceSpec.combined_collectives`) is one step, run
+once all its operands are written. Where XLA's order among kernels ready together cannot
+be predicted, the one freeing the fewest bytes runs first (the safe side).
+
+Buffers. An op's result may reuse the buffer of an operand of the same size whose last
+read is that op, when the op is fusible (XLA's in-place buffer sharing for elementwise
+users). Constants are part of the executable, not temporaries. XLA's buffer assignment
+puts temporaries into the results' allocations, largest first, each into the smallest
+one whose result is written after it dies (`_into_results`); the rest share the pool,
+whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
+dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
+branch its region's buffers (`_region_bytes`). Ops whose results nobody reads are dead
+code, which XLA removes: they cost nothing.
+
+Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
+the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the copies XLA's layout
+assignment makes where a matmul wants an operand in another layout (a weight transposed
+once for the whole step, a layer norm written in two layouts), and the bitcasts and tuple
+accesses that delay their users by a step of the breadth-first walk.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from partir.ir import Function, Op, TensorType, Value
+from partir.ir import Function, Op, Region, TensorType, Value
 from partir.ir.dtypes import itemsize
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import CONSTANT
+from partir.sim.collectives import Combiner
 from partir.sim.cost import (
     COST_RULES,
     FUSIBLE_CONSUMERS,
@@ -97,6 +112,9 @@ class BufferPlan:
     kinds: list[Kind]  # per op
     live: list[bool]  # per op: False for dead ops and FREE ops (no kernel)
     kernel: list[bool]  # per op: it launches a kernel (a materialized fusion root)
+    # Per op: the first collective of the group XLA's combiners merge it into, the op
+    # itself for every other op (`Combiner`).
+    group: list[int]
     op_bytes: list[int]  # per op: bytes of the buffers it reads and writes
     argument_bytes: int
     output_bytes: int
@@ -112,9 +130,11 @@ class BufferPlan:
 
 def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                  library_reduction_elements: int | None = None,
+                 combined_collectives: frozenset[str] = frozenset(),
                  explain: bool = False) -> BufferPlan:
     """The buffer plan of `fn`; `explain` also lists the temporaries live at the peak.
-    `library_reduction_elements` is the device's `DeviceSpec` field of that name."""
+    `library_reduction_elements` and `combined_collectives` are the device's
+    `DeviceSpec` fields of those names."""
     sizes = sizes or size_table()
     ops = fn.ops
     n_ops = len(ops)
@@ -161,7 +181,6 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     # bytes it moves, and the last reader of every buffer.
     reads: list[tuple[Value, ...]] = [()] * n_ops
     sources: dict[Value, tuple[Value, ...]] = {}  # fused value -> buffers it reads
-    last_read: dict[Value, int] = {}
     live = [False] * n_ops
     kernel = [False] * n_ops
     op_bytes = [0] * n_ops
@@ -200,30 +219,149 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
         op_bytes[i] = direct + written
         if op.name in _DIM_COLLECTIVES:
             transient[i] = _layout_copy_bytes(op, sizes)
+        elif op.regions:
+            # A loop's or a branch's own buffers, while it runs.
+            transient[i] = max(_region_bytes(op, r, sizes, library_reduction_elements,
+                                             combined_collectives) for r in op.regions)
         reads[i] = tuple(read)
-        for b in read:
-            last_read[b] = i
 
-    # Pass 3: the temporaries live in program order. A result nothing in the program
-    # reads can be written last; one that is read, no later than its writer's place.
-    allocations = [_ResultAllocation(sizes(v.type)[1], n_ops if v not in consumers else w,
-                                     frozenset(reads[w]))
-                   for v, w in sorted(((v, producer.get(v, -1)) for v in outputs),
-                                      key=lambda vw: vw[1]) if w >= 0]
-    scan = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
-                 allocations, transient, sizes)
-    peak, peak_op = scan.run()
-    at_peak: list[tuple[int, int]] = []
-    if explain and peak_op >= 0:
-        again = _Scan(ops, kinds, kernel, reads, last_read, sources, consumers, outputs,
-                      allocations, transient, sizes)
-        again.run(stop_at=peak_op)
-        at_peak = sorted(((sizes(b.type)[1], j) for b, j in again.holder.items()
-                          if again.placed.get(b) is None), reverse=True)
+    # Pass 3: the temporaries live in the order XLA's scheduler runs the kernels, a
+    # combined group of collectives as one step; those that fit in a result's allocation
+    # before its writer runs go there, the others to the pool.
+    group = _combined_groups(ops, kinds, live, combined_collectives)
+    steps = _breadth_first(kernel, reads, producer, group, outputs, sizes)
+    position: dict[int, int] = {}
+    last_read: dict[Value, int] = {}
+    for t, step in enumerate(steps):
+        for i in step:
+            position[i] = t
+            for b in reads[i]:
+                last_read[b] = t
+    temporaries = _temporaries(ops, steps, kinds, reads, last_read, sources, consumers,
+                               outputs, sizes)
+    _into_results(temporaries, [(sizes(v.type)[1], position[producer[v]], producer[v])
+                                for v in outputs if producer.get(v, -1) in position],
+                  _post_order([root.get(v, v) for v in fn.results], reads, producer))
+    peak, peak_op, at_peak = _pool_peak(temporaries, steps, transient, explain)
     argument_bytes = sum(sizes(a.type)[1] for a in fn.args)
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
-    return BufferPlan(rules, kinds, live, kernel, op_bytes, argument_bytes, output_bytes,
-                      peak, peak_op, at_peak)
+    return BufferPlan(rules, kinds, live, kernel, group, op_bytes, argument_bytes,
+                      output_bytes, peak, peak_op, at_peak)
+
+
+def _region_bytes(op: Op, region: Region, sizes: SizesFn,
+                  library_reduction_elements: int | None,
+                  combined_collectives: frozenset[str]) -> int:
+    """The bytes a region needs while its op runs: its temporaries' peak and, for a scan,
+    the per-iteration values it stacks that get a buffer of their own before XLA's
+    dynamic-update-slice copies them into the stacked results (those a kernel other
+    than a fusible producer writes, or that other ops read too: a fusible producer
+    stacked only is fused into that copy). A new carry takes the old one's buffer."""
+    plan = plan_buffers(Function("region", region.args, region.ops, region.yields), sizes,
+                        library_reduction_elements=library_reduction_elements,
+                        combined_collectives=combined_collectives)
+    if op.name != "scan":
+        return plan.temp_bytes
+    writer = {r: i for i, inner in enumerate(region.ops) for r in inner.results}
+    read = {u for inner in region.ops for u in inner.operands}
+    stacked = 0
+    for y in dict.fromkeys(region.yields[op.params["num_carry"]:]):
+        i = writer.get(y)
+        while i is not None and plan.kinds[i] is Kind.FREE:  # a view of its operand
+            y = region.ops[i].operands[0]
+            i = writer.get(y)
+        if i is not None and (plan.kinds[i] not in FUSIBLE_PRODUCERS or y in read):
+            stacked += sizes(y.type)[1]
+    return plan.temp_bytes + stacked
+
+
+def _combined_groups(ops: list[Op], kinds: list[Kind], live: list[bool],
+                     combined: frozenset[str]) -> list[int]:
+    """`BufferPlan.group`: the live collectives of the `combined` kinds grouped the way
+    XLA's combiners merge them."""
+    group = list(range(len(ops)))
+    if not combined:
+        return group
+    combiner = Combiner(combined)
+    first: dict[int, int] = {}  # group id -> its first collective
+    for i, op in enumerate(ops):
+        merged = combiner.visit(op)
+        if kinds[i] is not Kind.COLLECTIVE:
+            combiner.propagate(op, merged)
+        elif live[i]:  # not dead, nor a repeat XLA merges with the first
+            g = combiner.join(op, merged)
+            if g >= 0:
+                group[i] = first.setdefault(g, i)
+    return group
+
+
+def _breadth_first(kernel: list[bool], reads: list[tuple[Value, ...]],
+                   producer: dict[Value, int], group: list[int], outputs: set[Value],
+                   sizes: SizesFn) -> list[list[int]]:
+    """The kernels in the order of XLA's CPU scheduler (its BFS scheduler, the default
+    while `xla_cpu_enable_concurrency_optimized_scheduler` is), as steps: a kernel runs
+    once the kernels writing the buffers it reads have, first come first served, so
+    every kernel runs as early as its inputs allow. A combined group of collectives is
+    one step, run once every member's inputs are ready (a step's gradient all_reduces
+    after the whole backward pass).
+
+    XLA queues the kernels that one kernel makes ready in the order of its users list,
+    which its passes rewrite beyond prediction; here they queue by the bytes of the
+    temporaries they are the last to read, fewest first (program order among equals), so
+    that a buffer lives as long as an order of theirs can keep it (the gathered weight a
+    backward step reads stays live while the weight's gradient is computed beside it).
+    XLA's GPU and TPU schedulers minimize memory instead, which this order tends to
+    over-estimate: the safe side."""
+    members: dict[int, list[int]] = {}  # step (its first kernel) -> its kernels
+    for i, runs in enumerate(kernel):
+        if runs:
+            members.setdefault(group[i], []).append(i)
+    users: dict[int, list[int]] = {}
+    waiting: dict[int, int] = {}
+    ready: deque[int] = deque()
+    temporaries: dict[int, set[Value]] = {}  # step -> the temporaries it reads
+    readers: dict[Value, int] = {}  # temporary -> steps reading it not yet run
+    for step, kernels in members.items():
+        # Buffers no kernel writes (arguments, an axis index) are there from the start.
+        inputs = set()
+        temporaries[step] = read = set()
+        for i in kernels:
+            for b in reads[i]:
+                j = producer.get(b, -1)
+                if j >= 0 and kernel[j]:
+                    inputs.add(group[j])
+                    if b not in outputs:
+                        read.add(b)
+        for b in read:
+            readers[b] = readers.get(b, 0) + 1
+        inputs.discard(step)
+        waiting[step] = len(inputs)
+        for j in inputs:
+            users.setdefault(j, []).append(step)
+        if not inputs:
+            ready.append(step)
+
+    def freed(step: int) -> int:
+        return sum(sizes(b.type)[1] for b in temporaries[step] if readers[b] == 1)
+
+    steps = []
+    while ready:
+        step = ready.popleft()
+        steps.append(members[step])
+        for b in temporaries[step]:
+            readers[b] -= 1
+        now = []
+        for j in users.get(step, ()):
+            waiting[j] -= 1
+            if not waiting[j]:
+                now.append(j)
+        ready.extend(sorted(now, key=freed) if len(now) > 1 else now)
+    if len(steps) < len(members):
+        # Groups that wait on each other (`Combiner` tracks dependencies per kind and
+        # axes only, XLA's combiners never form such groups): the collectives run alone.
+        return _breadth_first(kernel, reads, producer, list(range(len(kernel))), outputs,
+                              sizes)
+    return steps
 
 
 _LIBRARY_REDUCTIONS = frozenset(MONOIDS[m].reduce for m in ("add", "max", "min"))
@@ -273,114 +411,162 @@ def _frozen(v: object) -> object:
     return v
 
 
-@dataclass(frozen=True)
-class _ResultAllocation:
+@dataclass(eq=False)
+class _Temporary:
+    """A temporary value, live from the step that writes it to the step that last reads
+    it, and where its bytes are: a result's allocation (`hosted`, the temporaries there)
+    or the pool (None)."""
+
     nbytes: int
-    free_until: int  # the op index before which the result need not be written
-    writer_reads: frozenset[Value]  # the buffers its writer reads: never placed in it
+    start: int
+    end: int
+    op: int  # the op writing it
+    donor: _Temporary | None  # the operand whose buffer it takes in place, if any
+    heir: _Temporary | None = None  # the result that takes its buffer in place, if any
+    hosted: _Allocation | None = None
+
+    def overlaps(self, other: _Temporary) -> bool:
+        # In place, the operand's last step is its heir's first: one buffer, no overlap.
+        return (other is not self.donor and other is not self.heir
+                and self.start <= other.end and other.start <= self.end)
 
 
-class _Scan:
-    """Walks the kernels in program order, allocating and freeing temporaries.
-
-    XLA allocates the results before the run, and its buffer assignment places a
-    temporary in a result's allocation when their live ranges do not overlap. Its
-    scheduler writes the results as late as it can (a step's parameter and
-    optimizer-state updates come in the last fifth of its schedule, after the whole
-    backward pass, wherever the program computes them), so a result's allocation hosts
-    the temporaries that die before its writer runs, those its writer reads excepted. A
-    new temporary first goes to such an allocation with room for it (the roomiest one,
-    kept in a heap), and only otherwise to the temporaries' pool, whose peak is the
-    reported temp bytes.
-    """
-
-    def __init__(self, ops: list, kinds: list[Kind], kernel: list[bool],
+def _temporaries(ops: list[Op], steps: list[list[int]], kinds: list[Kind],
                  reads: list[tuple[Value, ...]], last_read: dict[Value, int],
                  sources: dict[Value, tuple[Value, ...]], consumers: dict[Value, list[Kind]],
-                 outputs: set[Value], allocations: list[_ResultAllocation],
-                 transient: list[int], sizes: SizesFn) -> None:
-        self.ops, self.kinds, self.kernel, self.reads = ops, kinds, kernel, reads
-        self.last_read, self.sources, self.consumers = last_read, sources, consumers
-        self.outputs, self.allocations, self.sizes = outputs, allocations, sizes
-        self.transient = transient
-        self.holder: dict[Value, int] = {}  # live temporary -> op that wrote it
-        self.placed: dict[Value, int | None] = {}  # temporary -> result allocation or pool
-        self.room = [a.nbytes for a in allocations]  # free bytes, by allocation index
-        self.heap = [(-room, k) for k, room in enumerate(self.room)]
-        heapq.heapify(self.heap)
-
-    def _fits(self, k: int, b: Value, until: int) -> bool:
-        a = self.allocations[k]
-        return a.free_until > until and b not in a.writer_reads
-
-    def _place(self, b: Value, nbytes: int, until: int) -> int | None:
-        """A result allocation that may hold temporary `b`, last read at op `until`, with
-        room for its `nbytes`, taking the room; None if there is none."""
-        skipped = []
-        found = None
-        while self.heap:
-            neg, k = self.heap[0]
-            if -neg != self.room[k]:  # a stale entry
-                heapq.heappop(self.heap)
-                continue
-            if self.room[k] < nbytes:
-                break
-            heapq.heappop(self.heap)
-            if self._fits(k, b, until):
-                found = k
-                self.room[k] -= nbytes
-                heapq.heappush(self.heap, (-self.room[k], k))
-                break
-            skipped.append((neg, k))
-        for entry in skipped:
-            heapq.heappush(self.heap, entry)
-        return found
-
-    def _release(self, b: Value) -> int:
-        """Free a temporary; the bytes the pool gets back."""
-        del self.holder[b]
-        w = self.placed.pop(b)
-        nbytes = self.sizes(b.type)[1]
-        if w is None:
-            return nbytes
-        self.room[w] += nbytes
-        heapq.heappush(self.heap, (-self.room[w], w))
-        return 0
-
-    def run(self, stop_at: int | None = None) -> tuple[int, int]:
-        current = peak = 0
-        peak_op = -1
-        sizes, holder, placed = self.sizes, self.holder, self.placed
-        for i, op in enumerate(self.ops):
-            if not self.kernel[i]:
-                continue
-            # A list in read order, not a set: the donor choice must not depend on hashes.
-            dying = [b for b in dict.fromkeys(self.reads[i])
-                     if self.last_read.get(b) == i and b in holder]
+                 outputs: set[Value], sizes: SizesFn) -> list[_Temporary]:
+    """The temporaries, in schedule order. A fusible producer's result may take the buffer
+    of an operand of its size whose last read is that step (XLA's in-place sharing for
+    elementwise users)."""
+    temporaries: list[_Temporary] = []
+    temporary: dict[Value, _Temporary] = {}
+    for t, step in enumerate(steps):
+        dying: list[_Temporary] | None = None  # found once a fusible producer asks
+        for i in step:
+            op = ops[i]
             for r in op.results:
-                if r in self.sources or r in self.outputs or r not in self.consumers \
-                        or op.name == CONSTANT:
+                if r in sources or r in outputs or r not in consumers or op.name == CONSTANT:
                     continue
                 nbytes = sizes(r.type)[1]
-                if self.kinds[i] in FUSIBLE_PRODUCERS:
-                    donor = next((b for b in dying if sizes(b.type)[1] == nbytes), None)
-                    if donor is not None and (
-                            placed[donor] is None
-                            or self._fits(placed[donor], r, self.last_read.get(r, i))):
-                        # In place: the result takes the operand's buffer.
+                donor = None
+                if kinds[i] in FUSIBLE_PRODUCERS:
+                    if dying is None:
+                        # In read order, not a set: the donor must not depend on hashes.
+                        read = reads[i] if len(step) == 1 else [b for j in step
+                                                                 for b in reads[j]]
+                        dying = [temporary[b] for b in dict.fromkeys(read)
+                                 if b in temporary and last_read[b] == t]
+                    donor = next((d for d in dying if d.nbytes == nbytes), None)
+                    if donor is not None:
                         dying.remove(donor)
-                        del holder[donor]
-                        holder[r] = i
-                        placed[r] = placed.pop(donor)
-                        continue
-                holder[r] = i
-                placed[r] = where = self._place(r, nbytes, self.last_read.get(r, i))
-                if where is None:
-                    current += nbytes
-            if current + self.transient[i] > peak:
-                peak, peak_op = current + self.transient[i], i
-            if i == stop_at:
+                temporary[r] = x = _Temporary(nbytes, t, last_read.get(r, t), i, donor)
+                if donor is not None:
+                    donor.heir = x
+                temporaries.append(x)
+    return temporaries
+
+
+@dataclass(eq=False)
+class _Allocation:
+    """A result's allocation: the temporaries it hosts before its writer's step, which
+    overlap none of each other's steps but an in-place pair's shared one, so sorted by
+    their first steps they are sorted by their last too."""
+
+    written: int
+    starts: list[int] = field(default_factory=list)
+    hosted: list[_Temporary] = field(default_factory=list)
+
+    def take(self, x: _Temporary) -> bool:
+        """Host `x` if it dies before the result is written and overlaps none of the
+        temporaries here (those starting by its last step and ending from its first)."""
+        if self.written <= x.end:
+            return False
+        k = bisect.bisect_right(self.starts, x.end)
+        j = k - 1
+        while j >= 0 and self.hosted[j].end >= x.start:
+            if x.overlaps(self.hosted[j]):
+                return False
+            j -= 1
+        self.starts.insert(k, x.start)
+        self.hosted.insert(k, x)
+        x.hosted = self
+        return True
+
+
+def _into_results(temporaries: list[_Temporary], results: list[tuple[int, int, int]],
+                  post: list[int]) -> None:
+    """XLA's buffer assignment of temporaries to the results' allocations, which it makes
+    before the run: from the largest temporary down, each goes to its in-place donor's
+    allocation if it may, else to the smallest allocation it fits in (`_Allocation.take`),
+    trying allocations of equal size from the last created. XLA orders values of equal
+    size, and so creates the allocations, by their writers' places in the program's
+    post-order, `post`. `results`: (bytes, writer's step, writer) of each result. Sets
+    `_Temporary.hosted`; the others stay in the pool."""
+    by_size: dict[int, list[_Allocation]] = {}  # last created first
+    for nbytes, step, _ in sorted(results, key=lambda r: -post[r[2]]):
+        by_size.setdefault(nbytes, []).append(_Allocation(step))
+    sizes = sorted(by_size)
+    for x in sorted(temporaries, key=lambda x: (-x.nbytes, post[x.op])):
+        d = x.donor
+        if d is not None and d.hosted is not None and d.hosted.take(x):
+            continue
+        for n in sizes[bisect.bisect_left(sizes, x.nbytes):]:
+            if any(a.take(x) for a in by_size[n] if a.written > x.end):
                 break
-            for b in dying:
-                current -= self._release(b)
-        return peak, peak_op
+
+
+def _post_order(results: list[Value], reads: list[tuple[Value, ...]],
+                producer: dict[Value, int]) -> list[int]:
+    """Each kernel's place in the post-order of a depth-first walk from the results
+    through the buffers each reads, in order (XLA's `MakeInstructionPostOrder` over the
+    fused program); other ops come last."""
+    n = len(reads)
+    post = [n] * n
+    count = 0
+    for v in results:
+        i = producer.get(v)
+        if i is None or post[i] < n:
+            continue
+        post[i] = -1  # on the walk's stack
+        stack = [(i, iter(reads[i]))]
+        while stack:
+            j, inputs = stack[-1]
+            for b in inputs:
+                k = producer.get(b)
+                if k is not None and post[k] == n:
+                    post[k] = -1
+                    stack.append((k, iter(reads[k])))
+                    break
+            else:
+                stack.pop()
+                post[j] = count
+                count += 1
+    return post
+
+
+def _pool_peak(temporaries: list[_Temporary], steps: list[list[int]],
+               transient: list[int], explain: bool) -> tuple[int, int, list[tuple[int, int]]]:
+    """(peak bytes, the last op of its step, and with `explain` the (bytes, writer) of
+    the pool's temporaries then) of the temporaries' pool: those live at a step and the
+    transposed copies its collectives need while they run; (0, -1, []) for no step."""
+    change = [0] * (len(steps) + 1)
+    pool = []
+    for x in temporaries:
+        if x.hosted is None:
+            # An operand whose heir takes its buffer in place is its heir from that step.
+            end = x.end - 1 if x.heir is not None and x.heir.hosted is None else x.end
+            change[x.start] += x.nbytes
+            change[end + 1] -= x.nbytes
+            pool.append((x, end))
+    live = peak = 0
+    peak_step = -1
+    for t, step in enumerate(steps):
+        live += change[t]
+        now = live + sum(transient[i] for i in step)
+        if now > peak:
+            peak, peak_step = now, t
+    if peak_step < 0:
+        return 0, -1, []
+    at_peak = sorted(((x.nbytes, x.op) for x, end in pool if x.start <= peak_step <= end),
+                     reverse=True) if explain else []
+    return peak, steps[peak_step][-1], at_peak

@@ -34,7 +34,6 @@ from partir.rules import CATALOGUE
 from partir.rules.control import region_ops
 from partir.sim.collectives import (
     KINDS,
-    Combiner,
     axis_links,
     collective_cost,
 )
@@ -90,7 +89,8 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     mesh = fn.attributes.get("mesh") or {}
     link_of = axis_links(spec, list(mesh), links)
     sizes = size_table()
-    plan = plan_buffers(fn, sizes, library_reduction_elements=spec.library_reduction_elements)
+    plan = plan_buffers(fn, sizes, library_reduction_elements=spec.library_reduction_elements,
+                        combined_collectives=spec.combined_collectives)
     rules = plan.rules
 
     flops = compute = comm = 0.0
@@ -99,7 +99,6 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     unknown: set[str] = set()
     bandwidth = spec.memory_bandwidth
     cache_bytes, cache_bandwidth = spec.cache_bytes, spec.cache_bandwidth
-    combiner = Combiner(spec.combined_collectives)
     combined = 0
     rates: dict[tuple[object, bool], float] = {}  # (dtype, matmul) -> FLOP/s
 
@@ -110,7 +109,6 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
     for i, op in enumerate(fn.ops):
         if token is not None and token.cancelled:
             token.check()
-        merged = combiner.visit(op)
         rule = rules[i]
         if rule is UNKNOWN_RULE:
             unknown.add(op.name)
@@ -119,13 +117,12 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                 continue
             c = collective_cost(op, sizes(op.operands[0].type)[1], mesh, link_of)
             moved[c.kind] += c.bytes_sent
-            if combiner.join(op, c.kind, merged):
+            if plan.group[i] != i:  # merged into an earlier collective: one latency
                 comm += c.time_s - c.latency_s
                 combined += 1
             else:
                 comm += c.time_s
             continue
-        combiner.propagate(op, merged)
         # A control-flow op's sync points; the test keeps a generator off every other op
         # (this loop runs for each op of each program an automatic search evaluates).
         for inner, times in region_ops(op) if op.regions else ():

@@ -247,10 +247,11 @@ def test_a_library_reduction_materializes_a_producer_with_other_consumers():
     assert get_device("cpu").library_reduction_elements == 4096
 
 
-def test_a_result_nothing_reads_is_written_last_and_hosts_temporaries():
-    """sin(x) is computed first but written last by XLA's scheduler: x @ w and its tanh
-    (in place), dead before the end, live in its allocation. (A temporary the writer of
-    a result reads never lives in that result's allocation: the small program above.)"""
+def test_a_result_is_written_as_soon_as_its_inputs_are_ready():
+    """XLA's CPU scheduler runs a kernel once its inputs are ready (breadth first), so
+    sin(x), which needs only an argument, is written first: x @ w and its tanh (in
+    place), live after that, cannot use its allocation. 16 KiB of temporaries, what
+    `memory_analysis()` reports for this program."""
     def f(x, w):
         a = jnp.sin(x)
         y = x @ w
@@ -259,7 +260,87 @@ def test_a_result_nothing_reads_is_written_last_and_hosts_temporaries():
     assert h.ops[0].name == "sin"
     plan = plan_buffers(h)
     kib16 = 64 * 64 * 4
-    assert plan.temp_bytes == 0 and plan.peak_bytes == 4 * kib16
+    assert plan.temp_bytes == kib16 and plan.peak_bytes == 5 * kib16
+
+
+def test_independent_kernels_run_side_by_side():
+    """Breadth first, both matmuls run before either exp's reductions: their 16 KiB
+    results (each exp in place) are live together, as in XLA's buffer assignment, where
+    program order would reuse one buffer. A ZeRO-3 gather, which needs only an argument,
+    likewise runs at the start and stays live through the forward pass."""
+    def f(x, w):
+        a = jnp.exp(x @ x)
+        b = jnp.exp(w @ w)
+        return jnp.sum(a) + jnp.max(a), jnp.sum(b) + jnp.max(b)
+    plan = plan_buffers(hlo(f, S((64, 64), F32), S((64, 64), F32)), explain=True)
+    # The two exps and a scalar reduction (XLA: 32768 bytes, the scalars elsewhere).
+    assert sorted(b for b, _ in plan.at_peak) == [4, 64 * 64 * 4, 64 * 64 * 4]
+
+
+def test_temporaries_fill_the_results_allocations_largest_first():
+    """XLA assigns the largest temporaries first, each to the smallest result allocation
+    it fits in: y @ y (16 KiB) goes to the 16 KiB result's, x @ x (4 KiB) to the 4 KiB
+    one, although x @ x comes first (in program order it would take the larger one and
+    leave y @ y no room). Only the two scalar sums need the pool."""
+    def f(x, y):
+        s = jnp.sum(x @ x) + jnp.sum(y @ y)
+        return y * s, x * s
+    plan = plan_buffers(hlo(f, S((32, 32), F32), S((64, 64), F32)))
+    assert plan.temp_bytes == 2 * 4
+
+
+def test_kernels_ready_together_run_the_one_freeing_least_first():
+    """Once exp(x) is written, both the sum of (w @ w) * exp(x), the last read of w @ w,
+    and exp(x) @ exp(x) may run. XLA's order between them follows its users lists, which
+    cannot be predicted: the one freeing the fewest bytes runs first, so w @ w stays live
+    beside both other 16 KiB matrices (the safe side; the other order needs 32 KiB)."""
+    def f(x, w):
+        big = w @ w
+        p = jnp.exp(x)
+        return jnp.sum(big * p) + jnp.sum(jnp.tanh(p @ p))
+    plan = plan_buffers(hlo(f, S((64, 64), F32), S((64, 64), F32)))
+    assert plan.temp_bytes == 3 * 64 * 64 * 4 + 4
+
+
+def test_combined_all_reduces_run_together_once_all_their_operands_are_ready():
+    """XLA merges the independent all_reduces of a data-parallel step into one, which
+    runs once the last of its operands is written: the first partial sum stays live
+    through the rest of the step. The step time pays one latency for both."""
+    def f(x, w):
+        h = jnp.tanh(x @ w) @ w
+        return x.T @ x, h.T @ h
+    h = hlo(f, S((64, 64), F32), S((64, 64), F32), mesh={"a": 2},
+            schedule=[partir.ManualPartition({"x": 0}, axis="a")])
+    first, *_ = (i for i, op in enumerate(h.ops) if op.name == "dot_general")
+    reduces = [i for i, op in enumerate(h.ops) if op.name == "hlo.all_reduce"]
+    kib16 = 64 * 64 * 4
+    plan = plan_buffers(h, combined_collectives=frozenset({"all_reduce"}), explain=True)
+    assert [plan.group[i] for i in reduces] == [reduces[0]] * 2
+    assert (kib16, first) in plan.at_peak and plan.temp_bytes == 2 * kib16
+    alone = plan_buffers(h, explain=True)
+    assert (kib16, first) not in alone.at_peak and alone.temp_bytes < 2 * kib16
+    assert simulate(h, TOY, links={"a": "slow"}).combined_collectives == 1
+
+
+def test_a_scan_holds_its_bodys_buffers_while_it_runs():
+    """A scan runs its body inside it: the body's temporaries (c @ w, its tanh in place,
+    read by the next matmul) take 16 KiB while the scan runs, the new carry taking the
+    old one's buffer; a per-iteration value it stacks that a matmul writes (and tanh
+    reads) exists before XLA's dynamic-update-slice copies it into the stacked result.
+    16 KiB in both, as XLA's `memory_analysis()` reports (besides 68 bytes of scalars)."""
+    def carried(x, w):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w) @ w, None), x, None, length=3)[0]
+
+    def stacked(x, w):
+        def body(c, _):
+            y = c @ w
+            return jnp.tanh(y), y
+        return jax.lax.scan(body, x, None, length=3)
+    kib16 = 64 * 64 * 4
+    for f in (carried, stacked):
+        h = hlo(f, S((64, 64), F32), S((64, 64), F32))
+        assert [op.name for op in h.ops] == ["scan"]
+        assert plan_buffers(h).temp_bytes == kib16
 
 
 # --- registry --------------------------------------------------------------------------------
