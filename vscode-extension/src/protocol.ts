@@ -228,11 +228,27 @@ export interface TacticChoice {
   detail?: string;
 }
 
+/** The tactic a `partir.showIr` lens of document `uri` shows the IR after, if it is one. */
+function showIrTactic(uri: string, lens: LensInfo): number | undefined {
+  if (lens.command !== SHOW_IR_COMMAND) {
+    return undefined;
+  }
+  let args: ShowIrArgs | undefined;
+  try {
+    args = parseShowIrArgs(lens.arguments ?? []);
+  } catch {
+    return undefined;
+  }
+  return args !== undefined && sameUri(args.uri, uri) ? args.tactic : undefined;
+}
+
 /** The tactics a schedule file's `partir.showIr` lenses offer, in order, with the summary
- * lens title (the one with collective counts, whatever its command) on the same line as
- * detail; tactic 0 (the traced program) comes first. */
+ * lens title (the one with collective counts) as detail: the summary of the tactic its
+ * own command names, else the one on the same line (a one-line list has every tactic's
+ * lenses on one line); tactic 0 (the traced program) comes first. */
 export function tacticChoices(uri: string, lenses: readonly LensInfo[]): TacticChoice[] {
-  const summaries = new Map<number, string>();
+  const byTactic = new Map<number, string>();
+  const byLine = new Map<number, string>();
   for (const lens of lenses) {
     let counts: Partial<Record<CollectiveKind, number>> = {};
     try {
@@ -240,28 +256,27 @@ export function tacticChoices(uri: string, lenses: readonly LensInfo[]): TacticC
     } catch {
       continue;
     }
-    if (Object.keys(counts).length > 0 && !summaries.has(lens.line)) {
-      summaries.set(lens.line, lens.title);
+    if (Object.keys(counts).length === 0) {
+      continue;
+    }
+    const tactic = showIrTactic(uri, lens);
+    if (tactic !== undefined && !byTactic.has(tactic)) {
+      byTactic.set(tactic, lens.title);
+    }
+    if (!byLine.has(lens.line)) {
+      byLine.set(lens.line, lens.title);
     }
   }
   const tactics = new Map<number, TacticChoice>();
   for (const lens of lenses) {
-    if (lens.command !== SHOW_IR_COMMAND) {
+    const tactic = showIrTactic(uri, lens);
+    if (tactic === undefined || tactics.has(tactic)) {
       continue;
     }
-    let args: ShowIrArgs | undefined;
-    try {
-      args = parseShowIrArgs(lens.arguments ?? []);
-    } catch {
-      continue;
-    }
-    if (args === undefined || !sameUri(args.uri, uri) || args.tactic === undefined || tactics.has(args.tactic)) {
-      continue;
-    }
-    const detail = summaries.get(lens.line);
-    tactics.set(args.tactic, {
-      tactic: args.tactic,
-      label: `After tactic ${args.tactic} (line ${lens.line + 1})`,
+    const detail = byTactic.get(tactic) ?? byLine.get(lens.line);
+    tactics.set(tactic, {
+      tactic,
+      label: `After tactic ${tactic} (line ${lens.line + 1})`,
       ...(detail === undefined ? {} : { detail }),
     });
   }

@@ -138,6 +138,21 @@ describe("tacticChoices", () => {
     ]);
   });
 
+  it("gives each tactic of a one-line list its own summary", () => {
+    // `schedule = [BP, MP]`: every tactic's lenses on line 9, named.
+    const lenses = [
+      lens(9, "BP: +AG 0 +AR 1 +RS 0 +A2A 0", SHOW_IR_COMMAND, [{ uri, tactic: 1, level: "hlo" }]),
+      lens(9, "Show IR after BP", SHOW_IR_COMMAND, [{ uri, tactic: 1 }]),
+      lens(9, "MP: +AG 2 +AR 3 +RS 0 +A2A 0", SHOW_IR_COMMAND, [{ uri, tactic: 2, level: "hlo" }]),
+      lens(9, "Show IR after MP", SHOW_IR_COMMAND, [{ uri, tactic: 2 }]),
+    ];
+    assert.deepEqual(tacticChoices(uri, lenses), [
+      { tactic: 0, label: "Traced program (before tactic 1)" },
+      { tactic: 1, label: "After tactic 1 (line 10)", detail: "BP: +AG 0 +AR 1 +RS 0 +A2A 0" },
+      { tactic: 2, label: "After tactic 2 (line 10)", detail: "MP: +AG 2 +AR 3 +RS 0 +A2A 0" },
+    ]);
+  });
+
   it("offers only the traced program without lenses", () => {
     assert.deepEqual(tacticChoices(uri, []), [{ tactic: 0, label: "Traced program (before tactic 1)" }]);
   });
