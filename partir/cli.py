@@ -481,6 +481,11 @@ def _run(args: argparse.Namespace, progress: ProgressLine) -> int:
     # Without an accelerator, run on 8 virtual CPU devices; this must precede JAX's backend
     # initialisation, which happens on first use below.
     if place is not None:
+        # Libraries write to this process's stdout from their own threads (gloo's
+        # transport logs its connections): the report keeps a private copy of it, and
+        # everything else goes to stderr, the process's log.
+        sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
         launch.initialize(place)
     elif "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -556,9 +561,7 @@ def _run_processes(args: argparse.Namespace) -> int:
                                  args.processes, logs)
     except ValueError as e:
         return _fail(str(e))
-    # Gloo's transport logs its connections to the processes' stdout, among the report.
-    report = "".join(line for line in finished[0].stdout.read_text().splitlines(True)
-                     if not line.startswith("[Gloo]"))
+    report = finished[0].stdout.read_text()
     failed = [f for f in finished if f.returncode != 0]
     if not failed:
         sys.stdout.write(report)

@@ -47,7 +47,7 @@ LAYERS = {
     "__init__": "tools", "api": "tools", "cli": "tools", "jitted": "tools",
     "jit_options": "tools", "metadata": "tools", "pipeline": "tools", "program": "tools",
     "schedule_file": "tools", "user_modules": "tools", "session": "tools",
-    "conflict_groups": "tools",
+    "conflict_groups": "tools", "launch": "tools",
 }
 
 # The tools and the third-party packages only they use (pyproject: "the library never
