@@ -239,6 +239,11 @@ class _Analysis:
             if factor.whole:
                 self.block(touched, f"{name} in the body cuts it out of whole operands")
                 continue
+            if factor.kind == REDUCTION and CATALOGUE[name].positional:
+                # Its tiles' results combine with terms placed by position (a scatter's
+                # operand kept in one tile only, a gather's fill value): not yet in bodies.
+                self.block(touched, f"{name} in the body combines its tiles by position")
+                continue
             if compound:
                 self.block(touched, f"{name} in the body splits or merges it")
                 continue

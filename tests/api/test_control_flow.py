@@ -614,3 +614,18 @@ def test_a_factor_only_the_bodies_operands_have_is_sliced_or_gathered_as_propaga
     schedule = [partir.ManualPartition({"idx": 0, "table": 2}, axis="a"),
                 partir.ManualPartition({"rows": 1}, axis="a:(1)2")]
     _all_oracles(f, {"a": 6}, schedule, x, table, idx)
+
+
+def test_a_scatter_in_a_body_whose_updates_are_sliced_keeps_its_updates_whole():
+    """Fuzzer seed 5426: a scatter-max in a fori body, its operand and updates sliced on
+    the same axis. Its tiles' results combine by position (the operand kept by each
+    tile's own rows), which the local region does not compute: the loop keeps the
+    scatter's updates whole instead."""
+    def f(x, u):
+        def body(i, c):
+            return c.at[jnp.asarray([-1, -5, 3, -2], jnp.int32)].max(u, mode="drop") + 0.5
+        return lax.fori_loop(0, 2, body, x)
+
+    x = jnp.asarray(RNG.standard_normal((8, 3)).astype(np.float32))
+    u = jnp.asarray(RNG.standard_normal((4, 3)).astype(np.float32))
+    _all_oracles(f, {"a": 2}, [partir.ManualPartition({"x": 0, "u": 0}, axis="a")], x, u)
