@@ -7,10 +7,12 @@ becomes (a scanned operand's dimension d + 1 and the slice's d), a body result a
 op result it becomes, a carry's input, body argument, body result and output, every
 branch of a `cond` alike, and, inside a body, the dimensions each body op's own factor
 rule joins. A group is a factor of the op when slicing it everywhere runs the body on a
-slice: no body op needs it replicated, has it as the minor part of a compound dimension
-or computes from its position (iota, gather: `Primitive.positional`; a concatenate only
-along the concatenated dimension, `Factor.whole`), and a `while` predicate does not
-depend on it. A body reduction over it leaves partial results: sums stay partial through
+slice: no body op needs it replicated, has it as the minor part of a compound dimension,
+cuts it out of whole operands (a concatenate along the concatenated dimension,
+`Factor.whole`) or combines its tiles by position (a gather's indexed rows, a scatter's
+updates), and a `while` predicate does not depend on it. An op whose tile depends on its
+position otherwise (dropout's random bits, iota) computes it at the device's coordinate
+(`Slicing.apply`). A body reduction over it leaves partial results: sums stay partial through
 linear ops and are all-reduced where a body op needs them whole; other monoids (max,
 min) are all-reduced where they are made. Each op result then has the group (the result
 is tiled), is only a sum of partial results over it (a body reduction that reaches a
@@ -475,14 +477,12 @@ def _edges(a: _Analysis, view: OpView) -> _Edges:
                   _zeros(view.params), body, entries, exits, tops)
 
 
-def carry_inits(name: str, params: Any, operands: Sequence[Any]) -> Sequence[Any] | None:
+def carry_inits(name: str, params: Any, operands: Sequence[Value]) -> Sequence[Value] | None:
     """The operands a loop primitive starts its carries from (None: not a loop)."""
     prim = CATALOGUE.get(name)
     if prim is None or prim.data_flow is None:
         return None
-    view = OpView(name, params, tuple(TensorType((), np.dtype("float32")) for _ in operands),
-                  ())
-    carries = prim.data_flow(view).carries
+    carries = prim.data_flow(OpView(name, params, tuple(v.type for v in operands), ())).carries
     return [operands[c.operand] for c in carries] if carries else None
 
 
@@ -490,9 +490,10 @@ def _zeros(params: Any) -> frozenset[int]:
     return frozenset(k for k, z in enumerate(params.get("_zero_init", ())) if z)
 
 
-# The control-flow primitives: kept whole by the frontend, their bodies' tags named by
-# tactics (`partir.frontend.BodyTag`).
-CONTROL_FLOW = ("scan", "while", "cond")
+# The control-flow primitives and their data-flow edges: kept whole by the frontend, their
+# bodies' tags named by tactics (`partir.frontend.BodyTag`).
+_FLOWS = {"scan": scan_flow, "while": while_flow, "cond": cond_flow}
+CONTROL_FLOW = tuple(_FLOWS)
 
 
 @dataclass(frozen=True)
@@ -1030,5 +1031,5 @@ _CONTROL = Primitive(
     syncs=True,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated")
-for _name, _flow in zip(CONTROL_FLOW, (scan_flow, while_flow, cond_flow), strict=True):
+for _name, _flow in _FLOWS.items():
     declare(_name, replace(_CONTROL, data_flow=_flow))
