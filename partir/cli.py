@@ -67,8 +67,8 @@ from partir.tactics.search import manual_source
 
 # Sharded inputs (outputs) listed per tactic in the text report; the rest are counted.
 MAX_SHOWN = 12
-# The table's collective columns: AG, AR, RS, A2A.
-_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+# The table's collective columns: AG, AR, RS, A2A, CP.
+_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "collective_permute")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,7 +336,7 @@ def _report(schedule_file: ScheduleFile, result: CorePartition,
              *(f"note: {note}" for note in result.notes), ""]
     shardings = [(t.program.input_shardings(), t.program.output_shardings())
                  for t in result.tactics]
-    header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "conflicts",
+    header = ("#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A", "CP", "conflicts",
               "sharded inputs", "time (ms)", "FLOP/dev", "est. step", "peak mem/dev")
     rows = [header]
     paddings = []

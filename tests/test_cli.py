@@ -29,8 +29,8 @@ def test_table_lists_each_tactic(capsys):
     assert code == 0 and err == ""
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("#  tactic"))
-    assert lines[header].split() == ["#", "tactic", "axis", "actions", "AG", "AR", "RS", "A2A",
-                                     "conflicts", "sharded", "inputs", "time", "(ms)",
+    assert lines[header].split() == ["#", "tactic", "axis", "actions", "AG", "AR", "RS",
+                                     "A2A", "CP", "conflicts", "sharded", "inputs", "time", "(ms)",
                                      "FLOP/dev", "est.", "step", "peak", "mem/dev"]
     rows = [line.split() for line in lines[header + 1:header + 4]]
     assert [row[:4] for row in rows] == [["1", "BP", "batch", "1"], ["2", "MP", "model", "1"],
@@ -43,7 +43,7 @@ def test_table_lists_each_tactic(capsys):
     assert all(row[-4].replace(".", "").isdigit() and row[-3] == "ms" for row in rows)
     assert all(row[-1] in ("B", "KiB", "MiB") for row in rows)
     assert "estimated per device on cpu" in out
-    assert rows[0][8] == "none" and " ".join(rows[2][8:10]) == "2 axis_in_scope"
+    assert rows[0][9] == "none" and " ".join(rows[2][9:11]) == "2 axis_in_scope"
     # Then what each tactic did, with the inputs it left sharded.
     assert '[3] Z3: tile<%w1,0,"batch">; tile<%w2,1,"batch">; propagate' in lines
     z3 = out[out.index("[3] Z3"):]

@@ -27,9 +27,11 @@ if TYPE_CHECKING:  # navigation reads files and imports this module
 SOURCE = "partir"
 SHOW_IR = "partir.showIr"
 RUN_JOB = "partir.runJob"
-# The four kinds of the lens title, in the order of `partir partition`'s columns.
+# The kinds of the lens title, in the order of `partir partition`'s columns; the first four
+# always, the others where the program has some (pipelines and shifts are rarer).
 COLLECTIVES = (("all_gather", "AG"), ("all_reduce", "AR"), ("reduce_scatter", "RS"),
-               ("all_to_all", "A2A"))
+               ("all_to_all", "A2A"), ("collective_permute", "CP"))
+_ALWAYS = 4
 _ABBREVIATION = dict(COLLECTIVES)
 
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -353,9 +355,11 @@ def tactic_head(r: P.Range, lines: Lines) -> lsp.Range:
 
 
 def lens_title(metadata: dict[str, Any]) -> str:
-    """`+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device`."""
+    """`+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device` (`+CP 2` after A2A where the
+    program permutes)."""
     counts = collective_counts(metadata)
-    title = " ".join(f"+{abbr} {counts[kind]}" for kind, abbr in COLLECTIVES)
+    title = " ".join(f"+{abbr} {counts[kind]}" for i, (kind, abbr) in enumerate(COLLECTIVES)
+                     if i < _ALWAYS or counts[kind])
     cost = cost_of(metadata)
     if cost is not None:
         title += (f" · {format_time(float(cost['step_time_s']))}"

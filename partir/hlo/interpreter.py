@@ -27,6 +27,7 @@ from partir.hlo.ops import (
     ALL_SLICE,
     ALL_TO_ALL,
     AXIS_INDEX,
+    COLLECTIVE_PERMUTE,
     REDUCE_SCATTER,
     AxesPerDim,
     flat_axes,
@@ -178,6 +179,8 @@ class HloInterpreter:
             gather, slice_ = [()] * rank, [()] * rank
             gather[op.params["concat_dim"]] = slice_[op.params["split_dim"]] = op.params["axes"]
             return [self._all_slice(self._all_gather(x, tuple(gather)), tuple(slice_))]
+        if op.name == COLLECTIVE_PERMUTE:
+            return [self._collective_permute(x, op.params["axes"], op.params["pairs"])]
         if op.name.startswith("hlo."):
             raise HloInterpreterError(f"unknown PartIR:HLO op {op.name}")
         return self._local(op, env)
@@ -213,6 +216,16 @@ class HloInterpreter:
                     acc = MONOIDS[monoid].combine(acc, p)
                 done[key] = acc
             out[dev] = done[key]
+        return out
+
+    def _collective_permute(self, x: Local, axes: Sequence[str],
+                            pairs: Sequence[tuple[int, int]]) -> Local:
+        source = {t: s for s, t in pairs}
+        out: Local = {}
+        for dev in self.m.devices:
+            s = source.get(self.m.chunk_index(dev, axes))
+            out[dev] = (jnp.zeros_like(x[dev]) if s is None
+                        else x[self.m.group(dev, axes)[s]])
         return out
 
     def _local(self, op: Op, env: dict[Value, Local]) -> list[Local]:

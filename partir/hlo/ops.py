@@ -10,12 +10,13 @@ chunk i_a * |b| + i_b.
     %r = all_reduce <"x1", "x2"> %x : tensor<16x5x40xf32>
     %r = reduce_scatter [{"x1"}, {}, {"x2"}] %x : tensor<8x5x10xf32>
     %r = all_to_all {0 -> 1} <"x1", "x2"> %x : tensor<128x4xf32>
+    %r = collective_permute <"x1"> {1 -> 0, 2 -> 1, 3 -> 2, 0 -> 3} %x : tensor<4x4xf32>
     %i = axis_index "x1" : tensor<i32>
 
 A reduction other than addition prints as the paper's `<@red_fn>`: `all_reduce<@max> ...`.
 
 The ops carry only the parameters the runtime reads (`axes`, `monoid`, `split_dim`,
-`concat_dim`, `axis`), not the mesh: the registered type rules therefore check what does
+`concat_dim`, `pairs`, `axis`), not the mesh: the registered type rules therefore check what does
 not depend on axis sizes, and `verify_hlo` checks the shapes against the function's mesh.
 """
 
@@ -36,13 +37,14 @@ from partir.rules.collectives import (
     ALL_SLICE,
     ALL_TO_ALL,
     AXIS_INDEX,
+    COLLECTIVE_PERMUTE,
     REDUCE_SCATTER,
     named_axes,
 )
 from partir.rules.control import region_ops
 
 AXIS_INDEX_TYPE = TensorType((), np.dtype("int32"))
-COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE)
+COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE, ALL_SLICE)
 
 AxesPerDim = tuple[tuple[str, ...], ...]
 
@@ -140,6 +142,17 @@ def make_all_to_all(x: Value, split_dim: int, concat_dim: int, axes: Sequence[st
               {"split_dim": split_dim, "concat_dim": concat_dim, "axes": tuple(axes)}, loc=loc)
 
 
+def make_collective_permute(x: Value, axes: Sequence[str], pairs: Sequence[tuple[int, int]],
+                            name: str | None = None, loc: Location = UNKNOWN_LOCATION) -> Op:
+    """Within each group of devices of `axes`, the device at chunk index `target` receives
+    the operand of the device at `source`, for each (source, target) pair (XLA's
+    CollectivePermute, `lax.ppermute`); a device no pair targets gets zeros. Chunk indices
+    linearize the axes major to minor, as `all_slice` orders chunks."""
+    return Op(COLLECTIVE_PERMUTE, [x], [Value(x.type, name)],
+              {"axes": tuple(axes), "pairs": tuple((int(s), int(t)) for s, t in pairs)},
+              loc=loc)
+
+
 def make_axis_index(axis: str, name: str | None = None,
                     loc: Location = UNKNOWN_LOCATION) -> Op:
     """The device's coordinate on a mesh axis as an int32 scalar: what a Core `index` of a
@@ -222,6 +235,13 @@ def _print_all_to_all(p: Printer, op: Op, depth: int) -> None:
     axes = ", ".join(f'"{a}"' for a in op.params["axes"])
     _emit(p, op, depth, f"all_to_all {{{op.params['concat_dim']} -> {op.params['split_dim']}}}"
                         f" <{axes}>")
+
+
+@register_op_printer(COLLECTIVE_PERMUTE)
+def _print_collective_permute(p: Printer, op: Op, depth: int) -> None:
+    axes = ", ".join(f'"{a}"' for a in op.params["axes"])
+    pairs = ", ".join(f"{s} -> {t}" for s, t in op.params["pairs"])
+    _emit(p, op, depth, f"collective_permute <{axes}> {{{pairs}}}")
 
 
 @register_op_printer(AXIS_INDEX)
@@ -307,6 +327,20 @@ def _all_to_all_type(op: Op) -> str | None:
     return _distinct_axes(op.params["axes"])
 
 
+@register_type_rule(COLLECTIVE_PERMUTE)
+def _collective_permute_type(op: Op) -> str | None:
+    (x,), (r,) = op.operands, op.results
+    if r.type != x.type:
+        return f"result {r.type} must have the operand's type {x.type}"
+    sources = [s for s, _ in op.params["pairs"]]
+    targets = [t for _, t in op.params["pairs"]]
+    if min(sources + targets, default=0) < 0:
+        return f"pairs {op.params['pairs']} name a negative chunk index"
+    if len(set(sources)) != len(sources) or len(set(targets)) != len(targets):
+        return f"pairs {op.params['pairs']} send from or to one device twice"
+    return _distinct_axes(op.params["axes"])
+
+
 @register_type_rule(AXIS_INDEX)
 def _axis_index_type(op: Op) -> str | None:
     (r,) = op.results
@@ -321,13 +355,18 @@ def collective_type_error(op: Op, mesh: Mapping[str, int]) -> str | None:
         named: Sequence[str] = (op.params["axis"],)
     elif op.name in (ALL_SLICE, ALL_GATHER, REDUCE_SCATTER):
         named = flat_axes(op.params["axes"])
-    elif op.name in (ALL_REDUCE, ALL_TO_ALL):
+    elif op.name in (ALL_REDUCE, ALL_TO_ALL, COLLECTIVE_PERMUTE):
         named = op.params["axes"]
     else:
         return None
     missing = [a for a in named if a not in mesh]
     if missing:
         return f"names axes {missing} that are not in the mesh {dict(mesh)}"
+    if op.name == COLLECTIVE_PERMUTE:
+        n = axes_size(named, mesh)
+        outside = [p for p in op.params["pairs"] if max(p) >= n]
+        return f"pairs {outside} name devices beyond the {n} of axes {tuple(named)}" \
+            if outside else None
     if op.name in (AXIS_INDEX, ALL_REDUCE):
         return None  # its type does not depend on the sizes: the registered rule suffices
     elif op.name == ALL_GATHER:

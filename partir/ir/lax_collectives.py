@@ -118,6 +118,17 @@ def all_to_all(x: Any, *, split_dim: int, concat_dim: int, axes: Sequence[str]) 
     return lax.all_to_all(x, tuple(axes), split_dim, concat_dim, tiled=True)
 
 
+def collective_permute(x: Any, *, axes: Sequence[str], pairs: Sequence[tuple[int, int]]
+                       ) -> Any:
+    """Each (source, target) pair sends the source device's operand to the target (chunk
+    indices over `axes`, major to minor); devices no pair targets get zeros. Axes of one
+    device add nothing to a chunk index, so JAX's index over the others is the same."""
+    spanning = _spanning(axes)
+    if not spanning:
+        return x if (0, 0) in pairs else lax.full_like(x, 0)
+    return lax.ppermute(x, spanning, perm=tuple(pairs))
+
+
 def axis_index(*, axis: str) -> Any:
     """The device's coordinate on a mesh axis."""
     return lax.axis_index(axis)
@@ -129,5 +140,6 @@ COLLECTIVES: dict[str, Callable[..., Any]] = {
     "hlo.all_reduce": all_reduce,
     "hlo.reduce_scatter": reduce_scatter,
     "hlo.all_to_all": all_to_all,
+    "hlo.collective_permute": collective_permute,
     "hlo.axis_index": axis_index,
 }

@@ -18,10 +18,12 @@ ALL_GATHER = "hlo.all_gather"
 ALL_REDUCE = "hlo.all_reduce"
 REDUCE_SCATTER = "hlo.reduce_scatter"
 ALL_TO_ALL = "hlo.all_to_all"
+COLLECTIVE_PERMUTE = "hlo.collective_permute"
 AXIS_INDEX = "hlo.axis_index"
 
 # The ops that name mesh axes: the collectives and `axis_index`.
-NAMED_AXIS_OPS = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, ALL_SLICE, AXIS_INDEX)
+NAMED_AXIS_OPS = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE,
+                  ALL_SLICE, AXIS_INDEX)
 
 
 def named_axes(op: Any) -> tuple[str, ...]:
@@ -32,7 +34,7 @@ def named_axes(op: Any) -> tuple[str, ...]:
                                                                  else x))
 
 
-declare((ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL),
+declare((ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE),
         Primitive(Kind.COLLECTIVE, no_flops), jax=False)
 declare(ALL_SLICE, Primitive(Kind.MOVEMENT, no_flops), jax=False)
 declare(AXIS_INDEX, Primitive(Kind.FREE, no_flops), jax=False)

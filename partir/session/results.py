@@ -84,7 +84,7 @@ class ExplainedValue:
 
 @dataclass
 class AttributedCollective:
-    kind: str  # all_gather, all_reduce, reduce_scatter, all_to_all, all_slice
+    kind: str  # all_gather, all_reduce, reduce_scatter, all_to_all, collective_permute, all_slice
     axes: list[str]
     count: int
     value: str | None  # the input/tag the collective moves (None: an internal value)

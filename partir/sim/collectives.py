@@ -10,6 +10,7 @@ unreduced) tensor on one device:
 * all_reduce: a reduce_scatter then an all_gather: 2 (n-1)/n * S;
 * all_to_all: a device keeps 1 of its n pieces and sends the others: (n-1)/n * S, where
   S is the operand;
+* collective_permute: a device sends its operand S to one other device, one hop: S;
 * all_slice: local, nothing sent.
 
 Time. Each mesh axis is mapped to a link of the device spec (`links={"model": "nvlink",
@@ -22,7 +23,9 @@ n costs its bytes over the link's bandwidth plus one link latency per peer, (n -
 latency, for every kind of collective (an all_reduce's reduce-scatter and all-gather
 halves are pipelined: their latencies are not paid twice; on the calibration machine an
 all_reduce and an all_gather of a few bytes take the same time). all_to_all sends its
-pieces directly: bytes over the slowest named link plus one latency per peer.
+pieces directly: bytes over the slowest named link plus one latency per peer; a
+collective_permute sends one message: its bytes over the slowest named link plus one
+latency.
 
 Combining. XLA merges collectives of the same kind over the same axes that do not depend
 on one another into one (its all-reduce, all-gather and reduce-scatter combiners; e.g.
@@ -38,7 +41,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from partir.hlo.ops import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, flat_axes
+from partir.hlo.ops import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    COLLECTIVE_PERMUTE,
+    REDUCE_SCATTER,
+    flat_axes,
+)
 from partir.ir import Op
 from partir.mesh import split_axis_name
 from partir.sim.devices import DeviceSpec, LinkSpec, UnknownDeviceError
@@ -46,7 +56,8 @@ from partir.sim.devices import DeviceSpec, LinkSpec, UnknownDeviceError
 # The collectives that communicate, by op name: their kinds key `Cost.bytes_moved` and
 # `DeviceSpec.combined_collectives`.
 KIND_OF = {ALL_GATHER: "all_gather", ALL_REDUCE: "all_reduce",
-           REDUCE_SCATTER: "reduce_scatter", ALL_TO_ALL: "all_to_all"}
+           REDUCE_SCATTER: "reduce_scatter", ALL_TO_ALL: "all_to_all",
+           COLLECTIVE_PERMUTE: "collective_permute"}
 KINDS = tuple(KIND_OF.values())
 
 
@@ -134,6 +145,14 @@ def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
         slowest = min((link_of[a] for a in axes), key=lambda link: link.bandwidth)
         latency = (n - 1) * max(link_of[a].latency_s for a in axes)
         return CollectiveCost("all_to_all", sent, sent / slowest.bandwidth + latency, latency)
+    if name == COLLECTIVE_PERMUTE:
+        axes = op.params["axes"]
+        if not any(s != t for s, t in op.params["pairs"]):
+            return CollectiveCost("collective_permute", 0.0, 0.0, 0.0)
+        slowest = min((link_of[a] for a in axes), key=lambda link: link.bandwidth)
+        latency = max(link_of[a].latency_s for a in axes)
+        return CollectiveCost("collective_permute", float(nbytes),
+                              nbytes / slowest.bandwidth + latency, latency)
     raise KeyError(name)
 
 

@@ -12,12 +12,13 @@ import pytest
 import partir
 from examples.mlp.model import example_args, mlp
 from partir.runtime import DeviceCountError
+from tests.examples import counts
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 BP = partir.ManualPartition({"x": 0}, axis="batch", name="BP")
 MP = partir.ManualPartition({"w1": 1}, axis="model", name="MP")
 Z3 = partir.ManualPartition({"w1": 0, "w2": 1}, axis="batch", name="Z3")
-NONE = {"all_gather": 0, "all_reduce": 0, "reduce_scatter": 0, "all_to_all": 0, "all_slice": 0}
+NONE = counts()
 
 
 def test_mlp_schedule_runs_on_8_devices_and_reports_each_tactic():

@@ -26,6 +26,7 @@ import pytest
 
 import partir
 from partir.schedule_file import load_schedule_file
+from tests.examples import counts as collective_counts
 from tests.oracles import assert_same
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "mlp"
@@ -34,8 +35,7 @@ P = jax.sharding.PartitionSpec
 
 
 def counts(all_gather: int = 0, all_reduce: int = 0, reduce_scatter: int = 0) -> dict:
-    return {"all_gather": all_gather, "all_reduce": all_reduce,
-            "reduce_scatter": reduce_scatter, "all_to_all": 0, "all_slice": 0}
+    return collective_counts(all_gather, all_reduce, reduce_scatter)
 
 
 NONE = counts()

@@ -25,6 +25,7 @@ import partir
 from examples.it32 import model, schedules
 from partir.pipeline import lower
 from partir.schedule_file import load_schedule_file
+from tests.examples import counts
 from tests.oracles import assert_tree_close
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "it32"
@@ -50,12 +51,6 @@ CACHES = 2  # a key and a value cache per block
 def config(name: str, layers: int, steps: int) -> model.Config:
     base = model.IT32_MQ if "MQ" in name else model.IT32
     return dataclasses.replace(base, layers=layers, decode_steps=steps)
-
-
-def counts(ag: int = 0, ar: int = 0, rs: int = 0, a2a: int = 0,
-           slices: int = 0) -> dict[str, int]:
-    return {"all_gather": ag, "all_reduce": ar, "reduce_scatter": rs, "all_to_all": a2a,
-            "all_slice": slices}
 
 
 def expected(name: str, layers: int, steps: int, executed: bool = True) -> dict[str, int]:

@@ -22,6 +22,7 @@ import partir
 from examples.transformer import model, schedules
 from partir import FIRST_DIVISIBLE_DIM, REPLICATED, UNKNOWN, ManualPartition
 from partir.pipeline import lower
+from tests.examples import counts
 
 MESH = schedules.mesh(batch=16)  # {"batch": 16, "model": 2}
 T32 = model.T32.layers
@@ -67,12 +68,6 @@ Z3_WEIGHTS = ManualPartition({"params": zero_weights, "opt_state": zero_weights}
 SCHEDULES = {**schedules.SCHEDULES,
              "BP+MP+Z2(weights)": [schedules.BP, schedules.MP, Z2_WEIGHTS],
              "BP+MP+Z3(weights)": [schedules.BP, schedules.MP, Z3_WEIGHTS]}
-
-
-def counts(ag: int = 0, ar: int = 0, rs: int = 0, a2a: int = 0,
-           slices: int = 0) -> dict[str, int]:
-    return {"all_gather": ag, "all_reduce": ar, "reduce_scatter": rs, "all_to_all": a2a,
-            "all_slice": slices}
 
 
 def expected(name: str, layers: int) -> dict[str, int]:

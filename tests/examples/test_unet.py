@@ -18,6 +18,7 @@ import partir
 from examples.unet import model, schedules
 from partir.pipeline import lower
 from partir.schedule_file import load_schedule_file
+from tests.examples import counts
 from tests.oracles import assert_tree_close
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "unet"
@@ -65,12 +66,6 @@ def backward_weights(cfg: model.Config) -> int:
     it computes (all but conv_in's and the time MLP's first dense, whose inputs are
     data)."""
     return (n_convs(cfg) - 1) + n_res_blocks(cfg) + 1 + 2 * n_attention(cfg)
-
-
-def counts(ag: int = 0, ar: int = 0, rs: int = 0, a2a: int = 0,
-           slices: int = 0) -> dict[str, int]:
-    return {"all_gather": ag, "all_reduce": ar, "reduce_scatter": rs, "all_to_all": a2a,
-            "all_slice": slices}
 
 
 def expected(name: str, cfg: model.Config) -> dict[str, int]:

@@ -22,6 +22,7 @@ from partir.hlo.ops import (
     make_all_slice,
     make_all_to_all,
     make_axis_index,
+    make_collective_permute,
     make_reduce_scatter,
 )
 from partir.ir import Function, Op, RangeType, TensorType, Value, VerificationError, verify
@@ -58,6 +59,26 @@ def test_all_to_all_moves_the_sharding_between_dimensions():
     fn = function(op, (("a", "b"), ()), ((), ("a", "b")))
     verify_hlo(fn)
     np.testing.assert_array_equal(interpret_hlo(fn, X)[0], X)
+
+
+def test_collective_permute_moves_chunks_between_devices():
+    # Rows of X by (a, b): chunk t receives chunk t + 1's rows; chunk 7, targeted by no
+    # pair, gets zeros.
+    x = Value(_t(1, 16), "x")
+    op = make_collective_permute(x, ("a", "b"), [(j + 1, j) for j in range(7)], "y")
+    assert op.results[0].type == x.type
+    assert printed(op) == ('%y = collective_permute <"a", "b"> {1 -> 0, 2 -> 1, 3 -> 2, '
+                           '4 -> 3, 5 -> 4, 6 -> 5, 7 -> 6} %x : tensor<1x16xf32>')
+    fn = function(op, (("a", "b"), ()), (("a", "b"), ()))
+    verify_hlo(fn)
+    want = np.concatenate([X[1:], np.zeros_like(X[:1])])
+    np.testing.assert_array_equal(interpret_hlo(fn, X)[0], want)
+    # over "b" alone: within each group of the four devices of one "a" coordinate
+    op = make_collective_permute(x, ("b",), [(j, (j + 1) % 4) for j in range(4)], "y")
+    groups = X.reshape(2, 4, 16)
+    want = np.roll(groups, 1, axis=1).reshape(8, 16)
+    np.testing.assert_array_equal(interpret_hlo(function(op, (("a", "b"), ()),
+                                                         (("a", "b"), ())), X)[0], want)
 
 
 def test_gather_and_slice_are_inverse():
@@ -101,7 +122,7 @@ def test_count_collectives_keys():
     s = make_all_slice(x, (("a",), ()), MESH)
     assert count_collectives(function(s, ((), ()), (("a",), ()))) == {
         "all_gather": 0, "all_reduce": 0, "reduce_scatter": 0, "all_to_all": 0,
-        "all_slice": 1}
+        "collective_permute": 0, "all_slice": 1}
 
 
 @pytest.mark.parametrize("make, message", [
@@ -115,6 +136,7 @@ def test_count_collectives_keys():
     (lambda x: Op("hlo.all_to_all", [x], [Value(_t(8, 16))],
                   {"split_dim": 1, "concat_dim": 1, "axes": ("a",)}),
      "must be distinct dimensions"),
+    (lambda x: make_collective_permute(x, ("a",), [(0, 1), (1, 1)]), "to one device twice"),
 ])
 def test_type_rules_reject(make, message):
     x = Value(_t(8, 16), "x")
@@ -130,6 +152,7 @@ def test_type_rules_reject(make, message):
      "not in the mesh"),
     (Op("hlo.reduce_scatter", [Value(_t(6, 16))], [Value(_t(3, 16))],
         {"axes": (("b",), ()), "monoid": "add"}), "does not divide"),
+    (make_collective_permute(Value(_t(8, 16)), ("a",), [(0, 2)]), "beyond the 2 of axes"),
 ])
 def test_verify_hlo_checks_sizes_on_the_mesh(op, message):
     fn = Function("f", list(op.operands), [op], list(op.results), attributes={

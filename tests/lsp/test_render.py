@@ -34,6 +34,10 @@ def test_lens_title_and_hint() -> None:
     assert render.lens_title(metadata) == "+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device"
     assert render.hint_label(metadata) == "AG 2 AR 1 · 1.23 ms · 1 conflict"
     assert render.lens_title({"collectives": {}}) == "+AG 0 +AR 0 +RS 0 +A2A 0"
+    # collective permutes only where the program has some
+    assert render.lens_title({"collectives": {"collective_permute": 2}}) == \
+        "+AG 0 +AR 0 +RS 0 +A2A 0 +CP 2"
+    assert render.hint_label({"collectives": {"collective_permute": 2}}) == "CP 2"
     # Within what VS Code shows of a hint, the cost and conflicts included.
     busy = {"collectives": {"all_gather": 50, "all_reduce": 21, "reduce_scatter": 8,
                             "all_to_all": 2},

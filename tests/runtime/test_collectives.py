@@ -150,6 +150,37 @@ def test_all_to_all_local_types_of_the_contract_example():
     assert (x.type.shape, y.type.shape) == ((16, 32), (128, 4))
 
 
+def _permuted(x, groups, pairs, group_axis=0):
+    """x's dimension 0 split into `groups` chunks, chunk t replaced by chunk s for each
+    (s, t) and zero where no pair targets it."""
+    chunks = np.split(x, groups, axis=group_axis)
+    out = [np.zeros_like(c) for c in chunks]
+    for s, t in pairs:
+        out[t] = chunks[s]
+    return np.concatenate(out, axis=group_axis)
+
+
+@pytest.mark.parametrize("sharding, axes, pairs", [
+    ((("B",), ()), ("B",), [(j, (j + 1) % 4) for j in range(4)]),  # a cyclic shift
+    ((("B",), ()), ("B",), [(j + 1, j) for j in range(3)]),  # chunk 3 gets zeros
+    ((("B", "M"), ()), ("B", "M"), [(j, (j + 3) % 8) for j in range(8)]),
+    ((("M", "B"), ()), ("M", "B"), [(j, 7 - j) for j in range(8)]),
+])
+def test_collective_permute(sharding, axes, pairs):
+    x = normal((32, 8))
+    run_collective("collective_permute", x, sharding, sharding,
+                   _permuted(x, 4 if len(axes) == 1 else 8, pairs), axes=axes,
+                   pairs=tuple(pairs))
+
+
+def test_collective_permute_within_groups_of_the_other_axis():
+    """Over "M" alone, each "B" group of two permutes within itself."""
+    x = normal((16, 8))
+    want = np.concatenate([_permuted(g, 2, [(1, 0)]) for g in np.split(x, 4)])
+    run_collective("collective_permute", x, (("B", "M"), ()), (("B", "M"), ()), want,
+                   axes=("M",), pairs=((1, 0),))
+
+
 def test_collectives_over_one_device_axes_are_not_given_to_xla():
     """Over an axis of one device every collective is the identity: the program XLA gets
     has none (XLA keeps them, as copies and temporaries), and the results are the ones

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 import partir
-from partir.hlo.ops import make_all_gather, make_all_reduce, make_all_to_all, make_reduce_scatter
+from partir.hlo.ops import (
+    make_all_gather,
+    make_all_reduce,
+    make_all_to_all,
+    make_collective_permute,
+    make_reduce_scatter,
+)
 from partir.ir import Function, Op, TensorType, Value
 from partir.mesh import Mesh
 from partir.pipeline import lower
@@ -125,6 +131,15 @@ def test_all_to_all_bytes_and_time():
     # Over both axes: the slowest link's bandwidth and latency.
     assert both.bytes_sent == 7 / 8 * 512
     assert both.time_s == pytest.approx(448 / 1e6 + 7 * 1e-3)
+
+
+def test_collective_permute_sends_its_operand_one_hop():
+    c = cost_of(make_collective_permute(x_local(), ("b",), [(j, (j + 1) % 4) for j in range(4)]))
+    assert c.kind == "collective_permute" and c.bytes_sent == 512
+    assert c.time_s == pytest.approx(512 / 1e8 + 1e-5)  # one message, one latency
+    both = cost_of(make_collective_permute(x_local(), ("a", "b"), [(1, 0)]))
+    assert both.time_s == pytest.approx(512 / 1e6 + 1e-3)  # the slowest link's
+    assert cost_of(make_collective_permute(x_local(), ("b",), [(0, 0), (1, 1)])).time_s == 0
 
 
 def test_independent_all_reduces_combine_and_dependent_ones_do_not():
@@ -384,4 +399,4 @@ def test_cost_is_plain_json():
     data = json.loads(json.dumps(cost.to_json()))
     assert data["flops"] == 1024 and data["fits"] is True
     assert set(data["bytes_moved"]) == {"all_gather", "all_reduce", "reduce_scatter",
-                                        "all_to_all"}
+                                        "all_to_all", "collective_permute"}

@@ -1,7 +1,7 @@
 // The result of the server's `partir.runJob` command, validated and formatted for the
 // information message and the "PartIR" output channel. No `vscode` import.
 
-import { COLLECTIVE_ABBREVIATIONS, COLLECTIVE_KINDS, ProtocolError, RUN_JOB_COMMAND } from "./protocol";
+import { COLLECTIVE_ABBREVIATIONS, COLLECTIVE_KINDS, ProtocolError, RUN_JOB_COMMAND, shownCollectives } from "./protocol";
 
 export const JOB_STATUSES = ["finished", "failed", "cancelled"] as const;
 export type JobStatus = (typeof JOB_STATUSES)[number];
@@ -139,7 +139,7 @@ export function formatJobReport(r: JobResult, file?: string, now: Date = new Dat
   if (r.steps !== undefined) lines.push(`  steps          ${r.steps}`);
   if (r.devices !== undefined) lines.push(`  devices        ${r.devices}${r.platform ? ` (${r.platform})` : ""}`);
   if (r.collectives !== undefined) {
-    const known = COLLECTIVE_KINDS.map((k) => `${COLLECTIVE_ABBREVIATIONS[k]} ${r.collectives?.[k] ?? 0}`);
+    const known = shownCollectives(r.collectives).map(([k, n]) => `${COLLECTIVE_ABBREVIATIONS[k]} ${n}`);
     const other = Object.entries(r.collectives)
       .filter(([k]) => !(COLLECTIVE_KINDS as readonly string[]).includes(k))
       .map(([k, n]) => `${k} ${n}`);

@@ -178,13 +178,30 @@ export function initializationOptions(settings: {
 
 // ---- code lens titles --------------------------------------------------------------------
 
-export const COLLECTIVE_KINDS = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all"] as const;
+export const COLLECTIVE_KINDS = [
+  "all_gather",
+  "all_reduce",
+  "reduce_scatter",
+  "all_to_all",
+  "collective_permute",
+] as const;
 export type CollectiveKind = (typeof COLLECTIVE_KINDS)[number];
+/** The kinds a lens title always shows (zeros included); the others only where non-zero. */
+const ALWAYS_SHOWN = 4;
+
+/** The kinds to show of these counts, each with its count: as `render.lens_title` does. */
+export function shownCollectives(counts: Partial<Record<string, number>>): [CollectiveKind, number][] {
+  return COLLECTIVE_KINDS.map((k, i): [CollectiveKind, number, number] => [k, counts[k] ?? 0, i])
+    .filter(([, n, i]) => i < ALWAYS_SHOWN || n !== 0)
+    .map(([k, n]) => [k, n]);
+}
+
 export const COLLECTIVE_ABBREVIATIONS: Readonly<Record<CollectiveKind, string>> = {
   all_gather: "AG",
   all_reduce: "AR",
   reduce_scatter: "RS",
   all_to_all: "A2A",
+  collective_permute: "CP",
 };
 
 /** The collective counts in a summary lens title such as `+AG 2 +AR 1 +RS 0 +A2A 0 · …`.
@@ -195,7 +212,7 @@ export function parseCollectiveCounts(title: string): Partial<Record<CollectiveK
     COLLECTIVE_KINDS.map((k) => [COLLECTIVE_ABBREVIATIONS[k], k]),
   );
   const out: Partial<Record<CollectiveKind, number>> = {};
-  for (const m of title.matchAll(/\+(A2A|AG|AR|RS)\s*(\d+)\b/g)) {
+  for (const m of title.matchAll(/\+(A2A|AG|AR|RS|CP)\s*(\d+)\b/g)) {
     const kind = byAbbreviation.get(m[1] ?? "");
     if (kind === undefined) {
       continue;
@@ -209,7 +226,9 @@ export function parseCollectiveCounts(title: string): Partial<Record<CollectiveK
 }
 
 export function formatCollectiveCounts(counts: Partial<Record<CollectiveKind, number>>): string {
-  return COLLECTIVE_KINDS.map((k) => `+${COLLECTIVE_ABBREVIATIONS[k]} ${counts[k] ?? 0}`).join(" ");
+  return shownCollectives(counts)
+    .map(([k, n]) => `+${COLLECTIVE_ABBREVIATIONS[k]} ${n}`)
+    .join(" ");
 }
 
 // ---- choosing a tactic from the server's code lenses --------------------------------------

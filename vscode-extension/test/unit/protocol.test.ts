@@ -100,6 +100,7 @@ describe("lens titles", () => {
       all_to_all: 0,
     });
     assert.deepEqual(parseCollectiveCounts("Z3: +AG 12"), { all_gather: 12 });
+    assert.deepEqual(parseCollectiveCounts("PP: +AG 0 +CP 6"), { all_gather: 0, collective_permute: 6 });
     assert.deepEqual(parseCollectiveCounts("Show IR after this tactic"), {});
     assert.throws(() => parseCollectiveCounts("+AG 1 +AG 2"), /names \+AG twice/);
   });
@@ -108,6 +109,9 @@ describe("lens titles", () => {
     const counts = { all_gather: 2, all_reduce: 1, reduce_scatter: 0, all_to_all: 4 };
     assert.equal(formatCollectiveCounts(counts), "+AG 2 +AR 1 +RS 0 +A2A 4");
     assert.deepEqual(parseCollectiveCounts(formatCollectiveCounts(counts)), counts);
+    const permuting = { ...counts, collective_permute: 6 };
+    assert.equal(formatCollectiveCounts(permuting), "+AG 2 +AR 1 +RS 0 +A2A 4 +CP 6");
+    assert.deepEqual(parseCollectiveCounts(formatCollectiveCounts(permuting)), permuting);
   });
 });
 
