@@ -14,6 +14,10 @@ concatenating axis sequences:
   the common prefix of G and S, all_slice(C ++ S') . all_gather(C ++ G') =
   all_slice(S') . all_gather(G');
 - all_slice({s: A}) . all_gather({c: A}) = all_to_all(s, c, A) for dimensions s != c;
+- a device's tile cut out of pieces of all_gather({d: A}(x)) along d, when every device's
+  tile is made of the same pieces of the chunks of the devices at the same distances
+  along A (a roll, a shift: `jnp.roll` of a dimension sliced on A) = those pieces of x,
+  each moved by one collective_permute over A;
 - all_slice(S) . all_reduce(R) = reduce_scatter(S) when S names only axes of R; a slice
   over axes outside R commutes with the reduction (the devices reduced together slice
   alike), so it can go first and shrink what is reduced; so does a slice of a
@@ -42,15 +46,18 @@ from partir.hlo.ops import (
     COLLECTIVES,
     REDUCE_SCATTER,
     AxesPerDim,
+    axes_size,
     flat_axes,
     make_all_gather,
     make_all_reduce,
     make_all_slice,
     make_all_to_all,
+    make_collective_permute,
     make_reduce_scatter,
     sliced_type,
 )
 from partir.ir import Function, Op, Region, Value
+from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
 
 
@@ -358,6 +365,154 @@ def fuse_all_to_all(fn: Function) -> Function:
     """all_slice on one dimension of all_gather on another over the same axes ->
     all_to_all. The gather must have no other use."""
     return _sweep(fn, (_ALL_TO_ALL,))
+
+
+# A piece of a device's tile: taken from the chunk of the device `distance` further along
+# the axes (mod their size), its rows [start, start + length) along the dimension.
+_Piece = tuple[int, int, int]
+
+
+def _coordinates(chunk: int, axes: Sequence[str], mesh: Mapping[str, int]) -> dict[str, int]:
+    """The coordinates on `axes` of the device at this chunk index (major to minor)."""
+    out = {}
+    for a in reversed(axes):
+        chunk, out[a] = divmod(chunk, mesh[a])
+    return out
+
+
+def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[int] | None:
+    """v, a scalar computed from constants and the device's coordinates on `axes` alone,
+    evaluated on each device of a group of `axes` (by chunk index); None if v depends on
+    anything else."""
+    order: list[Op] = []
+    seen: set[Op] = set()
+    stack = [v]
+    while stack:
+        op = rw.producer.get(stack.pop())
+        if op is None or op in seen:
+            if op is None:
+                return None  # an argument
+            continue
+        if op.regions or op.results[0].type.shape != () or (
+                op.name == AXIS_INDEX and op.params["axis"] not in axes):
+            return None
+        seen.add(op)
+        order.append(op)
+        stack.extend(op.operands)
+    order.sort(key=lambda op: rw.out.index(op))  # program order
+    values = []
+    for chunk in range(axes_size(axes, rw.mesh)):
+        coords = _coordinates(chunk, axes, rw.mesh)
+        env: dict[Value, object] = {}
+        for op in order:
+            outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
+                    else evaluate(op, [env[u] for u in op.operands]))
+            env.update(zip(op.results, outs, strict=True))
+        values.append(int(env[v]))
+    return values
+
+
+def _tile_pieces(pieces: Sequence[tuple[int, int, int]], start: int, size: int, chunk: int,
+                 n: int) -> list[_Piece]:
+    """Rows [start, start + size) of a concatenation of `pieces`, each (its offset in the
+    concatenation, its start in the gathered operand, its length), as pieces of the chunks
+    (of `chunk` rows each, `n` in all) of the device at chunk index 0."""
+    out: list[_Piece] = []
+    end = start + size
+    for at, src, length in pieces:
+        lo, hi = max(start, at), min(end, at + length)
+        g = src + lo - at  # the gathered row of row lo
+        while lo < hi:
+            owner, row = divmod(g, chunk)
+            take = min(hi - lo, chunk - row)
+            if out and out[-1][0] == owner and out[-1][1] + out[-1][2] == row:
+                out[-1] = (owner, out[-1][1], out[-1][2] + take)
+            else:
+                out.append((owner % n, row, take))
+            lo, g = lo + take, g + take
+    return out
+
+
+def _shifted_tiles(rw: _Rewriter, op: Op) -> Value | None:
+    """Each device's tile of a concatenation of slices of all_gather({d: A}(x)) along d,
+    cut out at the device's offset (a dynamic_slice whose start is computed from its
+    coordinates on A), where every device's tile is the same pieces of the chunks of the
+    devices at the same distances along A: those pieces of x, each moved by one
+    collective_permute. The gather must have no other use."""
+    if op.name != "dynamic_slice":
+        return None
+    concat = rw.source(op.operands[0], "concatenate", single_use=True)
+    if concat is None:
+        return None
+    d = concat.params["dimension"]
+    whole = concat.results[0].type.shape
+    size = op.params["slice_sizes"][d]
+    if any(n != m for e, (n, m) in enumerate(zip(op.params["slice_sizes"], whole,
+                                                  strict=True)) if e != d):
+        return None  # cut along d alone (the others start at 0: clamped, being whole)
+    slices = [rw.source(v, "slice", single_use=True) for v in concat.operands]
+    if any(s is None for s in slices):
+        return None
+    gathered = slices[0].operands[0]
+    gather = rw.source(gathered, ALL_GATHER)
+    if gather is None or rw.uses[gathered] != len(slices):
+        return None
+    axes = gather.params["axes"][d]
+    if not axes or any(a for e, a in enumerate(gather.params["axes"]) if e != d):
+        return None
+    pieces, at = [], 0
+    for s in slices:
+        start, limit = s.params["start_indices"], s.params["limit_indices"]
+        if s.operands[0] is not gathered or any(st not in (None, 1) for st in (
+                s.params["strides"] or ())) or any(
+                (start[e], limit[e]) != (0, n) for e, n in enumerate(whole) if e != d):
+            return None
+        pieces.append((at, start[d], limit[d] - start[d]))
+        at += limit[d] - start[d]
+    x = gather.operands[0]
+    chunk, n = x.type.shape[d], axes_size(axes, rw.mesh)
+    if size != chunk:
+        return None
+    starts = _scalar_per_device(rw, op.operands[1 + d], axes)
+    if starts is None:
+        return None
+    layouts = []
+    for c, start in enumerate(starts):
+        start = min(max(start, 0), whole[d] - size)  # as dynamic_slice clamps it
+        layouts.append([((owner - c) % n, row, length) for owner, row, length in
+                        _tile_pieces(pieces, start, size, chunk, n)])
+    if any(layout != layouts[0] for layout in layouts):
+        return None
+    rank, name = x.type.rank, op.results[0].name
+    parts = []
+    for distance, row, length in layouts[0]:
+        part = x
+        if length != chunk:
+            begin = [0] * rank
+            end = list(x.type.shape)
+            begin[d], end[d] = row, row + length
+            part = rw.emit(Op("slice", [x], [Value(x.type.with_shape(tuple(
+                length if e == d else m for e, m in enumerate(x.type.shape))))],
+                {"start_indices": tuple(begin), "limit_indices": tuple(end),
+                 "strides": None}, loc=op.loc, prim=slices[0].prim))
+        if distance:
+            part = rw.emit(make_collective_permute(
+                part, axes, [((c + distance) % n, c) for c in range(n)], name, op.loc))
+        parts.append(part)
+    if len(parts) == 1:
+        return parts[0]
+    return rw.emit(Op("concatenate", parts, [Value(op.results[0].type, name)],
+                      {"dimension": d}, loc=op.loc, prim=concat.prim))
+
+
+_SHIFTED_TILES = Pattern(("dynamic_slice",), _shifted_tiles)
+
+
+def permute_shifted_tiles(fn: Function) -> Function:
+    """A device's tile cut out of pieces of a gathered operand, the same pieces of its
+    neighbours' chunks on every device (a roll or shift of a sliced dimension) ->
+    collective_permutes of those pieces."""
+    return _sweep(fn, (_SHIFTED_TILES,))
 
 
 def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
@@ -903,7 +1058,7 @@ def schedule_by_demand(fn: Function) -> Function:
 # it records is one that stays.
 LOCAL_PATTERNS: tuple[Pattern, ...] = (
     _MERGE, _CANCEL, _REASSOCIATE, _REDUCE_SCATTER_FUSION, _SLICE_FIRST, _ALL_TO_ALL,
-    _TRANSPOSE_BEFORE_GATHER, _REDUCE_BEFORE_GATHER, _CSE)
+    _TRANSPOSE_BEFORE_GATHER, _REDUCE_BEFORE_GATHER, _SHIFTED_TILES, _CSE)
 
 
 def optimize(fn: Function) -> Function:

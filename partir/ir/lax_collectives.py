@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from jax import lax
 
 from partir.errors import ProgramError
@@ -126,6 +127,22 @@ def collective_permute(x: Any, *, axes: Sequence[str], pairs: Sequence[tuple[int
     spanning = _spanning(axes)
     if not spanning:
         return x if (0, 0) in pairs else lax.full_like(x, 0)
+    # Unlike its other collectives, JAX's ppermute numbers the devices of several axes in
+    # the mesh's axis order, not the tuple's: renumber the pairs into that order.
+    order = [a for a in jax.sharding.get_abstract_mesh().axis_names if a in spanning]
+    if len(spanning) > 1 and order and order != list(spanning):
+        sizes = {a: lax.axis_size(a) for a in spanning}
+
+        def renumbered(chunk: int) -> int:
+            coords = {}
+            for a in reversed(spanning):
+                chunk, coords[a] = divmod(chunk, sizes[a])
+            index = 0
+            for a in order:
+                index = index * sizes[a] + coords[a]
+            return index
+
+        pairs = [(renumbered(s), renumbered(t)) for s, t in pairs]
     return lax.ppermute(x, spanning, perm=tuple(pairs))
 
 

@@ -165,6 +165,8 @@ def _permuted(x, groups, pairs, group_axis=0):
     ((("B",), ()), ("B",), [(j + 1, j) for j in range(3)]),  # chunk 3 gets zeros
     ((("B", "M"), ()), ("B", "M"), [(j, (j + 3) % 8) for j in range(8)]),
     ((("M", "B"), ()), ("M", "B"), [(j, 7 - j) for j in range(8)]),
+    # not the mesh's axis order, where JAX's ppermute numbers devices otherwise
+    ((("M", "B"), ()), ("M", "B"), [(j, (j + 1) % 8) for j in range(8)]),
 ])
 def test_collective_permute(sharding, axes, pairs):
     x = normal((32, 8))
