@@ -1075,4 +1075,36 @@ def optimize(fn: Function) -> Function:
         fn = dce(constrain_results(localize_results(localize_arguments(
             _sweep(cse(fn), LOCAL_PATTERNS)))))
         if fn is start:
-            return schedule_by_demand(regather_for_backward(sum_in_loop_bodies(fn)))
+            return schedule_by_demand(optimize_regions(regather_for_backward(
+                sum_in_loop_bodies(fn))))
+
+
+def optimize_regions(fn: Function) -> Function:
+    """The local rewrites, to a fixed point, inside the regions of control-flow ops (inner
+    regions first): a body is a device-local program like the function, so a gather
+    sliced again on another dimension is an all_to_all there too, and a roll of a sliced
+    dimension a permute. What crosses a region's boundary stays as it is: the op's
+    operands and results keep their types."""
+    ops = []
+    for op in fn.ops:
+        if op.regions:
+            regions = [_optimize_region(r, fn.attributes["mesh"]) for r in op.regions]
+            if any(new is not old for new, old in zip(regions, op.regions, strict=True)):
+                op = Op(op.name, op.operands, op.results, op.params, regions, op.loc, op.prim)
+        ops.append(op)
+    if all(new is old for new, old in zip(ops, fn.ops, strict=True)):
+        return fn
+    return replace(fn, ops=ops)
+
+
+def _optimize_region(region: Region, mesh: object) -> Region:
+    body = start = optimize_regions(Function("region", list(region.args), list(region.ops),
+                                             list(region.yields), attributes={"mesh": mesh}))
+    while True:
+        before = body
+        body = dce(_sweep(cse(body), LOCAL_PATTERNS))
+        if body is before:
+            break
+    if body is start and start.ops == region.ops:
+        return region
+    return Region(body.args, body.ops, body.results)

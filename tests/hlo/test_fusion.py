@@ -37,7 +37,7 @@ from partir.hlo.ops import (
     make_all_slice,
     make_reduce_scatter,
 )
-from partir.ir import Function, Op, Value
+from partir.ir import Function, Op, Region, Value
 from partir.mesh import Mesh
 from tests.listings import F32
 from tests.listings import f32 as _t
@@ -394,3 +394,32 @@ def test_a_transpose_of_a_gather_goes_first():
     assert names(local) == ["transpose", ALL_REDUCE]
     assert local.attributes["out_shardings"] == ((("c",), ("b",)),)
     assert_same(fn, local)
+
+
+def test_the_local_rewrites_run_inside_a_loops_body():
+    """A body is a device-local program too: a gather on one dimension sliced again on
+    another is an all_to_all there, each time the body runs."""
+    c = Value(_t(4, 8), "c")
+    body_ops = []
+
+    def emit(op: Op) -> Value:
+        body_ops.append(op)
+        return op.results[0]
+
+    moved = emit(make_all_slice(emit(make_all_gather(c, (("a",), ()), MESH)), ((), ("a",)),
+                                MESH))
+    negated = emit(Op("neg", [moved], [Value(moved.type)], prim=lax.neg_p))
+    back = emit(make_all_slice(emit(make_all_gather(negated, ((), ("a",)), MESH)),
+                               (("a",), ()), MESH))
+    x = Value(_t(4, 8), "x")
+    loop = Op("scan", [x], [Value(x.type, "y")],
+              {"length": 3, "num_consts": 0, "num_carry": 1, "reverse": False, "unroll": 1,
+               "linear": (False,), "jaxpr": None, "_split_transpose": False},
+              regions=[Region([c], body_ops, [back])])
+    before = function([x], [loop], loop.results, in_shardings=((("a",), ()),),
+                      out_shardings=((("a",), ()),))
+    after = optimize(before)
+    (body,) = after.ops[0].regions
+    assert [op.name for op in body.ops] == [ALL_TO_ALL, "neg", ALL_TO_ALL]
+    assert count_collectives(after, executed=True)["all_to_all"] == 6
+    assert_same(before, after)
