@@ -35,7 +35,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain
+from itertools import chain, pairwise
+from typing import Any
+
+import numpy as np
+from jax import lax
 
 import partir.cancel as cancel
 from partir.hlo.ops import (
@@ -43,6 +47,7 @@ from partir.hlo.ops import (
     ALL_REDUCE,
     ALL_SLICE,
     AXIS_INDEX,
+    COLLECTIVE_PERMUTE,
     COLLECTIVES,
     REDUCE_SCATTER,
     AxesPerDim,
@@ -56,9 +61,10 @@ from partir.hlo.ops import (
     make_reduce_scatter,
     sliced_type,
 )
-from partir.ir import Function, Op, Region, Value
+from partir.ir import Function, Op, Region, TensorType, Value
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
+from partir.ir.opnames import CONSTANT
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -367,9 +373,9 @@ def fuse_all_to_all(fn: Function) -> Function:
     return _sweep(fn, (_ALL_TO_ALL,))
 
 
-# A piece of a device's tile: taken from the chunk of the device `distance` further along
-# the axes (mod their size), its rows [start, start + length) along the dimension.
-_Piece = tuple[int, int, int]
+# Where the rows of a value along one dimension come from: intervals (start in the value,
+# length, start in the gathered operand, or None where the rows are zeros).
+_Rows = list[tuple[int, int, int | None]]
 
 
 def _coordinates(chunk: int, axes: Sequence[str], mesh: Mapping[str, int]) -> dict[str, int]:
@@ -380,7 +386,7 @@ def _coordinates(chunk: int, axes: Sequence[str], mesh: Mapping[str, int]) -> di
     return out
 
 
-def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[int] | None:
+def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[Any] | None:
     """v, a scalar computed from constants and the device's coordinates on `axes` alone,
     evaluated on each device of a group of `axes` (by chunk index); None if v depends on
     anything else."""
@@ -389,9 +395,9 @@ def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[int
     stack = [v]
     while stack:
         op = rw.producer.get(stack.pop())
-        if op is None or op in seen:
-            if op is None:
-                return None  # an argument
+        if op is None:
+            return None  # an argument
+        if op in seen:
             continue
         if op.regions or op.results[0].type.shape != () or (
                 op.name == AXIS_INDEX and op.params["axis"] not in axes):
@@ -399,120 +405,289 @@ def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[int
         seen.add(op)
         order.append(op)
         stack.extend(op.operands)
-    order.sort(key=lambda op: rw.out.index(op))  # program order
+    position = {op: i for i, op in enumerate(rw.out)}
+    order.sort(key=position.__getitem__)  # program order
     values = []
     for chunk in range(axes_size(axes, rw.mesh)):
         coords = _coordinates(chunk, axes, rw.mesh)
-        env: dict[Value, object] = {}
+        env: dict[Value, Any] = {}
         for op in order:
             outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
                     else evaluate(op, [env[u] for u in op.operands]))
             env.update(zip(op.results, outs, strict=True))
-        values.append(int(env[v]))
+        values.append(env[v])
     return values
 
 
-def _tile_pieces(pieces: Sequence[tuple[int, int, int]], start: int, size: int, chunk: int,
-                 n: int) -> list[_Piece]:
-    """Rows [start, start + size) of a concatenation of `pieces`, each (its offset in the
-    concatenation, its start in the gathered operand, its length), as pieces of the chunks
-    (of `chunk` rows each, `n` in all) of the device at chunk index 0."""
-    out: list[_Piece] = []
-    end = start + size
-    for at, src, length in pieces:
-        lo, hi = max(start, at), min(end, at + length)
-        g = src + lo - at  # the gathered row of row lo
-        while lo < hi:
-            owner, row = divmod(g, chunk)
-            take = min(hi - lo, chunk - row)
-            if out and out[-1][0] == owner and out[-1][1] + out[-1][2] == row:
-                out[-1] = (owner, out[-1][1], out[-1][2] + take)
-            else:
-                out.append((owner % n, row, take))
-            lo, g = lo + take, g + take
+def _whole_elsewhere(op: Op, operand: int, d: int) -> bool:
+    """The op leaves every dimension of the operand but d whole."""
+    return all(n == m for e, (n, m) in enumerate(zip(op.operands[operand].type.shape,
+                                                     op.results[0].type.shape, strict=True))
+               if e != d)
+
+
+def _clip(rows: _Rows, start: int, stop: int, shift: int) -> _Rows:
+    """The intervals of `rows` within [start, stop), moved by `shift`."""
+    out = []
+    for at, n, src in rows:
+        lo, hi = max(at, start), min(at + n, stop)
+        if lo < hi:
+            out.append((lo + shift, hi - lo, None if src is None else src + lo - at))
     return out
 
 
+def _rows(rw: _Rewriter, v: Value, gathered: Value, d: int) -> _Rows | None:
+    """Where v's rows along d come from, for v made of the gathered value by slices,
+    zero pads, concatenations and splits along d (whole along the others); None for any
+    other value."""
+    if v is gathered:
+        return [(0, v.type.shape[d], 0)]
+    op = rw.producer.get(v)
+    if op is None or op in rw.dead:
+        return None
+    name, p = op.name, op.params
+    if name == "slice" and not any(s != 1 for s in p["strides"] or ()) and all(
+            (p["start_indices"][e], p["limit_indices"][e]) == (0, n)
+            for e, n in enumerate(op.operands[0].type.shape) if e != d):
+        inner = _rows(rw, op.operands[0], gathered, d)
+        start = p["start_indices"][d]
+        return None if inner is None else _clip(inner, start, p["limit_indices"][d], -start)
+    if name == "pad" and _whole_elsewhere(op, 0, d):
+        lo, hi, interior = p["padding_config"][d]
+        zero = _scalar_per_device(rw, op.operands[1], ())
+        inner = _rows(rw, op.operands[0], gathered, d)
+        if interior or zero is None or zero[0] != 0 or inner is None:
+            return None
+        n = v.type.shape[d]
+        moved = _clip(inner, max(0, -lo), op.operands[0].type.shape[d] - max(0, -hi), lo)
+        return [*([(0, lo, None)] if lo > 0 else []), *moved,
+                *([(n - hi, hi, None)] if hi > 0 else [])]
+    if name == "concatenate" and p["dimension"] == d:
+        out, at = [], 0
+        for u in op.operands:
+            inner = _rows(rw, u, gathered, d)
+            if inner is None:
+                return None
+            out += _clip(inner, 0, u.type.shape[d], at)
+            at += u.type.shape[d]
+        return out
+    if name == "split" and p["axis"] == d:
+        k = op.results.index(v)
+        start = sum(p["sizes"][:k])
+        inner = _rows(rw, op.operands[0], gathered, d)
+        return None if inner is None else _clip(inner, start, start + p["sizes"][k], -start)
+    return None
+
+
+def _cut(op: Op) -> tuple[int, int, Value] | None:
+    """What a device's tile along one dimension is cut out of, at an offset computed from
+    its coordinates (a dynamic_slice) or its chunk index (an all_slice): (the dimension,
+    the tile's size, the value cut)."""
+    if op.name == "dynamic_slice":
+        sizes, whole = op.params["slice_sizes"], op.operands[0].type.shape
+        cut = [d for d, (n, m) in enumerate(zip(sizes, whole, strict=True)) if n != m]
+    else:
+        sizes = op.results[0].type.shape
+        cut = [d for d, axes in enumerate(op.params["axes"]) if axes]
+    # (a dynamic_slice's start along a whole dimension is clamped to 0)
+    return (cut[0], sizes[cut[0]], op.operands[0]) if len(cut) == 1 else None
+
+
+def _gathered_source(rw: _Rewriter, v: Value) -> Op | None:
+    """The all_gather v is made of by slices, pads, concatenations and splits."""
+    stack, seen = [v], set()
+    while stack:
+        op = rw.producer.get(stack.pop())
+        if op is None or op in seen:
+            continue
+        if op.name == ALL_GATHER:
+            return op
+        if op.name in ("slice", "pad", "concatenate", "split"):
+            seen.add(op)
+            stack.extend(op.operands[:1] if op.name == "pad" else op.operands)
+    return None
+
+
+def _read_only_by_tiles(rw: _Rewriter, gathered: Value, d: int, axes: tuple[str, ...]
+                        ) -> bool:
+    """Whether every use of the gathered value ends, through slices, pads, concatenations
+    and splits, in a device's tile along d over the gather's axes: once they all move
+    pieces instead, the gather is gone."""
+    stack, seen = [gathered], set()
+    while stack:
+        for op in rw.readers(stack.pop()):
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.name == ALL_SLICE:
+                if op.params["axes"][d] != axes or any(
+                        a for e, a in enumerate(op.params["axes"]) if e != d):
+                    return False
+            elif op.name == "dynamic_slice":
+                if not _whole_elsewhere(op, 0, d):
+                    return False
+            elif op.name in ("slice", "pad", "concatenate", "split"):
+                stack.extend(op.results)
+            else:
+                return False
+    return True
+
+
 def _shifted_tiles(rw: _Rewriter, op: Op) -> Value | None:
-    """Each device's tile of a concatenation of slices of all_gather({d: A}(x)) along d,
-    cut out at the device's offset (a dynamic_slice whose start is computed from its
-    coordinates on A), where every device's tile is the same pieces of the chunks of the
-    devices at the same distances along A: those pieces of x, each moved by one
-    collective_permute. The gather must have no other use."""
-    if op.name != "dynamic_slice":
+    """Each device's tile along d (an all_slice over the gather's axes, or a dynamic_slice
+    at an offset computed from the device's coordinates on them) of a value made of
+    all_gather({d: A}(x)) by slices, zero pads, concatenations and splits along d, where
+    every device's tile is the same pieces of the chunks of the devices at the same
+    distances along A, or zeros: those pieces of x, each moved by one collective_permute
+    (a device given zeros receives nothing). Every use of the gather must end in such
+    tiles."""
+    cut = _cut(op)
+    if cut is None:
         return None
-    concat = rw.source(op.operands[0], "concatenate", single_use=True)
-    if concat is None:
-        return None
-    d = concat.params["dimension"]
-    whole = concat.results[0].type.shape
-    size = op.params["slice_sizes"][d]
-    if any(n != m for e, (n, m) in enumerate(zip(op.params["slice_sizes"], whole,
-                                                  strict=True)) if e != d):
-        return None  # cut along d alone (the others start at 0: clamped, being whole)
-    slices = [rw.source(v, "slice", single_use=True) for v in concat.operands]
-    if any(s is None for s in slices):
-        return None
-    gathered = slices[0].operands[0]
-    gather = rw.source(gathered, ALL_GATHER)
-    if gather is None or rw.uses[gathered] != len(slices):
+    d, size, whole = cut
+    gather = _gathered_source(rw, whole)
+    if gather is None:
         return None
     axes = gather.params["axes"][d]
+    gathered = gather.results[0]
     if not axes or any(a for e, a in enumerate(gather.params["axes"]) if e != d):
         return None
-    pieces, at = [], 0
-    for s in slices:
-        start, limit = s.params["start_indices"], s.params["limit_indices"]
-        if s.operands[0] is not gathered or any(st not in (None, 1) for st in (
-                s.params["strides"] or ())) or any(
-                (start[e], limit[e]) != (0, n) for e, n in enumerate(whole) if e != d):
-            return None
-        pieces.append((at, start[d], limit[d] - start[d]))
-        at += limit[d] - start[d]
+    if op.name == ALL_SLICE and op.params["axes"][d] != axes:
+        return None
     x = gather.operands[0]
     chunk, n = x.type.shape[d], axes_size(axes, rw.mesh)
-    if size != chunk:
+    rows = _rows(rw, whole, gathered, d)
+    if size != chunk or rows is None or not _read_only_by_tiles(rw, gathered, d, axes):
         return None
-    starts = _scalar_per_device(rw, op.operands[1 + d], axes)
-    if starts is None:
-        return None
-    layouts = []
-    for c, start in enumerate(starts):
-        start = min(max(start, 0), whole[d] - size)  # as dynamic_slice clamps it
-        layouts.append([((owner - c) % n, row, length) for owner, row, length in
-                        _tile_pieces(pieces, start, size, chunk, n)])
-    if any(layout != layouts[0] for layout in layouts):
-        return None
+    if op.name == ALL_SLICE:
+        starts = [c * size for c in range(n)]
+    else:
+        computed = _scalar_per_device(rw, op.operands[1 + d], axes)
+        if computed is None:
+            return None
+        # as dynamic_slice clamps its start
+        starts = [min(max(int(s), 0), whole.type.shape[d] - size) for s in computed]
+    layouts = []  # per device: (offset in its tile, source chunk or None for zeros, row)
+    for start in starts:
+        pieces: list[tuple[int, int | None, int]] = []
+        for at, length, src in _clip(rows, start, start + size, -start):
+            while length:
+                owner, row = (None, 0) if src is None else divmod(src, chunk)
+                pieces.append((at, owner, row))
+                take = length if src is None else min(length, chunk - row)
+                at, length = at + take, length - take
+                src = None if src is None else src + take
+        layouts.append(pieces)
+    # The tile's pieces: where any device's source changes. Each is read from one row of
+    # the chunks by every device reading it (or zeros, by no device).
+    bounds = sorted({at for layout in layouts for at, _, _ in layout} | {size})
+    segments = []  # (row, length, per device the chunk it reads the piece from)
+    for begin_at, end_at in pairwise(bounds):
+        sources, rows = [], set()
+        for layout in layouts:
+            at, owner, row = next(p for p in reversed(layout) if p[0] <= begin_at)
+            sources.append(owner)
+            if owner is not None:
+                rows.add(row + begin_at - at)
+        if len(rows) > 1:
+            return None
+        segments.append((rows.pop() if rows else None, end_at - begin_at, sources))
     rank, name = x.type.rank, op.results[0].name
     parts = []
-    for distance, row, length in layouts[0]:
+    for row, length, sources in segments:
+        shape = tuple(length if e == d else m for e, m in enumerate(x.type.shape))
+        if row is None:  # zeros on every device
+            zero = Value(TensorType((), x.type.dtype))
+            rw.emit(Op(CONSTANT, [], [zero], {"value": np.zeros((), x.type.dtype)},
+                       loc=op.loc))
+            parts.append(rw.emit(Op("broadcast_in_dim", [zero], [Value(x.type.with_shape(
+                shape))], {"shape": shape, "broadcast_dimensions": (), "sharding": None},
+                loc=op.loc, prim=lax.broadcast_in_dim_p)))
+            continue
         part = x
         if length != chunk:
-            begin = [0] * rank
-            end = list(x.type.shape)
+            begin, end = [0] * rank, list(x.type.shape)
             begin[d], end[d] = row, row + length
-            part = rw.emit(Op("slice", [x], [Value(x.type.with_shape(tuple(
-                length if e == d else m for e, m in enumerate(x.type.shape))))],
-                {"start_indices": tuple(begin), "limit_indices": tuple(end),
-                 "strides": None}, loc=op.loc, prim=slices[0].prim))
-        if distance:
+            part = rw.emit(Op("slice", [x], [Value(x.type.with_shape(shape))],
+                              {"start_indices": tuple(begin), "limit_indices": tuple(end),
+                               "strides": None}, loc=op.loc, prim=lax.slice_p))
+        if sources != list(range(n)):
             part = rw.emit(make_collective_permute(
-                part, axes, [((c + distance) % n, c) for c in range(n)], name, op.loc))
+                part, axes, [(s, c) for c, s in enumerate(sources) if s is not None],
+                name, op.loc))
         parts.append(part)
     if len(parts) == 1:
         return parts[0]
     return rw.emit(Op("concatenate", parts, [Value(op.results[0].type, name)],
-                      {"dimension": d}, loc=op.loc, prim=concat.prim))
+                      {"dimension": d}, loc=op.loc, prim=lax.concatenate_p))
 
 
-_SHIFTED_TILES = Pattern(("dynamic_slice",), _shifted_tiles)
+def _same(rw: _Rewriter, u: Value, v: Value) -> bool:
+    """u and v are one value, or the same slice of one value (the pieces a rewrite cut
+    twice)."""
+    if u is v:
+        return True
+    a, b = rw.source(u, "slice"), rw.source(v, "slice")
+    return a is not None and b is not None and a.operands[0] is b.operands[0] and \
+        a.params == b.params
+
+
+def _merged_permutes(rw: _Rewriter, op: Op) -> Value | None:
+    """permute(x, P) + permute(x, Q) = permute(x, P u Q) where no device is targeted by
+    both: each sends zeros where it targets nothing (the transpose of a roll is such a
+    sum)."""
+    if len(op.operands) != 2:
+        return None
+    a, b = (rw.source(v, COLLECTIVE_PERMUTE, single_use=True) for v in op.operands)
+    if a is None or b is None or not _same(rw, a.operands[0], b.operands[0]) or \
+            a.params["axes"] != b.params["axes"]:
+        return None
+    pairs = (*a.params["pairs"], *b.params["pairs"])
+    if len({t for _, t in pairs}) != len(pairs):
+        return None
+    return rw.emit(make_collective_permute(a.operands[0], a.params["axes"], pairs,
+                                           op.results[0].name, op.loc))
+
+
+def _is_zeros(rw: _Rewriter, v: Value) -> bool:
+    op = rw.source(v, "broadcast_in_dim")
+    if op is None:
+        return False
+    zero = rw.source(op.operands[0], CONSTANT)
+    return zero is not None and not np.any(zero.params["value"])
+
+
+def _piecewise_sum(rw: _Rewriter, op: Op) -> Value | None:
+    """concat(a1, a2) + concat(b1, b2) = concat(a1 + b1, a2 + b2) where the pieces have
+    the same sizes, and x + zeros = x: what the pieces of a roll's transpose need to meet
+    as one permute."""
+    if len(op.operands) != 2:
+        return None
+    u, v = op.operands
+    for x, y in ((u, v), (v, u)):
+        if _is_zeros(rw, y) and x.type == op.results[0].type:
+            return x
+    a, b = (rw.source(w, "concatenate", single_use=True) for w in (u, v))
+    if a is None or b is None or a.params["dimension"] != b.params["dimension"] or \
+            [w.type for w in a.operands] != [w.type for w in b.operands]:
+        return None
+    sums = [rw.emit(Op(op.name, [x, y], [Value(x.type)], op.params, loc=op.loc,
+                       prim=op.prim)) for x, y in zip(a.operands, b.operands, strict=True)]
+    return rw.emit(Op("concatenate", sums, [Value(op.results[0].type, op.results[0].name)],
+                      a.params, loc=op.loc, prim=a.prim))
+
+
+_SHIFTED_TILES = Pattern(("dynamic_slice", ALL_SLICE), _shifted_tiles)
+_MERGED_PERMUTES = Pattern(("add", "add_any"), _merged_permutes)
+_PIECEWISE_SUM = Pattern(("add", "add_any"), _piecewise_sum)
 
 
 def permute_shifted_tiles(fn: Function) -> Function:
     """A device's tile cut out of pieces of a gathered operand, the same pieces of its
-    neighbours' chunks on every device (a roll or shift of a sliced dimension) ->
-    collective_permutes of those pieces."""
-    return _sweep(fn, (_SHIFTED_TILES,))
+    neighbours' chunks (or zeros) on every device (a roll or shift of a sliced dimension,
+    its transpose) -> collective_permutes of those pieces; the sum of two permutes of one
+    value targeting different devices -> one permute."""
+    return _sweep(fn, (_SHIFTED_TILES, _MERGED_PERMUTES, _PIECEWISE_SUM))
 
 
 def _reduce_scatter(rw: _Rewriter, op: Op) -> Value | None:
@@ -1058,7 +1233,8 @@ def schedule_by_demand(fn: Function) -> Function:
 # it records is one that stays.
 LOCAL_PATTERNS: tuple[Pattern, ...] = (
     _MERGE, _CANCEL, _REASSOCIATE, _REDUCE_SCATTER_FUSION, _SLICE_FIRST, _ALL_TO_ALL,
-    _TRANSPOSE_BEFORE_GATHER, _REDUCE_BEFORE_GATHER, _SHIFTED_TILES, _CSE)
+    _TRANSPOSE_BEFORE_GATHER, _REDUCE_BEFORE_GATHER, _SHIFTED_TILES, _MERGED_PERMUTES,
+    _PIECEWISE_SUM, _CSE)
 
 
 def optimize(fn: Function) -> Function:

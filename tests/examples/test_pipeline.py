@@ -1,0 +1,44 @@
+"""The pipeline example (examples/pipeline): GPipe written with vmap and roll, sliced over
+"stage" and "batch", moves activations and their gradients by collective_permutes alone,
+on both oracles, and equals the sequential model."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import partir
+from examples.pipeline import model
+from examples.pipeline.schedules import BP, MESH, PP
+from partir.schedule_file import load_schedule_file
+from tests.examples import counts
+from tests.oracles import assert_tree_close, check_oracles
+
+EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "pipeline"
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 4])
+def test_collectives_are_the_readmes(microbatches):
+    stages, layers = MESH["stage"], 2
+    args = model.example_args(stages, layers, microbatches)
+    meta = check_oracles(model.step, partir.Mesh(MESH), [PP, BP], *args)
+    steps = microbatches + stages - 1
+    assert meta.collectives == counts(ar=microbatches + 1 + steps, cp=2 * (steps - 1))
+    assert meta.executed_collectives == counts(ar=microbatches + 1 + layers * steps,
+                                               cp=2 * (steps - 1))
+    assert meta.in_specs[0] == P("stage", None, None, None)  # each device: its stage's
+
+
+def test_the_pipeline_computes_the_sequential_model():
+    args = model.example_args()
+    assert_tree_close(jax.value_and_grad(model.sequential_loss)(*args), model.step(*args))
+
+
+def test_schedule_file():
+    sf = load_schedule_file(EXAMPLE / "pp_bp.partir.py")
+    meta = check_oracles(sf.program.fn, partir.Mesh(sf.mesh), sf.schedule, *sf.program.args)
+    assert meta.collectives["collective_permute"] == 12
+    assert meta.collectives["all_gather"] == 0
