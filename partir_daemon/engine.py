@@ -144,9 +144,10 @@ def _range(span: Any) -> P.Range | None:
 def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:
     """The metadata as the dict a `TacticResult` carries, without the fields lowering
     fills when it has not run. Shallow: its values are the cached state's, and are only
-    encoded, never changed."""
+    encoded, never changed. The fields not sent are not read (a deferred one is not
+    computed)."""
     out = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)
-           if lowered or f.name not in LOWERED_FIELDS}
+           if f.name not in P.UNSENT_METADATA and (lowered or f.name not in LOWERED_FIELDS)}
     if out.get("cost") is not None:
         out["cost"] = metadata.cost.to_json()
     return out

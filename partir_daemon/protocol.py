@@ -119,11 +119,19 @@ class TraceInfo:
     invalidated_by: list[str] = field(default_factory=list)
 
 
+# Fields of `partir.metadata.TacticMetadata` a `TacticResult` leaves out: every input's
+# and output's sharding after every tactic is quadratic in a schedule's length (200
+# tactics of a small transformer: 3 MB in each result), and `PartitionResult.values`
+# has them, by the tactics that changed them.
+UNSENT_METADATA = ("shardings",)
+
+
 @dataclass
 class TacticResult:
     """One tactic of the schedule: where it is written, whether its state came from the
-    cache, and its `partir.metadata.TacticMetadata` as a dict (`core_ir` is "" unless the
-    request asked for IR; `cost` appears when the simulator provides it)."""
+    cache, and its `partir.metadata.TacticMetadata` as a dict, less `UNSENT_METADATA`
+    (`core_ir` is "" unless the request asked for IR; `cost` appears when the simulator
+    provides it)."""
 
     index: int
     name: str

@@ -22,10 +22,17 @@ Caches:
   content hashes of its workspace dependencies;
 - states, keyed by the hash chain over (trace, mesh, tactic 1..i): the Core module after
   tactic i (never rewritten again: the next tactic applies to a fork of it), its
-  `TacticRecord`, and lazily its `TacticMetadata` (which lowers the program to count
-  collectives, so an unchanged tactic is never lowered twice);
-- a few lowered programs, for `ir` and `explain`.
-Both main caches share one LRU bound on entries and on held ops.
+  `TacticRecord`, and lazily its `TacticMetadata`;
+- what a program determines (`ProgramFacts`: its padding, its collectives and cost,
+  which need it lowered and simulated, the shardings of its named values), keyed by
+  the program's content (`fingerprint.program_key`): states with equal programs share
+  them, so that a program is lowered once however many states have it. Most tactics of
+  a long schedule change nothing (of 200 one-leaf tactics of a transformer, 151 name a
+  leaf that propagation from an earlier one sharded already), and an edit that undoes
+  another finds its programs here after their states were evicted;
+- a few lowered programs, for `ir` and `explain`, by program.
+Traces and states share one LRU bound on entries and on held ops; program facts, which
+hold no program, have a bound of their own on entries.
 
 Files are hashed before they run and checked again after: the schedule file read from
 disk is hashed as read (the text executed is that one), the user's modules as imported
@@ -53,9 +60,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from partir.api import applied_metadata, tactic_metadata
+from partir.api import LOWERED_FIELDS, applied_metadata, tactic_metadata
 from partir.cancel import CancellationToken, Cancelled, Progress, cancellable, reporting
 from partir.core.module import CoreModule
+from partir.core.padding import padding_report
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
 from partir.errors import PartitionError, UnknownInputError
@@ -79,7 +87,13 @@ from partir.schedule_file import (
 from partir.session import results as R
 from partir.session.cache import LruCache
 from partir.session.definitions import definitions
-from partir.session.fingerprint import Fingerprinter, chain, mesh_key
+from partir.session.fingerprint import (
+    Fingerprinter,
+    chain,
+    mesh_key,
+    program_key,
+    same_program,
+)
 from partir.tactics import TacticRecord
 from partir.tactics.driver import apply_tactic, named_values
 from partir.user_modules import USER_MODULES, content_hash
@@ -134,6 +148,22 @@ class TraceEntry:
 
 
 @dataclass
+class ProgramFacts:
+    """What a program determines, made once per program (by content) and shared by every
+    state that has it. Each field is set once made whole (a cancelled lowering leaves
+    it None)."""
+
+    key: tuple[str, int]  # (trace key, `program_key`)
+    padding: list[dict[str, Any]] | None = None  # `partir.core.padding.padding_report`
+    # LOWERED_FIELDS of its TacticMetadata: collectives, executed ones, cost
+    lowered: dict[str, Any] | None = None
+    attribution: Counter | None = None  # collective signature -> count, for explain
+    core_ir: str | None = None  # printed on request
+    # (kind, name) -> the sharding of each value so named
+    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
+
+
+@dataclass
 class State:
     """The program after a prefix of a schedule (immutable once cached: the next tactic
     applies to a fork of `module`)."""
@@ -142,12 +172,9 @@ class State:
     trace_key: str
     module: CoreModule  # the state after this tactic; never rewritten again
     record: TacticRecord | None  # None for the traced program (state 0)
+    facts: ProgramFacts  # shared with the states whose programs equal this one's
     metadata: TacticMetadata | None = None  # complete: lowered and simulated, made once
     applied: TacticMetadata | None = None  # short of lowering, made once
-    attribution: Counter | None = None  # collective signature -> count, for explain
-    core_ir: str | None = None  # printed on request
-    # (kind, name) -> the sharding of each value so named after this state, made once
-    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
     _initial: CoreProgram | None = None
 
     @property
@@ -160,14 +187,34 @@ class State:
 
     @property
     def lowered(self) -> bool:
-        """Whether its collectives and cost are known."""
-        return self.metadata is not None
+        """Whether its collectives and cost are known (its program, or an equal one, was
+        lowered and simulated)."""
+        return self.facts.lowered is not None
+
+    def applied_metadata(self) -> TacticMetadata:
+        """Its tactic's metadata short of lowering, its program's padding shared."""
+        if self.applied is None:
+            facts = self.facts
+            if facts.padding is None:
+                with paused_gc():
+                    facts.padding = padding_report(self.program)
+            # The shardings of every input and output stay deferred: no tool reads them
+            # on every edit (`values` has them by value).
+            self.applied = applied_metadata(self.record, defer=True).replaced(
+                padding=facts.padding)
+        return self.applied
+
+    def complete_metadata(self) -> TacticMetadata | None:
+        """Its tactic's complete metadata once its program is lowered, else None."""
+        if self.metadata is None and self.facts.lowered is not None:
+            self.metadata = self.applied_metadata().replaced(**self.facts.lowered)
+        return self.metadata
 
     def renamed(self, name: str) -> State:
         """This state under another tactic name: what a name labels (its record and
         metadata) is renamed, what the program determines is shared."""
         def named(metadata: TacticMetadata | None) -> TacticMetadata | None:
-            return None if metadata is None else dataclasses.replace(metadata, name=name)
+            return None if metadata is None else metadata.replaced(name=name)
         return dataclasses.replace(self, record=dataclasses.replace(self.record, name=name),
                                    metadata=named(self.metadata), applied=named(self.applied))
 
@@ -224,12 +271,11 @@ class Analysis:
         out = []
         for i, (st, reused) in enumerate(zip(self.states, self.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            if st.metadata is None and st.applied is None:
-                st.applied = applied_metadata(st.record)
+            metadata = st.complete_metadata()
             out.append(TacticResult(
                 i, st.record.name, st.record.axis, _range(source.span),
                 {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
-                st.metadata or st.applied, st.metadata is not None))
+                metadata or st.applied_metadata(), metadata is not None))
         return out
 
 
@@ -290,7 +336,9 @@ class Session:
                                                           self._dropped.append)
         self.states: LruCache[str, State] = LruCache(max_entries, max_ops,
                                                      self._dropped.append)
-        self.lowered: OrderedDict[str, Lowered] = OrderedDict()
+        self.programs: LruCache[tuple[str, int], ProgramFacts] = LruCache(
+            max_entries, max_entries)
+        self.lowered: OrderedDict[tuple[str, int], Lowered] = OrderedDict()
         self.invalidations = 0
         self.cancelled = 0
         self.lowerings = 0
@@ -326,13 +374,13 @@ class Session:
     # -- requests ------------------------------------------------------------------------
     def lower(self, analysis: Analysis, progress: Progress = _no_progress,
               token: CancellationToken | None = None) -> None:
-        """Lower and simulate each applied state not lowered before (its metadata then
-        complete, with collectives and cost)."""
+        """Lower and simulate the program of each applied state not lowered before (its
+        metadata then complete, with collectives and cost)."""
         t0 = time.perf_counter()
         states = analysis.states
         with self._counting_cancel(), cancellable(token):
             for i, st in enumerate(states, 1):
-                if st.metadata is None:
+                if not st.lowered:
                     if token is not None:
                         token.check()
                     progress(f"collectives after tactic {i}/{len(states)}", i, len(states))
@@ -379,10 +427,11 @@ class Session:
             for i, state in enumerate(states, 1):
                 if token is not None:
                     token.check()
-                if state.attribution is None:
+                facts = state.facts
+                if facts.attribution is None:
                     progress(f"lowering the program after tactic {i}", i, len(states))
-                    state.attribution = self._lowered(state).collective_sites()
-                attributions.append(state.attribution)
+                    facts.attribution = self._lowered(state).collective_sites()
+                attributions.append(facts.attribution)
         result.collectives = [c for c in _introductions(attributions, states)
                               if _concerns(c, name, file, line)]
         return result
@@ -399,15 +448,16 @@ class Session:
         """The final program's collectives attributed to tactics, once every state is
         lowered (else None)."""
         states = analysis.states
-        if states and all(st.attribution is not None for st in states):
-            return _introductions([st.attribution for st in states], states)
+        if states and all(st.facts.attribution is not None for st in states):
+            return _introductions([st.facts.attribution for st in states], states)
         return None
 
     @staticmethod
     def core_ir(state: State) -> str:
-        if state.core_ir is None:
-            state.core_ir = print_core(state.program)
-        return state.core_ir
+        facts = state.facts
+        if facts.core_ir is None:
+            facts.core_ir = print_core(state.program)
+        return facts.core_ir
 
     def _definitions(self, trace: TraceEntry, sf: ScheduleFile
                      ) -> dict[tuple[str, str], list[R.SourceLocation]]:
@@ -463,13 +513,13 @@ class Session:
 
     def _lower(self, state: State) -> None:
         # the lowered program stays cached for `ir` and `explain`, which need it next;
-        # the state's fields are set only once everything is made (cancellable)
+        # the facts are set only once everything is made (cancellable)
         with paused_gc():
             lowered = self._lowered(state)
-            metadata = tactic_metadata(state.record, core_ir=False, lowered=lowered,
-                                       applied=state.applied)
+            made = tactic_metadata(state.record, core_ir=False, lowered=lowered, defer=True)
+            fields = {name: getattr(made, name) for name in LOWERED_FIELDS}
             attribution = lowered.collective_sites()
-        state.metadata, state.attribution = metadata, attribution
+        state.facts.lowered, state.facts.attribution = fields, attribution
         self.lowerings += 1
 
     def release(self) -> None:
@@ -480,16 +530,34 @@ class Session:
     def _drop_trace(self, key: str) -> None:
         self.traces.pop(key)
         self.states.drop_where(lambda _, s: s.trace_key == key)
+        self.programs.drop_where(lambda k, _: k[0] == key)
+        for program in [k for k in self.lowered if k[0] == key]:
+            self._dropped.append(self.lowered.pop(program))
         self.invalidations += 1
 
     def _lowered(self, state: State) -> Lowered:
-        found = self.lowered.get(state.key)
+        key = state.facts.key
+        found = self.lowered.get(key)
         if found is None:
-            found = self.lowered[state.key] = lower(state.program)
+            found = self.lowered[key] = lower(state.program)
             while len(self.lowered) > MAX_LOWERED:
                 self._dropped.append(self.lowered.popitem(last=False))
-        self.lowered.move_to_end(state.key)
+        self.lowered.move_to_end(key)
         return found
+
+    def _facts(self, trace_key: str, program: CoreProgram,
+               before: State | None) -> ProgramFacts:
+        """The facts of `program` (of the trace `trace_key`), new or not yet computed:
+        those of the state `before` it when its tactic changed nothing, else those of any
+        program equal to it."""
+        if before is not None and same_program(before.program, program):
+            return before.facts
+        key = (trace_key, program_key(program))
+        facts = self.programs.get(key)
+        if facts is None:
+            facts = ProgramFacts(key)
+            self.programs.put(key, facts, 1)
+        return facts
 
     # -- the incremental pipeline --------------------------------------------------------
     def analyse(self, path: str, text: str | None = None, progress: Progress = _no_progress,
@@ -581,7 +649,10 @@ class Session:
         key = chain(trace_key, mesh_key(sf.mesh))
         state = self.states.get(key)
         if state is None:
-            state = State(key, trace_key, CoreModule(entry.traced, sf.mesh), None)
+            module = CoreModule(entry.traced, sf.mesh)
+            initial = module.snapshot()
+            state = State(key, trace_key, module, None, self._facts(trace_key, initial, None),
+                          _initial=initial)
             self._put_state(state)
         analysis.initial = state
         names = named_values(state.module, entry.traced)
@@ -617,7 +688,8 @@ class Session:
                         _tactic_diagnostic(e, sf, i, names, self.tool_dirs))
                     break
                 self.tactics_applied += 1
-                found = State(key, trace_key, module, record)
+                found = State(key, trace_key, module, record,
+                              self._facts(trace_key, record.program, state))
                 self._put_state(found)
             analysis.states.append(found)
             state = found
@@ -836,7 +908,8 @@ def _history(shardings: list[list[list[str]]], states: list[State],
 
 def _value_shardings(state: State, traced: TracedProgram
                      ) -> dict[tuple[str, str], list[list[list[str]]]]:
-    if state.value_shardings is None:
+    facts = state.facts
+    if facts.value_shardings is None:
         program = state.program
         out: dict[tuple[str, str], list[list[list[str]]]] = {}
         for kind, shardings in (("input", program.input_shardings()),
@@ -848,8 +921,8 @@ def _value_shardings(state: State, traced: TracedProgram
         for body in (b for bs in traced.body_tags.values() for b in bs):
             out.setdefault(("tag", body.name), []).append(
                 [list(a) for a in program.body_sharding(body).dims])
-        state.value_shardings = out
-    return state.value_shardings
+        facts.value_shardings = out
+    return facts.value_shardings
 
 
 def _values(traced: TracedProgram, states: list[State],
