@@ -262,7 +262,7 @@ def same_program(a: CoreProgram, b: CoreProgram) -> bool:
     mutated, so identical ops and nests mean an equal program; checked without a walk
     over the values."""
     return a.mesh == b.mesh and len(a.ops) == len(b.ops) and \
-        all(x is y for x, y in zip(a.ops, b.ops)) and a.nests == b.nests and \
+        all(x is y for x, y in zip(a.ops, b.ops, strict=True)) and a.nests == b.nests and \
         a.results == b.results and a.out_constraints == b.out_constraints
 
 
