@@ -552,7 +552,8 @@ class Session:
         program equal to it."""
         if before is not None and same_program(before.program, program):
             return before.facts
-        key = (trace_key, program_key(program))
+        with paused_gc():
+            key = (trace_key, program_key(program))
         facts = self.programs.get(key)
         if facts is None:
             facts = ProgramFacts(key)
@@ -910,7 +911,13 @@ def _value_shardings(state: State, traced: TracedProgram
                      ) -> dict[tuple[str, str], list[list[list[str]]]]:
     facts = state.facts
     if facts.value_shardings is None:
-        program = state.program
+        facts.value_shardings = _shardings_of_values(state.program, traced)
+    return facts.value_shardings
+
+
+def _shardings_of_values(program: CoreProgram, traced: TracedProgram
+                         ) -> dict[tuple[str, str], list[list[list[str]]]]:
+    with paused_gc():
         out: dict[tuple[str, str], list[list[list[str]]]] = {}
         for kind, shardings in (("input", program.input_shardings()),
                                 ("output", program.output_shardings())):
@@ -921,8 +928,7 @@ def _value_shardings(state: State, traced: TracedProgram
         for body in (b for bs in traced.body_tags.values() for b in bs):
             out.setdefault(("tag", body.name), []).append(
                 [list(a) for a in program.body_sharding(body).dims])
-        facts.value_shardings = out
-    return facts.value_shardings
+    return out
 
 
 def _values(traced: TracedProgram, states: list[State],
