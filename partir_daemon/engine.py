@@ -29,6 +29,10 @@ from partir_daemon import protocol as P
 __all__ = ["INTERRUPT_SIGNAL", "Cancelled", "Engine", "ignore_interrupts"]
 
 _DAEMON_DIR = os.path.dirname(os.path.abspath(__file__))
+# While a partition's states are lowered, its result with the tactics lowered so far is
+# sent after this long, then after twice as long each time: an editor shows the lenses of
+# the first tactics (those it shows first) before the last one is lowered.
+PARTIAL_FIRST_S = 1.0
 
 
 def _no_progress(message: str, step: int | None, total: int | None) -> None:
@@ -58,14 +62,21 @@ class Engine:
                   ) -> P.PartitionResult:
         """Apply the schedule; with `params.metadata`, lower and simulate each applied
         state not lowered before, after handing the result short of that to `partial`
-        (when the request asks for it and there is lowering to do)."""
+        (when the request asks for it and there is lowering to do), and again the result
+        with the tactics lowered so far while the lowering goes on (see
+        `PartitionParams.partial`)."""
         start = time.perf_counter()
         analysis = self.session.analyse(params.path, params.text, progress, token)
         if params.metadata and any(not st.lowered for st in analysis.states):
+            lowered = None
             if params.partial and partial is not None:
-                analysis.timings.total_s = time.perf_counter() - start
-                partial(self._partition_result(params, analysis))
-            self.session.lower(analysis, progress, token)
+                def send() -> None:
+                    analysis.timings.total_s = time.perf_counter() - start
+                    partial(self._partition_result(params, analysis))
+
+                send()
+                lowered = _every(PARTIAL_FIRST_S, send, analysis)
+            self.session.lower(analysis, progress, token, lowered)
         analysis.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, analysis)
 
@@ -135,6 +146,25 @@ class Engine:
         result.values = self.session.values(analysis)
         result.collectives = self.session.collectives(analysis) or []
         return result
+
+
+def _every(first_s: float, send: Callable[[], None],
+           analysis: Analysis) -> Callable[[int], None]:
+    """What `Session.lower` calls after each state it lowers: `send` once `first_s` passed
+    since the last result sent, then twice as long each time (each result sent costs its
+    making and encoding, and the language server's decoding and rendering), unless the
+    last state is lowered (the complete result follows)."""
+    interval = first_s
+    due = time.perf_counter() + interval
+
+    def lowered(index: int) -> None:
+        nonlocal interval, due
+        if time.perf_counter() >= due and \
+                not all(st.lowered for st in analysis.states[index:]):
+            send()
+            interval *= 2
+            due = time.perf_counter() + interval
+    return lowered
 
 
 def _range(span: Any) -> P.Range | None:

@@ -130,8 +130,9 @@ UNSENT_METADATA = ("shardings",)
 class TacticResult:
     """One tactic of the schedule: where it is written, whether its state came from the
     cache, and its `partir.metadata.TacticMetadata` as a dict, less `UNSENT_METADATA`
-    (`core_ir` is "" unless the request asked for IR; `cost` appears when the simulator
-    provides it)."""
+    (`core_ir` is "" unless the request asked for IR). The fields lowering fills
+    (`collectives`, `executed_collectives`, `cost`) are there once its program is lowered
+    and simulated (not in a partial result's tactics not lowered yet: `is_lowered`)."""
 
     index: int
     name: str
@@ -141,6 +142,11 @@ class TacticResult:
     reused: bool
     state: str  # hash-chain key of the state after this tactic
     metadata: dict[str, Any]
+
+
+def is_lowered(metadata: dict[str, Any]) -> bool:
+    """Whether the program after a tactic (of this `TacticResult.metadata`) was lowered."""
+    return "collectives" in metadata
 
 
 # --- methods ----------------------------------------------------------------------------
@@ -166,7 +172,11 @@ class PartitionParams(DocumentParams):
     metadata: bool = True
     # With `metadata`: once the tactics are applied, and before any lowering, send that
     # result (as `metadata=False` would return it) in a `partir/partial` notification, so
-    # that one request serves both an editor's first answer and its complete one.
+    # that one request serves both an editor's first answer and its complete one; then,
+    # while the lowering goes on, the result with the tactics lowered so far (each
+    # `TacticResult.lowered`), a second after the first, then after twice as long each
+    # time (`engine.PARTIAL_FIRST_S`): the tactics are lowered in order, an editor shows
+    # the first ones' counts before the last is lowered.
     partial: bool = False
 
 

@@ -55,7 +55,7 @@ import threading
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -373,9 +373,12 @@ class Session:
 
     # -- requests ------------------------------------------------------------------------
     def lower(self, analysis: Analysis, progress: Progress = _no_progress,
-              token: CancellationToken | None = None) -> None:
+              token: CancellationToken | None = None,
+              lowered: Callable[[int], None] | None = None) -> None:
         """Lower and simulate the program of each applied state not lowered before (its
-        metadata then complete, with collectives and cost)."""
+        metadata then complete, with collectives and cost), in the schedule's order;
+        `lowered` is called with the (1-based) index of each state lowered (a tool shows
+        the tactics lowered so far)."""
         t0 = time.perf_counter()
         states = analysis.states
         with self._counting_cancel(), cancellable(token):
@@ -385,6 +388,9 @@ class Session:
                         token.check()
                     progress(f"collectives after tactic {i}/{len(states)}", i, len(states))
                     self._lower(st)
+                    analysis.timings.metadata_s = time.perf_counter() - t0
+                    if lowered is not None:
+                        lowered(i)
         analysis.timings.metadata_s = time.perf_counter() - t0
 
     def ir(self, analysis: Analysis, level: str = "core", after: int | None = None,
