@@ -30,9 +30,10 @@ __all__ = ["INTERRUPT_SIGNAL", "Cancelled", "Engine", "ignore_interrupts"]
 
 _DAEMON_DIR = os.path.dirname(os.path.abspath(__file__))
 # While a partition's states are lowered, its result with the tactics lowered so far is
-# sent after this long, then after twice as long each time: an editor shows the lenses of
-# the first tactics (those it shows first) before the last one is lowered.
-PARTIAL_FIRST_S = 1.0
+# sent once the first is (the edited tactic's), then after this long, then after twice as
+# long each time: an editor shows the lenses of the first tactics (those it shows first)
+# before the last one is lowered.
+PARTIAL_AFTER_S = 1.0
 
 
 def _no_progress(message: str, step: int | None, total: int | None) -> None:
@@ -75,7 +76,7 @@ class Engine:
                     partial(self._partition_result(params, analysis))
 
                 send()
-                lowered = _every(PARTIAL_FIRST_S, send, analysis)
+                lowered = _every(PARTIAL_AFTER_S, send, analysis)
             self.session.lower(analysis, progress, token, lowered)
         analysis.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, analysis)
@@ -150,12 +151,13 @@ class Engine:
 
 def _every(first_s: float, send: Callable[[], None],
            analysis: Analysis) -> Callable[[int], None]:
-    """What `Session.lower` calls after each state it lowers: `send` once `first_s` passed
-    since the last result sent, then twice as long each time (each result sent costs its
-    making and encoding, and the language server's decoding and rendering), unless the
-    last state is lowered (the complete result follows)."""
-    interval = first_s
-    due = time.perf_counter() + interval
+    """What `Session.lower` calls after each state it lowers: `send` after the first (the
+    edited tactic's, which the editor shows), then once `first_s` passed since the last
+    result sent, then twice as long each time (each result sent costs its making and
+    encoding, and the language server's decoding and rendering), unless every state is
+    lowered (the complete result follows)."""
+    interval = first_s / 2
+    due = time.perf_counter()
 
     def lowered(index: int) -> None:
         nonlocal interval, due

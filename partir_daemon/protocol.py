@@ -173,10 +173,10 @@ class PartitionParams(DocumentParams):
     # With `metadata`: once the tactics are applied, and before any lowering, send that
     # result (as `metadata=False` would return it) in a `partir/partial` notification, so
     # that one request serves both an editor's first answer and its complete one; then,
-    # while the lowering goes on, the result with the tactics lowered so far (each
-    # `TacticResult.lowered`), a second after the first, then after twice as long each
-    # time (`engine.PARTIAL_FIRST_S`): the tactics are lowered in order, an editor shows
-    # the first ones' counts before the last is lowered.
+    # while the lowering goes on, the result with the tactics lowered so far
+    # (`is_lowered`): once the first is, a second later, then after twice as long each
+    # time (`engine.PARTIAL_AFTER_S`). The tactics are lowered in order: an editor shows
+    # the edited one's counts, and those after it, before the last is lowered.
     partial: bool = False
 
 
