@@ -271,8 +271,8 @@ def program_key(program: CoreProgram) -> int:
     ops, loop nests and data flow however they were made (a state re-applied after its
     cache entry was evicted, an edit that undoes another), whatever the identities of
     their values and the uids of the ops tactics inserted. Values are numbered in order of
-    definition; a traced op is named by its position in the trace (its name, parameters,
-    regions and location are the trace's), an inserted one by its position, kind,
+    definition; an op is named by its position (a traced op's in the trace, whose regions
+    and location are the trace's; an inserted one's after the value it is on), its kind,
     parameters and types (`CoreOp.signature`)."""
     number = {v: i for i, v in enumerate(program.args)}
     nests = program.nests
@@ -280,7 +280,7 @@ def program_key(program: CoreProgram) -> int:
     for op in program.ops:
         for r in op.results:
             number[r] = len(number)
-        parts.append((op.order, op.name, op.signature if len(op.order) > 1 else None,
+        parts.append((op.order, op.name, op.signature,
                       tuple([number[v] for v in op.operands]), nests.get(op.uid, ())))
     return hash((program.mesh, tuple(parts), tuple([number[v] for v in program.results]),
                  program.out_constraints))
