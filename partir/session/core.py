@@ -24,12 +24,13 @@ Caches:
   tactic i (never rewritten again: the next tactic applies to a fork of it), its
   `TacticRecord`, and lazily its `TacticMetadata`;
 - what a program determines (`ProgramFacts`: its padding, its collectives and cost,
-  which need it lowered and simulated, the shardings of its named values), keyed by
-  the program's content (`fingerprint.program_key`): states with equal programs share
-  them, so that a program is lowered once however many states have it. Most tactics of
-  a long schedule change nothing (of 200 one-leaf tactics of a transformer, 151 name a
-  leaf that propagation from an earlier one sharded already), and an edit that undoes
-  another finds its programs here after their states were evicted;
+  which need it lowered and simulated, the shardings of its named values): a state
+  whose tactic changed nothing shares its predecessor's (of 200 one-leaf tactics of a
+  transformer, 151 name a leaf that propagation from an earlier one sharded already),
+  and before a program is lowered its content (`fingerprint.program_key`) finds the
+  collectives and cost of an equal program lowered before (an edit that undoes another,
+  after its states were evicted), so that a program is lowered once however many
+  states have it;
 - a few lowered programs, for `ir` and `explain`, by program.
 Traces and states share one LRU bound on entries and on held ops; program facts, which
 hold no program, have a bound of their own on entries.
@@ -149,11 +150,11 @@ class TraceEntry:
 
 @dataclass
 class ProgramFacts:
-    """What a program determines, made once per program (by content) and shared by every
-    state that has it. Each field is set once made whole (a cancelled lowering leaves
-    it None)."""
+    """What a program determines, made once per program and shared by the states that
+    have it. Each field is set once made whole (a cancelled lowering leaves it None)."""
 
-    key: tuple[str, int]  # (trace key, `program_key`)
+    trace_key: str
+    key: int | None = None  # `program_key`, made when first needed (to lower the program)
     padding: list[dict[str, Any]] | None = None  # `partir.core.padding.padding_report`
     # LOWERED_FIELDS of its TacticMetadata: collectives, executed ones, cost
     lowered: dict[str, Any] | None = None
@@ -518,6 +519,12 @@ class Session:
             raise
 
     def _lower(self, state: State) -> None:
+        facts = state.facts
+        key = self._key(state)
+        known = self.programs.get(key)
+        if known is not None and known.lowered is not None:  # an equal program's
+            facts.lowered, facts.attribution = known.lowered, known.attribution
+            return
         # the lowered program stays cached for `ir` and `explain`, which need it next;
         # the facts are set only once everything is made (cancellable)
         with paused_gc():
@@ -525,7 +532,8 @@ class Session:
             made = tactic_metadata(state.record, core_ir=False, lowered=lowered, defer=True)
             fields = {name: getattr(made, name) for name in LOWERED_FIELDS}
             attribution = lowered.collective_sites()
-        state.facts.lowered, state.facts.attribution = fields, attribution
+        facts.lowered, facts.attribution = fields, attribution
+        self.programs.put(key, facts, 1)
         self.lowerings += 1
 
     def release(self) -> None:
@@ -536,13 +544,13 @@ class Session:
     def _drop_trace(self, key: str) -> None:
         self.traces.pop(key)
         self.states.drop_where(lambda _, s: s.trace_key == key)
-        self.programs.drop_where(lambda k, _: k[0] == key)
+        self.programs.drop_where(lambda _, facts: facts.trace_key == key)
         for program in [k for k in self.lowered if k[0] == key]:
             self._dropped.append(self.lowered.pop(program))
         self.invalidations += 1
 
     def _lowered(self, state: State) -> Lowered:
-        key = state.facts.key
+        key = self._key(state)
         found = self.lowered.get(key)
         if found is None:
             found = self.lowered[key] = lower(state.program)
@@ -551,20 +559,24 @@ class Session:
         self.lowered.move_to_end(key)
         return found
 
-    def _facts(self, trace_key: str, program: CoreProgram,
-               before: State | None) -> ProgramFacts:
-        """The facts of `program` (of the trace `trace_key`), new or not yet computed:
-        those of the state `before` it when its tactic changed nothing, else those of any
-        program equal to it."""
+    @staticmethod
+    def _facts(trace_key: str, program: CoreProgram, before: State | None) -> ProgramFacts:
+        """The facts of `program` (of the trace `trace_key`): those of the state `before`
+        it when its tactic changed nothing, else new ones."""
         if before is not None and same_program(before.program, program):
             return before.facts
-        with paused_gc():
-            key = (trace_key, program_key(program))
-        facts = self.programs.get(key)
-        if facts is None:
-            facts = ProgramFacts(key)
-            self.programs.put(key, facts, 1)
-        return facts
+        return ProgramFacts(trace_key)
+
+    @staticmethod
+    def _key(state: State) -> tuple[str, int]:
+        """The state's program by content (among those of its trace): a walk over its
+        ops, made once, only for a program to lower (not for the first answer to an
+        edit)."""
+        facts = state.facts
+        if facts.key is None:
+            with paused_gc():
+                facts.key = program_key(state.program)
+        return facts.trace_key, facts.key
 
     # -- the incremental pipeline --------------------------------------------------------
     def analyse(self, path: str, text: str | None = None, progress: Progress = _no_progress,
