@@ -40,7 +40,10 @@ t200: a schedule file of 200 tactics (issue 31), built as a user who writes one 
   each edit: one tactic applied and lowered again), edits of tactic 100 (likewise: the
   tactics after it applied again, the programs they change lowered), renames of the first
   tactic (a new name each edit: no program changes), and one edit of BP's input dim
-  (`{"batch": 0}` -> `{"batch": 1}`: every state changes; reported, no target).
+  (`{"batch": 0}` -> `{"batch": 1}`: every state changes; reported, no target). Each edit
+  is timed to its diagnostics, to the refreshed lenses holding the edited tactic's counts
+  (the daemon lowers from the edited tactic on, and the server refreshes the lenses with
+  the tactics lowered so far as it goes), and to those holding every tactic's.
 
 Targets: edit -> diagnostics <= 0.8 s, edit -> refreshed lenses <= 1.5 s, hover p95 <=
 100 ms, model saved -> diagnostics <= 2 s, MLP edit -> diagnostics no worse than 0.31 s;
