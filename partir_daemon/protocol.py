@@ -23,7 +23,8 @@ Notifications from the daemon:
     `$/progress`           ProgressParams: partition phases, tactics, job steps
     `partir/invalidated`   InvalidatedParams: a watched model file changed on disk
     `partir/partial`       PartialResultParams: a partition's tactics applied, before
-                           their lowering (requests with `partial`)
+                           their lowering, then with those lowered so far while it goes
+                           on (requests with `partial`)
 Notifications to the daemon:
     `$/cancelRequest`      CancelRequestParams: cancel an in-flight request of this client
 """
