@@ -72,6 +72,13 @@ class _Resolved:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    def replaced(self: T, **changes: Any) -> T:
+        """A copy with `changes`, the other fields as they are: one still deferred stays
+        so (`dataclasses.replace` reads, so computes, every field)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
 
 @dataclass
 class TacticMetadata(_Resolved):

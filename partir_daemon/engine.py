@@ -29,6 +29,11 @@ from partir_daemon import protocol as P
 __all__ = ["INTERRUPT_SIGNAL", "Cancelled", "Engine", "ignore_interrupts"]
 
 _DAEMON_DIR = os.path.dirname(os.path.abspath(__file__))
+# While a partition's states are lowered, its result with the tactics lowered so far is
+# sent once the first is (the edited tactic's), then after this long, then after twice as
+# long each time: an editor shows the lenses of the first tactics (those it shows first)
+# before the last one is lowered.
+PARTIAL_AFTER_S = 1.0
 
 
 def _no_progress(message: str, step: int | None, total: int | None) -> None:
@@ -58,14 +63,21 @@ class Engine:
                   ) -> P.PartitionResult:
         """Apply the schedule; with `params.metadata`, lower and simulate each applied
         state not lowered before, after handing the result short of that to `partial`
-        (when the request asks for it and there is lowering to do)."""
+        (when the request asks for it and there is lowering to do), and again the result
+        with the tactics lowered so far while the lowering goes on (see
+        `PartitionParams.partial`)."""
         start = time.perf_counter()
         analysis = self.session.analyse(params.path, params.text, progress, token)
         if params.metadata and any(not st.lowered for st in analysis.states):
+            lowered = None
             if params.partial and partial is not None:
-                analysis.timings.total_s = time.perf_counter() - start
-                partial(self._partition_result(params, analysis))
-            self.session.lower(analysis, progress, token)
+                def send() -> None:
+                    analysis.timings.total_s = time.perf_counter() - start
+                    partial(self._partition_result(params, analysis))
+
+                send()
+                lowered = _every(PARTIAL_AFTER_S, send, analysis)
+            self.session.lower(analysis, progress, token, lowered)
         analysis.timings.total_s = time.perf_counter() - start
         return self._partition_result(params, analysis)
 
@@ -137,6 +149,26 @@ class Engine:
         return result
 
 
+def _every(first_s: float, send: Callable[[], None],
+           analysis: Analysis) -> Callable[[int], None]:
+    """What `Session.lower` calls after each state it lowers: `send` after the first (the
+    edited tactic's, which the editor shows), then once `first_s` passed since the last
+    result sent, then twice as long each time (each result sent costs its making and
+    encoding, and the language server's decoding and rendering), unless every state is
+    lowered (the complete result follows)."""
+    interval = first_s / 2
+    due = time.perf_counter()
+
+    def lowered(index: int) -> None:
+        nonlocal interval, due
+        if time.perf_counter() >= due and \
+                not all(st.lowered for st in analysis.states[index:]):
+            send()
+            interval *= 2
+            due = time.perf_counter() + interval
+    return lowered
+
+
 def _range(span: Any) -> P.Range | None:
     return P.Range(span.line, span.col, span.end_line, span.end_col) if span else None
 
@@ -144,9 +176,10 @@ def _range(span: Any) -> P.Range | None:
 def _plain(metadata: TacticMetadata, *, lowered: bool) -> dict[str, Any]:
     """The metadata as the dict a `TacticResult` carries, without the fields lowering
     fills when it has not run. Shallow: its values are the cached state's, and are only
-    encoded, never changed."""
+    encoded, never changed. The fields not sent are not read (a deferred one is not
+    computed)."""
     out = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)
-           if lowered or f.name not in LOWERED_FIELDS}
+           if f.name not in P.UNSENT_METADATA and (lowered or f.name not in LOWERED_FIELDS)}
     if out.get("cost") is not None:
         out["cost"] = metadata.cost.to_json()
     return out

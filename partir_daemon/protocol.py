@@ -23,7 +23,8 @@ Notifications from the daemon:
     `$/progress`           ProgressParams: partition phases, tactics, job steps
     `partir/invalidated`   InvalidatedParams: a watched model file changed on disk
     `partir/partial`       PartialResultParams: a partition's tactics applied, before
-                           their lowering (requests with `partial`)
+                           their lowering, then with those lowered so far while it goes
+                           on (requests with `partial`)
 Notifications to the daemon:
     `$/cancelRequest`      CancelRequestParams: cancel an in-flight request of this client
 """
@@ -119,11 +120,20 @@ class TraceInfo:
     invalidated_by: list[str] = field(default_factory=list)
 
 
+# Fields of `partir.metadata.TacticMetadata` a `TacticResult` leaves out: every input's
+# and output's sharding after every tactic is quadratic in a schedule's length (200
+# tactics of a small transformer: 3 MB in each result), and `PartitionResult.values`
+# has them, by the tactics that changed them.
+UNSENT_METADATA = ("shardings",)
+
+
 @dataclass
 class TacticResult:
     """One tactic of the schedule: where it is written, whether its state came from the
-    cache, and its `partir.metadata.TacticMetadata` as a dict (`core_ir` is "" unless the
-    request asked for IR; `cost` appears when the simulator provides it)."""
+    cache, and its `partir.metadata.TacticMetadata` as a dict, less `UNSENT_METADATA`
+    (`core_ir` is "" unless the request asked for IR). The fields lowering fills
+    (`collectives`, `executed_collectives`, `cost`) are there once its program is lowered
+    and simulated (not in a partial result's tactics not lowered yet: `is_lowered`)."""
 
     index: int
     name: str
@@ -133,6 +143,11 @@ class TacticResult:
     reused: bool
     state: str  # hash-chain key of the state after this tactic
     metadata: dict[str, Any]
+
+
+def is_lowered(metadata: dict[str, Any]) -> bool:
+    """Whether the program after a tactic (of this `TacticResult.metadata`) was lowered."""
+    return "collectives" in metadata
 
 
 # --- methods ----------------------------------------------------------------------------
@@ -158,7 +173,11 @@ class PartitionParams(DocumentParams):
     metadata: bool = True
     # With `metadata`: once the tactics are applied, and before any lowering, send that
     # result (as `metadata=False` would return it) in a `partir/partial` notification, so
-    # that one request serves both an editor's first answer and its complete one.
+    # that one request serves both an editor's first answer and its complete one; then,
+    # while the lowering goes on, the result with the tactics lowered so far
+    # (`is_lowered`): once the first is, a second later, then after twice as long each
+    # time (`engine.PARTIAL_AFTER_S`). The tactics are lowered in order: an editor shows
+    # the edited one's counts, and those after it, before the last is lowered.
     partial: bool = False
 
 

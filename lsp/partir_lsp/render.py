@@ -354,9 +354,16 @@ def tactic_head(r: P.Range, lines: Lines) -> lsp.Range:
 # --- code lenses and inlay hints ------------------------------------------------------------
 
 
+# What a lens and a hint show for a tactic whose program is not lowered yet (a result
+# sent while the tactics before it are lowered).
+LOWERING = "lowering…"
+
+
 def lens_title(metadata: dict[str, Any]) -> str:
     """`+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device` (`+CP 2` after A2A where the
     program permutes)."""
+    if not P.is_lowered(metadata):
+        return LOWERING
     counts = collective_counts(metadata)
     title = " ".join(f"+{abbr} {counts[kind]}" for i, (kind, abbr) in enumerate(COLLECTIVES)
                      if i < _ALWAYS or counts[kind])
@@ -409,9 +416,10 @@ def hint_label(metadata: dict[str, Any], compact: bool = False) -> str:
     counts = collective_counts(metadata)
     cost = cost_of(metadata)
     conflicts = len(metadata.get("conflicts") or [])
-    parts = [] if compact and cost is not None else [
-        " ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
-        or "no collectives"]
+    parts = [LOWERING] if not P.is_lowered(metadata) else \
+        [] if compact and cost is not None else [
+            " ".join(f"{abbr} {counts[k]}" for k, abbr in COLLECTIVES if counts[k])
+            or "no collectives"]
     if cost is not None:
         parts.append(format_time(float(cost["step_time_s"])))
     if conflicts:
@@ -578,6 +586,8 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
                         f"{counts[kind] - before[kind]:+d} | "
                         f"{format_bytes(sent)} ({signed_bytes(delta)}) |")
     table = "\n".join(rows) if len(rows) > 2 else "No collectives in the program."
+    if not P.is_lowered(md):
+        table = f"Collectives and cost: {LOWERING}"
     if cost is not None:
         line = (f"Estimated on `{cost.get('device', '?')}`: step time "
                 f"{format_time(float(cost['step_time_s']))}")

@@ -9,10 +9,11 @@ reader thread resolves. Results become diagnostics, code lenses, inlay hints and
 (`partir_lsp.render`); lenses, hints and hovers on input keys and tactics are answered
 from the last snapshot at once (mapped onto the lines that did not change since), never
 waiting for an analysis, except on a document that has no snapshot yet: those wait for
-the analysis in flight (its partial result, which has no collectives, is only published
-as diagnostics), until it ends one way or another. `partir/ir`, the `partir.showIr` and
-`partir.runJob` commands and model-line hovers are forwarded to the daemon. See
-vscode-extension/PROTOCOL.md for what the extension expects.
+the analysis in flight (its first partial result, which has no collectives, is only
+published as diagnostics; one sent during the lowering, with the counts of the tactics
+lowered so far, is a snapshot), until it ends one way or another. `partir/ir`, the
+`partir.showIr` and `partir.runJob` commands and model-line hovers are forwarded to the
+daemon. See vscode-extension/PROTOCOL.md for what the extension expects.
 """
 
 from __future__ import annotations
@@ -222,10 +223,14 @@ class PartirServer(LanguageServer):
                 self.schedule(doc, 0.0)
 
     async def analyze(self, doc: Document, version: int, text: str, delay: float) -> None:
-        """One request, answered twice: first with the tactics alone applied (a partial
-        result: errors and conflicts, published as diagnostics at once), then with their
-        lowering and cost (collective counts for lenses, hints and hovers). Tactics lowered
-        before come with their counts in the first answer, which is then the only one."""
+        """One request, answered twice or more: first with the tactics alone applied (a
+        partial result: errors and conflicts, published as diagnostics at once), then with
+        their lowering and cost (collective counts for lenses, hints and hovers). Tactics
+        lowered before come with their counts in the first answer, which is then the only
+        one if none is left to lower. A long lowering sends partial results with the
+        tactics lowered so far (in order) meanwhile: one with any counts is taken as the
+        document's snapshot at once, so that lenses show the first tactics' counts (and
+        the others' "lowering…") before the last is lowered."""
         lines = Lines.of(text)
         published: list[lsp.Diagnostic] | None = None
         sites: list[navigation.Site] = []  # read after the debounce, off every keystroke
@@ -247,13 +252,20 @@ class PartirServer(LanguageServer):
                 self.publish_markers()
             self.log_timings(doc, version, result)
 
+        def partial(result: P.PartitionResult) -> None:
+            publish(result)
+            if self.is_current(doc, version) and \
+                    any(P.is_lowered(t.metadata) for t in result.tactics):
+                self.take(doc, Snapshot(version, text, lines, result, time.monotonic(),
+                                        sites))
+
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
             sites = navigation.written_elsewhere(doc.path, text, self.workspace_root)
             result: P.PartitionResult = await self.link().call(
                 "partition", P.PartitionParams(doc.path, text, version, partial=True),
-                on_partial=publish)
+                on_partial=partial)
         except asyncio.CancelledError:
             raise
         except DaemonUnavailable as e:
@@ -271,17 +283,21 @@ class PartirServer(LanguageServer):
         if not self.is_current(doc, version):
             return
         publish(result)
-        doc.snapshot = Snapshot(version, text, lines, result, time.monotonic(), sites)
-        if result.values:
-            doc.traced = doc.snapshot
-        if result.tactics:
-            doc.tactics = doc.snapshot
-        self.refresh()
+        self.take(doc, Snapshot(version, text, lines, result, time.monotonic(), sites))
         if self.settings.collective_markers_in_model:
             self.update_markers(doc, doc.snapshot)
         elif doc.markers:
             doc.markers.clear()
             self.publish_markers()
+
+    def take(self, doc: Document, snap: Snapshot) -> None:
+        """`snap` is the document's last analysis now: what requests answer from."""
+        doc.snapshot = snap
+        if snap.result.values:
+            doc.traced = snap
+        if snap.result.tactics:
+            doc.tactics = snap
+        self.refresh()
 
     def is_current(self, doc: Document, version: int) -> bool:
         return self.documents.get(doc.uri) is doc and doc.version == version
@@ -303,11 +319,12 @@ class PartirServer(LanguageServer):
     async def first_analysis(self, uri: str) -> None:
         """Returns once the document has a snapshot, or at once if it has one. Else waits
         for the analysis in flight (its debounce included), whose partial result gave the
-        diagnostics but no snapshot: a request arriving between its two answers (the
-        partial one has no collective counts to show) waits for the complete one, not
-        answering null. The wait ends however that analysis ends: with its result, a
-        failure, a newer version superseding it (whose own analysis is not waited for),
-        or the document closing; the request then answers from what there is."""
+        diagnostics but no snapshot: a request arriving after that answer (which has no
+        collective counts to show) waits for the complete one, not answering null. The
+        wait ends however that analysis ends: with its result, a failure, a newer version
+        superseding it (whose own analysis is not waited for), or the document closing;
+        the request then answers from what there is. (A request arriving after a partial
+        result with counts answers from it at once: it is the snapshot.)"""
         doc = self.documents.get(uri)
         if doc is None or doc.snapshot is not None or doc.task is None or doc.task.done():
             return

@@ -22,10 +22,18 @@ Caches:
   content hashes of its workspace dependencies;
 - states, keyed by the hash chain over (trace, mesh, tactic 1..i): the Core module after
   tactic i (never rewritten again: the next tactic applies to a fork of it), its
-  `TacticRecord`, and lazily its `TacticMetadata` (which lowers the program to count
-  collectives, so an unchanged tactic is never lowered twice);
-- a few lowered programs, for `ir` and `explain`.
-Both main caches share one LRU bound on entries and on held ops.
+  `TacticRecord`, and lazily its `TacticMetadata`;
+- what a program determines (`ProgramFacts`: its padding, its collectives and cost,
+  which need it lowered and simulated, the shardings of its named values): a state
+  whose tactic changed nothing shares its predecessor's (of 200 one-leaf tactics of a
+  transformer, 151 name a leaf that propagation from an earlier one sharded already),
+  and before a program is lowered its content (`fingerprint.program_key`) finds the
+  collectives and cost of an equal program lowered before (an edit that undoes another,
+  after its states were evicted), so that a program is lowered once however many
+  states have it;
+- a few lowered programs, for `ir` and `explain`, by program.
+Traces and states share one LRU bound on entries and on held ops; program facts, which
+hold no program, have a bound of their own on entries.
 
 Files are hashed before they run and checked again after: the schedule file read from
 disk is hashed as read (the text executed is that one), the user's modules as imported
@@ -48,14 +56,15 @@ import threading
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from partir.api import applied_metadata, tactic_metadata
+from partir.api import LOWERED_FIELDS, applied_metadata, tactic_metadata
 from partir.cancel import CancellationToken, Cancelled, Progress, cancellable, reporting
 from partir.core.module import CoreModule
+from partir.core.padding import padding_report
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
 from partir.errors import PartitionError, UnknownInputError
@@ -79,7 +88,13 @@ from partir.schedule_file import (
 from partir.session import results as R
 from partir.session.cache import LruCache
 from partir.session.definitions import definitions
-from partir.session.fingerprint import Fingerprinter, chain, mesh_key
+from partir.session.fingerprint import (
+    Fingerprinter,
+    chain,
+    mesh_key,
+    program_key,
+    same_program,
+)
 from partir.tactics import TacticRecord
 from partir.tactics.driver import apply_tactic, named_values
 from partir.user_modules import USER_MODULES, content_hash
@@ -134,6 +149,22 @@ class TraceEntry:
 
 
 @dataclass
+class ProgramFacts:
+    """What a program determines, made once per program and shared by the states that
+    have it. Each field is set once made whole (a cancelled lowering leaves it None)."""
+
+    trace_key: str
+    key: int | None = None  # `program_key`, made when first needed (to lower the program)
+    padding: list[dict[str, Any]] | None = None  # `partir.core.padding.padding_report`
+    # LOWERED_FIELDS of its TacticMetadata: collectives, executed ones, cost
+    lowered: dict[str, Any] | None = None
+    attribution: Counter | None = None  # collective signature -> count, for explain
+    core_ir: str | None = None  # printed on request
+    # (kind, name) -> the sharding of each value so named
+    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
+
+
+@dataclass
 class State:
     """The program after a prefix of a schedule (immutable once cached: the next tactic
     applies to a fork of `module`)."""
@@ -142,12 +173,9 @@ class State:
     trace_key: str
     module: CoreModule  # the state after this tactic; never rewritten again
     record: TacticRecord | None  # None for the traced program (state 0)
+    facts: ProgramFacts  # shared with the states whose programs equal this one's
     metadata: TacticMetadata | None = None  # complete: lowered and simulated, made once
     applied: TacticMetadata | None = None  # short of lowering, made once
-    attribution: Counter | None = None  # collective signature -> count, for explain
-    core_ir: str | None = None  # printed on request
-    # (kind, name) -> the sharding of each value so named after this state, made once
-    value_shardings: dict[tuple[str, str], list[list[list[str]]]] | None = None
     _initial: CoreProgram | None = None
 
     @property
@@ -160,14 +188,34 @@ class State:
 
     @property
     def lowered(self) -> bool:
-        """Whether its collectives and cost are known."""
-        return self.metadata is not None
+        """Whether its collectives and cost are known (its program, or an equal one, was
+        lowered and simulated)."""
+        return self.facts.lowered is not None
+
+    def applied_metadata(self) -> TacticMetadata:
+        """Its tactic's metadata short of lowering, its program's padding shared."""
+        if self.applied is None:
+            facts = self.facts
+            if facts.padding is None:
+                with paused_gc():
+                    facts.padding = padding_report(self.program)
+            # The shardings of every input and output stay deferred: no tool reads them
+            # on every edit (`values` has them by value).
+            self.applied = applied_metadata(self.record, defer=True).replaced(
+                padding=facts.padding)
+        return self.applied
+
+    def complete_metadata(self) -> TacticMetadata | None:
+        """Its tactic's complete metadata once its program is lowered, else None."""
+        if self.metadata is None and self.facts.lowered is not None:
+            self.metadata = self.applied_metadata().replaced(**self.facts.lowered)
+        return self.metadata
 
     def renamed(self, name: str) -> State:
         """This state under another tactic name: what a name labels (its record and
         metadata) is renamed, what the program determines is shared."""
         def named(metadata: TacticMetadata | None) -> TacticMetadata | None:
-            return None if metadata is None else dataclasses.replace(metadata, name=name)
+            return None if metadata is None else metadata.replaced(name=name)
         return dataclasses.replace(self, record=dataclasses.replace(self.record, name=name),
                                    metadata=named(self.metadata), applied=named(self.applied))
 
@@ -224,12 +272,11 @@ class Analysis:
         out = []
         for i, (st, reused) in enumerate(zip(self.states, self.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            if st.metadata is None and st.applied is None:
-                st.applied = applied_metadata(st.record)
+            metadata = st.complete_metadata()
             out.append(TacticResult(
                 i, st.record.name, st.record.axis, _range(source.span),
                 {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
-                st.metadata or st.applied, st.metadata is not None))
+                metadata or st.applied_metadata(), metadata is not None))
         return out
 
 
@@ -290,7 +337,9 @@ class Session:
                                                           self._dropped.append)
         self.states: LruCache[str, State] = LruCache(max_entries, max_ops,
                                                      self._dropped.append)
-        self.lowered: OrderedDict[str, Lowered] = OrderedDict()
+        self.programs: LruCache[tuple[str, int], ProgramFacts] = LruCache(
+            max_entries, max_entries)
+        self.lowered: OrderedDict[tuple[str, int], Lowered] = OrderedDict()
         self.invalidations = 0
         self.cancelled = 0
         self.lowerings = 0
@@ -325,18 +374,24 @@ class Session:
 
     # -- requests ------------------------------------------------------------------------
     def lower(self, analysis: Analysis, progress: Progress = _no_progress,
-              token: CancellationToken | None = None) -> None:
-        """Lower and simulate each applied state not lowered before (its metadata then
-        complete, with collectives and cost)."""
+              token: CancellationToken | None = None,
+              lowered: Callable[[int], None] | None = None) -> None:
+        """Lower and simulate the program of each applied state not lowered before (its
+        metadata then complete, with collectives and cost), in the schedule's order;
+        `lowered` is called with the (1-based) index of each state lowered (a tool shows
+        the tactics lowered so far)."""
         t0 = time.perf_counter()
         states = analysis.states
         with self._counting_cancel(), cancellable(token):
             for i, st in enumerate(states, 1):
-                if st.metadata is None:
+                if not st.lowered:
                     if token is not None:
                         token.check()
                     progress(f"collectives after tactic {i}/{len(states)}", i, len(states))
                     self._lower(st)
+                    analysis.timings.metadata_s = time.perf_counter() - t0
+                    if lowered is not None:
+                        lowered(i)
         analysis.timings.metadata_s = time.perf_counter() - t0
 
     def ir(self, analysis: Analysis, level: str = "core", after: int | None = None,
@@ -379,10 +434,11 @@ class Session:
             for i, state in enumerate(states, 1):
                 if token is not None:
                     token.check()
-                if state.attribution is None:
+                facts = state.facts
+                if facts.attribution is None:
                     progress(f"lowering the program after tactic {i}", i, len(states))
-                    state.attribution = self._lowered(state).collective_sites()
-                attributions.append(state.attribution)
+                    facts.attribution = self._lowered(state).collective_sites()
+                attributions.append(facts.attribution)
         result.collectives = [c for c in _introductions(attributions, states)
                               if _concerns(c, name, file, line)]
         return result
@@ -399,15 +455,16 @@ class Session:
         """The final program's collectives attributed to tactics, once every state is
         lowered (else None)."""
         states = analysis.states
-        if states and all(st.attribution is not None for st in states):
-            return _introductions([st.attribution for st in states], states)
+        if states and all(st.facts.attribution is not None for st in states):
+            return _introductions([st.facts.attribution for st in states], states)
         return None
 
     @staticmethod
     def core_ir(state: State) -> str:
-        if state.core_ir is None:
-            state.core_ir = print_core(state.program)
-        return state.core_ir
+        facts = state.facts
+        if facts.core_ir is None:
+            facts.core_ir = print_core(state.program)
+        return facts.core_ir
 
     def _definitions(self, trace: TraceEntry, sf: ScheduleFile
                      ) -> dict[tuple[str, str], list[R.SourceLocation]]:
@@ -462,14 +519,21 @@ class Session:
             raise
 
     def _lower(self, state: State) -> None:
+        facts = state.facts
+        key = self._key(state)
+        known = self.programs.get(key)
+        if known is not None and known.lowered is not None:  # an equal program's
+            facts.lowered, facts.attribution = known.lowered, known.attribution
+            return
         # the lowered program stays cached for `ir` and `explain`, which need it next;
-        # the state's fields are set only once everything is made (cancellable)
+        # the facts are set only once everything is made (cancellable)
         with paused_gc():
             lowered = self._lowered(state)
-            metadata = tactic_metadata(state.record, core_ir=False, lowered=lowered,
-                                       applied=state.applied)
+            made = tactic_metadata(state.record, core_ir=False, lowered=lowered, defer=True)
+            fields = {name: getattr(made, name) for name in LOWERED_FIELDS}
             attribution = lowered.collective_sites()
-        state.metadata, state.attribution = metadata, attribution
+        facts.lowered, facts.attribution = fields, attribution
+        self.programs.put(key, facts, 1)
         self.lowerings += 1
 
     def release(self) -> None:
@@ -480,16 +544,39 @@ class Session:
     def _drop_trace(self, key: str) -> None:
         self.traces.pop(key)
         self.states.drop_where(lambda _, s: s.trace_key == key)
+        self.programs.drop_where(lambda _, facts: facts.trace_key == key)
+        for program in [k for k in self.lowered if k[0] == key]:
+            self._dropped.append(self.lowered.pop(program))
         self.invalidations += 1
 
     def _lowered(self, state: State) -> Lowered:
-        found = self.lowered.get(state.key)
+        key = self._key(state)
+        found = self.lowered.get(key)
         if found is None:
-            found = self.lowered[state.key] = lower(state.program)
+            found = self.lowered[key] = lower(state.program)
             while len(self.lowered) > MAX_LOWERED:
                 self._dropped.append(self.lowered.popitem(last=False))
-        self.lowered.move_to_end(state.key)
+        self.lowered.move_to_end(key)
         return found
+
+    @staticmethod
+    def _facts(trace_key: str, program: CoreProgram, before: State | None) -> ProgramFacts:
+        """The facts of `program` (of the trace `trace_key`): those of the state `before`
+        it when its tactic changed nothing, else new ones."""
+        if before is not None and same_program(before.program, program):
+            return before.facts
+        return ProgramFacts(trace_key)
+
+    @staticmethod
+    def _key(state: State) -> tuple[str, int]:
+        """The state's program by content (among those of its trace): a walk over its
+        ops, made once, only for a program to lower (not for the first answer to an
+        edit)."""
+        facts = state.facts
+        if facts.key is None:
+            with paused_gc():
+                facts.key = program_key(state.program)
+        return facts.trace_key, facts.key
 
     # -- the incremental pipeline --------------------------------------------------------
     def analyse(self, path: str, text: str | None = None, progress: Progress = _no_progress,
@@ -581,7 +668,10 @@ class Session:
         key = chain(trace_key, mesh_key(sf.mesh))
         state = self.states.get(key)
         if state is None:
-            state = State(key, trace_key, CoreModule(entry.traced, sf.mesh), None)
+            module = CoreModule(entry.traced, sf.mesh)
+            initial = module.snapshot()
+            state = State(key, trace_key, module, None, self._facts(trace_key, initial, None),
+                          _initial=initial)
             self._put_state(state)
         analysis.initial = state
         names = named_values(state.module, entry.traced)
@@ -617,7 +707,8 @@ class Session:
                         _tactic_diagnostic(e, sf, i, names, self.tool_dirs))
                     break
                 self.tactics_applied += 1
-                found = State(key, trace_key, module, record)
+                found = State(key, trace_key, module, record,
+                              self._facts(trace_key, record.program, state))
                 self._put_state(found)
             analysis.states.append(found)
             state = found
@@ -836,8 +927,15 @@ def _history(shardings: list[list[list[str]]], states: list[State],
 
 def _value_shardings(state: State, traced: TracedProgram
                      ) -> dict[tuple[str, str], list[list[list[str]]]]:
-    if state.value_shardings is None:
-        program = state.program
+    facts = state.facts
+    if facts.value_shardings is None:
+        facts.value_shardings = _shardings_of_values(state.program, traced)
+    return facts.value_shardings
+
+
+def _shardings_of_values(program: CoreProgram, traced: TracedProgram
+                         ) -> dict[tuple[str, str], list[list[list[str]]]]:
+    with paused_gc():
         out: dict[tuple[str, str], list[list[list[str]]]] = {}
         for kind, shardings in (("input", program.input_shardings()),
                                 ("output", program.output_shardings())):
@@ -848,8 +946,7 @@ def _value_shardings(state: State, traced: TracedProgram
         for body in (b for bs in traced.body_tags.values() for b in bs):
             out.setdefault(("tag", body.name), []).append(
                 [list(a) for a in program.body_sharding(body).dims])
-        state.value_shardings = out
-    return state.value_shardings
+    return out
 
 
 def _values(traced: TracedProgram, states: list[State],

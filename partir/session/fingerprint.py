@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 import partir
+from partir.core.program import CoreProgram
 from partir.mesh import Mesh
 from partir.program import Program
 from partir.tactics.base import Tactic
@@ -253,3 +254,33 @@ def _global_names(code: types.CodeType) -> set[str]:
         if isinstance(c, types.CodeType):
             names |= _global_names(c)
     return names
+
+
+def same_program(a: CoreProgram, b: CoreProgram) -> bool:
+    """Whether `b` is `a` unchanged: what a tactic leaves when it changes nothing (what it
+    names was sharded so already, by propagation from an earlier tactic). Ops are never
+    mutated, so identical ops and nests mean an equal program; checked without a walk
+    over the values."""
+    return a.mesh == b.mesh and len(a.ops) == len(b.ops) and \
+        all(x is y for x, y in zip(a.ops, b.ops, strict=True)) and a.nests == b.nests and \
+        a.results == b.results and a.out_constraints == b.out_constraints
+
+
+def program_key(program: CoreProgram) -> int:
+    """A fingerprint of a Core program of a given trace, equal for programs with equal
+    ops, loop nests and data flow however they were made (a state re-applied after its
+    cache entry was evicted, an edit that undoes another), whatever the identities of
+    their values and the uids of the ops tactics inserted. Values are numbered in order of
+    definition; an op is named by its position (a traced op's in the trace, whose regions
+    and location are the trace's; an inserted one's after the value it is on), its kind,
+    parameters and types (`CoreOp.signature`)."""
+    number = {v: i for i, v in enumerate(program.args)}
+    nests = program.nests
+    parts = []
+    for op in program.ops:
+        for r in op.results:
+            number[r] = len(number)
+        parts.append((op.order, op.name, op.signature,
+                      tuple([number[v] for v in op.operands]), nests.get(op.uid, ())))
+    return hash((program.mesh, tuple(parts), tuple([number[v] for v in program.results]),
+                 program.out_constraints))

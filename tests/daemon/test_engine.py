@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from partir_daemon import engine as engine_module
 from partir_daemon import protocol as P
 from partir_daemon.engine import Engine
 
@@ -76,6 +77,23 @@ def test_partial_results_have_values_but_no_collectives(ws):
     engine = Engine(str(ws))
     result = partition(engine, ws / "es.partir.py", metadata=False)
     assert result.values and not result.collectives
+
+
+@pytest.mark.parametrize("after_s, lowered", [(3600.0, [0, 1]), (0.0, [0, 1, 2])])
+def test_a_lowering_sends_the_tactics_lowered_so_far(ws, monkeypatch, after_s, lowered):
+    """The partial results of one request: the tactics applied, then with the first
+    (edited) tactic lowered at once, then as the lowering goes on, every `after_s` (then
+    doubling), never with every tactic lowered (the result is the complete one)."""
+    monkeypatch.setattr(engine_module, "PARTIAL_AFTER_S", after_s)
+    text = ES.replace('name="ES"),', 'name="ES"),\n    partir.ManualPartition({"w2": 1}, '
+                      'axis="batch", name="Z"),')
+    partials: list[P.PartitionResult] = []
+    result = Engine(str(ws)).partition(
+        P.PartitionParams(str(ws / "es.partir.py"), text, partial=True), noop, None,
+        partials.append)
+    assert result.ok and len(result.tactics) == 3
+    assert [sum(P.is_lowered(t.metadata) for t in p.tactics) for p in partials] == lowered
+    assert all(P.is_lowered(t.metadata) for t in result.tactics)
 
 
 def test_an_unchanged_text_is_not_executed_again(ws):

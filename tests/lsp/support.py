@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types as T
+from partir_lsp.render import LOWERING
 from pygls.protocol import default_converter
 from pytest_lsp import LanguageClient
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
@@ -218,6 +219,21 @@ class Session:
     async def lenses(self, uri: str) -> list[T.CodeLens]:
         return await self.client.text_document_code_lens_async(T.CodeLensParams(
             T.TextDocumentIdentifier(uri))) or []
+
+    async def lowered_lenses(self, uri: str, refreshes: int,
+                             timeout: float = 90.0) -> list[T.CodeLens]:
+        """The lenses of `uri` after the lens refreshes that follow the first `refreshes`,
+        once none is of a tactic not lowered yet: a long lowering refreshes them with the
+        tactics lowered so far first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.wait_until("a code lens refresh",
+                                  lambda seen=refreshes: self.lens_refreshes > seen,
+                                  max(0.0, deadline - time.monotonic()))
+            refreshes = self.lens_refreshes
+            lenses = await self.lenses(uri)
+            if not any(lens.command.title.endswith(LOWERING) for lens in lenses):
+                return lenses
 
     async def hover(self, uri: str, line: int, character: int) -> str | None:
         result = await self.client.text_document_hover_async(T.HoverParams(

@@ -45,8 +45,7 @@ async def open_analysed(session: Session, name: str, text: str | None = None) ->
     refreshes = session.lens_refreshes
     uri = session.open(name, text)
     await session.diagnostics_for(uri)
-    await session.wait_until("the analysis with its lowering",
-                             lambda: session.lens_refreshes > refreshes)
+    await session.lowered_lenses(uri, refreshes)
     return uri
 
 
@@ -93,8 +92,7 @@ async def test_lenses_refresh_after_an_edit(session: Session) -> None:
     edited = MLP_BP_MP_Z3.replace('{"w1": 0, "w2": 1}', '{"w1": 0}')
     session.change(uri, edited)
     await session.diagnostics_for(uri)
-    await session.wait_until("a code lens refresh", lambda: session.lens_refreshes > refreshes)
-    titles = [lens.command.title for lens in await session.lenses(uri)
+    titles = [lens.command.title for lens in await session.lowered_lenses(uri, refreshes)
               if COUNTS.search(lens.command.title)
               and lens.range.start.line == tactic_lines(edited)[2]]
     assert titles and titles[0].startswith("Z3: +AG 1 +AR 1 +RS 0 +A2A 0"), titles

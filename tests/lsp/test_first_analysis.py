@@ -205,3 +205,53 @@ async def test_lenses_stay_marked_stale_while_the_text_does_not_parse(
     server.opened(uri, 3, TEXT)  # fixed: fresh again
     await _until(lambda: server.documents[uri].snapshot.version == 3, "the fixed version")
     assert [lens.command.title for lens in server.code_lenses(uri)] == fresh
+
+
+TWO = '''\
+schedule = [
+    partir.ManualPartition({"x": 0}, axis="batch", name="BP"),
+    partir.ManualPartition({"y": 0}, axis="batch", name="BP2"),
+]
+'''
+
+
+class LoweringLink(FakeLink):
+    """Sends, before the complete result, a partial one with no tactic lowered, then one
+    with the first of two lowered (as the daemon does during a long lowering)."""
+
+    async def call(self, method: str, params: Any, *, on_partial: Any = None) -> Any:
+        def two(lowered: int) -> P.PartitionResult:
+            result = _result(params.path, params.version, complete=False)
+            first, second = result.tactics[0], P.TacticResult(
+                2, "BP2", "batch", P.Range(3, 4, 3, 63), {}, False, "s2", {"actions": []})
+            for t in (first, second)[:lowered]:
+                t.metadata["collectives"] = {"all_reduce": t.index}
+            result.tactics = [first, second]
+            return result
+
+        self.calls.append(params.version)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(on_partial, two(0))
+        loop.call_soon(on_partial, two(1))
+        await self.release.wait()
+        return two(2)
+
+
+@pytest.mark.asyncio
+async def test_a_partial_result_with_tactics_lowered_is_shown_before_the_rest(
+        tmp_path: Path) -> None:
+    server = Recorder()
+    server.link_ = server.daemon = LoweringLink()  # type: ignore[assignment]
+    uri = (tmp_path / "s.partir.py").as_uri()
+    server.opened(uri, 1, TWO)
+    await _until(lambda: server.documents[uri].snapshot is not None, "the lowered partial")
+    titles = [lens.command.title for lens in server.code_lenses(uri)][:4:2]
+    assert titles == ["BP: +AG 0 +AR 1 +RS 0 +A2A 0", "BP2: lowering…"]
+    hints = server.inlay_hints(uri, lsp.Range(lsp.Position(0, 0), lsp.Position(10, 0)))
+    assert [h.label for h in hints] == ["AR 1", "lowering…"]
+    hover = await asyncio.wait_for(server.hover(uri, lsp.Position(2, 10)), 0.5)
+    assert "Collectives and cost: lowering…" in hover.contents.value
+    server.link_.release.set()
+    await _until(lambda: server.documents[uri].task.done(), "the complete result")
+    titles = [lens.command.title for lens in server.code_lenses(uri)][:4:2]
+    assert titles == ["BP: +AG 0 +AR 1 +RS 0 +A2A 0", "BP2: +AG 0 +AR 2 +RS 0 +A2A 0"]

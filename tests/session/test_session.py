@@ -50,6 +50,7 @@ Z3 = ('partir.ManualPartition({"params": FIRST_DIVISIBLE_DIM, "opt_state": '
 Z2 = ('partir.ManualPartition({"params": REPLICATED, "opt_state": FIRST_DIVISIBLE_DIM}, '
       'axis="batch", name="Z2")')
 MP_OPT = 'partir.ManualPartition({"opt_state": megatron}, axis="model", name="MP-opt")'
+MP_PARAMS = 'partir.ManualPartition({"params": megatron}, axis="model", name="MP-params")'
 
 
 def text(second: str = MP, third: str = Z3, layers: int = 2) -> str:
@@ -110,6 +111,40 @@ def test_a_renamed_tactic_is_neither_applied_nor_lowered_again(ws: Path) -> None
     assert tokens.history[0].tactic_name == "batch-parallel"
     back = analyse(session, ws)
     assert back.tactics()[0].name == "BP" and session.tactics_applied == applied
+
+
+def test_a_tactic_that_changes_nothing_is_not_lowered_again(ws: Path) -> None:
+    """MP-opt names what propagation from MP-params sharded already: its program is
+    MP-params's, lowered once, and its metadata has MP-params's collectives and cost under
+    its own name and actions."""
+    session = Session(str(ws))
+    analysis = analyse(session, ws, text(second=MP_PARAMS, third=MP_OPT))
+    session.lower(analysis)
+    assert session.lowerings == 2
+    mp, mp_opt = analysis.tactics()[1:]
+    assert mp_opt.lowered and (mp.name, mp_opt.name) == ("MP-params", "MP-opt")
+    assert mp_opt.metadata.collectives == mp.metadata.collectives
+    assert mp_opt.metadata.cost == mp.metadata.cost
+    assert mp_opt.metadata.actions != mp.metadata.actions
+
+
+def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
+    """States evicted (a bound of one op: only the newest stays) and applied again have
+    new values and ops, and the programs of the first time: their lowerings are found by
+    content."""
+    session = Session(str(ws), max_ops=1)
+    first = analyse(session, ws)
+    session.lower(first)
+    lowerings, applied = session.lowerings, session.tactics_applied
+    again = analyse(session, ws)
+    assert session.tactics_applied == applied + 3  # evicted: applied again
+    session.lower(again)
+    assert session.lowerings == lowerings
+    assert [t.metadata.collectives for t in again.tactics()] == \
+        [t.metadata.collectives for t in first.tactics()]
+    # A program that differs is not taken for another.
+    session.lower(analyse(session, ws, text(third=Z2)))
+    assert session.lowerings == lowerings + 1
 
 
 def test_results_are_typed(ws: Path) -> None:
