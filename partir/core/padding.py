@@ -56,9 +56,9 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
                         "axes": list(axes), "padded_by": _padding_axis(s, axes, size),
                         "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
 
+    args = {a.name: a for a in reversed(program.args)}  # (the first of a name)
     for name, sharding in program.input_shardings().items():
-        arg = next(a for a in program.args if a.name == name)
-        record(arg, name, sharding.dims, 0.0)
+        record(args[name], name, sharding.dims, 0.0)
     sizes = dict(mesh)
     for op in program.ops:
         nest = program.nest(op)

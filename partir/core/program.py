@@ -254,6 +254,11 @@ class CoreProgram:
         is replicated in that respect). Value tiling loops are looked through to the last
         one on each chain, whose nest repeats the slicing of the earlier ones.
         """
+        return dict(self._input_shardings)
+
+    @functools.cached_property
+    def _input_shardings(self) -> dict[str, Sharding]:
+        # (the padding report, the metadata and the editor's value shardings all ask)
         uses: dict[Value, list[tuple[CoreOp, int]]] = defaultdict(list)
         for op in self.ops:
             for i, v in enumerate(op.operands):
