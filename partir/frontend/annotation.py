@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jax.extend import core as jcore
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
@@ -87,46 +86,4 @@ def untyped(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return params if out is None else out
 
 
-def own_annotations(params: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A control-flow op's parameters with the annotations in its bodies (through the
-    calls and control flow inside them) made `annotation_p`; the same object where
-    there are none."""
-    out = None
-    for k, v in params.items():
-        new = _own_param(v)
-        if new is not v:
-            out = out if out is not None else dict(params)
-            out[k] = new
-    return params if out is None else out
-
-
-def _own_param(v: Any) -> Any:
-    if isinstance(v, jcore.ClosedJaxpr):
-        jaxpr = _own_jaxpr(v.jaxpr)
-        return v if jaxpr is v.jaxpr else v.replace(jaxpr=jaxpr)
-    if isinstance(v, jcore.Jaxpr):
-        return _own_jaxpr(v)
-    if isinstance(v, tuple):  # a cond's branches
-        new = tuple(map(_own_param, v))
-        return v if all(a is b for a, b in zip(new, v, strict=True)) else new
-    return v
-
-
-def _own_jaxpr(jaxpr: Any) -> Any:
-    eqns = []
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ANNOTATIONS:
-            eqn = eqn.replace(primitive=annotation_p,
-                              params=annotation_params(name, eqn.params))
-        else:
-            params = own_annotations(eqn.params)
-            if params is not eqn.params:
-                eqn = eqn.replace(params=dict(params))
-        eqns.append(eqn)
-    if all(a is b for a, b in zip(eqns, jaxpr.eqns, strict=True)):
-        return jaxpr
-    return jaxpr.replace(eqns=eqns)
-
-
-__all__ = ["Annotation", "annotation_p", "annotation_params", "own_annotations"]
+__all__ = ["Annotation", "annotation_p", "annotation_params"]

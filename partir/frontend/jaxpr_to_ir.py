@@ -18,7 +18,6 @@ from partir.frontend.annotation import (
     Annotation,
     annotation_p,
     annotation_params,
-    own_annotations,
     untyped,
 )
 from partir.frontend.names import leaf_names, output_root, parameter_names
@@ -27,11 +26,33 @@ from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Region, TensorTy
 from partir.ir.dtypes import is_extended
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
-from partir.rules.control import CALLS, CONTROL_FLOW, bodies, carry_inits
+from partir.rules.control import CONTROL_FLOW, carry_inits
 from partir.rules.elementwise import ANNOTATIONS
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
-INLINED_CALLS = CALLS
+INLINED_CALLS = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+# The parameters in which a control-flow primitive holds its bodies (closed jaxprs), in
+# the order of its regions: they become the op's regions.
+_BODIES = ("jaxpr", "cond_jaxpr", "body_jaxpr", "branches")
+# What the op keeps of them instead: a number, equal for ops with the very same bodies
+# (a layer's scan traced once and called again), so that their signatures agree and
+# propagation shares its decisions between them.
+BODIES_KEY = "_bodies"
+
+
+def _bodies(params: Any) -> list[Any]:
+    found = [params[k] for k in _BODIES[:3] if k in params]
+    return found + list(params.get("branches", ()))
 
 
 @dataclass
@@ -99,6 +120,10 @@ class _Builder:
         self.producers: dict[Value, Op] = {}
         # In a region: the position of the top-level control-flow op it belongs to.
         self.top: int | None = None if outer is None else outer.op_position()
+        # The bodies seen, by their objects' ids -> (their key, the objects, kept alive so
+        # that their ids stay theirs): shared by the builders of one trace.
+        self.body_keys: dict[tuple[int, ...], tuple[int, tuple]] = (
+            {} if outer is None else outer.body_keys)
 
     def op_position(self) -> int:
         """The position in the traced function of the op being built (the top-level
@@ -185,8 +210,12 @@ class _Builder:
                     params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
                 regions = []
                 if name in CONTROL_FLOW:
-                    regions = [self.region(b, loc, user_frames) for b in bodies(params)]
-                    params = own_annotations(params)
+                    bodies = tuple(_bodies(params))
+                    regions = [self.region(b, loc, user_frames) for b in bodies]
+                    key = self.body_keys.setdefault(tuple(map(id, bodies)),
+                                                    (len(self.body_keys), bodies))[0]
+                    params = {**{k: v for k, v in params.items() if k not in _BODIES},
+                              BODIES_KEY: key}
                 if name == TAG:
                     outs[0].name = params["name"]
                     if self.top is None:

@@ -18,10 +18,8 @@ from partir.ir.ops import Op, Region
 from partir.ir.values import Value
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.\-]*$")
-# Parameters that carry no information for a reader of the listings (a control-flow
-# op's bodies as JAX traced them: its regions show them).
-_HIDDEN_PARAMS = {"out_sharding", "sharding", "accuracy", "out_dtype", "preferred_element_type",
-                  "jaxpr", "cond_jaxpr", "body_jaxpr", "branches"}
+# Parameters that carry no information for a reader of the listings.
+_HIDDEN_PARAMS = {"out_sharding", "sharding", "accuracy", "out_dtype", "preferred_element_type"}
 
 
 class Namer:

@@ -56,33 +56,10 @@ from partir.rules.catalogue import (
 from partir.rules.collectives import ALL_GATHER, ALL_REDUCE, ALL_SLICE, REDUCE_SCATTER
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
 
-# Call primitives whose body is a jaxpr parameter, and that parameter: the frontend
-# inlines them, and control-flow bodies are looked through them the same way.
-CALLS = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
-
 Node = int  # a dimension of a body value or of the op's operands/results
 # A body op's reduction over a group: a node of the group, the results partial over it,
 # and the monoid combining the slices' partial results.
 _Reduction = tuple[Node, list[int], str]
-
-
-def _jaxpr(body: Any) -> tuple[Any, Sequence[Any]]:
-    """(jaxpr, consts) of a ClosedJaxpr or an open jaxpr."""
-    return (body.jaxpr, body.consts) if hasattr(body, "jaxpr") else (body, ())
-
-
-def _type(aval: Any) -> TensorType:
-    return TensorType(tuple(aval.shape), aval.dtype)
 
 
 @dataclass
@@ -664,12 +641,6 @@ def control_rule(view: OpView) -> ShardingRule:
     return _groups(view).rule
 
 
-def bodies(params: Any) -> list[Any]:
-    """A control-flow op's bodies (closed jaxprs), in the order of its regions."""
-    bodies = [params[k] for k in ("jaxpr", "cond_jaxpr", "body_jaxpr") if k in params]
-    return bodies + list(params.get("branches", ()))
-
-
 def region_ops(op: Op, times: int | None = 1) -> Iterator[tuple[Op, int | None]]:
     """The ops inside a control-flow op's regions, nested ones included, each with how
     often one run of the op runs it: a scan's region `length` times, a while loop's an
@@ -829,7 +800,7 @@ def localize(view: OpView) -> Localized:
             axes, keep = axes[len(keep):], ()
         for body, position, first in groups.entries[i]:
             plan.gathers.setdefault((body, position), []).append((d - first, n, axes, keep))
-    params = {k: v for k, v in view.params.items() if k not in _BODY_PARAMS}
+    params = view.params
     if not plan.syncs and not plan.gathers and not plan.scatters and not any(
             local[g] != a.sizes[g] for g in local):
         return Localized(params, view.regions)
@@ -843,10 +814,6 @@ def localize(view: OpView) -> Localized:
     return Localized(params, tuple(
         _local_region(region, top, a, size, plan)
         for top, region in zip(groups.tops, view.regions, strict=True)))
-
-
-# The parameters holding JAX's bodies, which the regions replace in a local op.
-_BODY_PARAMS = frozenset({"jaxpr", "cond_jaxpr", "body_jaxpr", "branches"})
 
 
 @dataclass

@@ -17,9 +17,9 @@ from jax.extend import core as jcore
 
 import partir
 from partir.frontend import tag_p
+from partir.frontend.jaxpr_to_ir import INLINED_CALLS as CALLS
 from partir.rules import CATALOGUE
 from partir.rules.catalogue import OWN_NAMES, jax_primitive_names
-from partir.rules.control import CALLS
 from partir.rules.elementwise import ANNOTATIONS
 from partir.rules.unsupported import NOT_EMITTED, UNSUPPORTED, why_unsupported
 
