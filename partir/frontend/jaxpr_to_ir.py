@@ -4,6 +4,7 @@ arguments and results, and attach the user's source line to every op."""
 from __future__ import annotations
 
 import functools
+import itertools
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ INLINED_CALLS = {
 _BODIES = ("jaxpr", "cond_jaxpr", "body_jaxpr", "branches")
 # What the op keeps of them instead: a number, equal for ops with the very same bodies
 # (a layer's scan traced once and called again), so that their signatures agree and
-# propagation shares its decisions between them.
+# propagation shares its decisions between them; never the same for other bodies, in
+# this trace or another (signatures key memos that outlive a trace).
 BODIES_KEY = "_bodies"
+_body_numbers = itertools.count()
 
 
 def _bodies(params: Any) -> list[Any]:
@@ -212,8 +215,10 @@ class _Builder:
                 if name in CONTROL_FLOW:
                     bodies = tuple(_bodies(params))
                     regions = [self.region(b, loc, user_frames) for b in bodies]
-                    key = self.body_keys.setdefault(tuple(map(id, bodies)),
-                                                    (len(self.body_keys), bodies))[0]
+                    ids = tuple(map(id, bodies))
+                    if ids not in self.body_keys:
+                        self.body_keys[ids] = (next(_body_numbers), bodies)
+                    key = self.body_keys[ids][0]
                     params = {**{k: v for k, v in params.items() if k not in _BODIES},
                               BODIES_KEY: key}
                 if name == TAG:

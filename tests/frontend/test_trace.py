@@ -159,3 +159,26 @@ def test_two_copies_of_a_module_give_their_own_file_as_locations(tmp_path):
         locations.append({op.loc.file for op in traced.function.ops if op.loc.line})
     assert locations == [{str(tmp_path / "a" / "model.py")},
                          {str(tmp_path / "b" / "model.py")}]
+
+
+def test_a_loop_keeps_its_bodies_as_regions_and_a_number_only_its_own_bodies_share():
+    """The op holds no jaxpr; a layer's loop called twice shares its number (its
+    signature, and so propagation's decisions), a loop with another body, in this trace
+    or another, does not."""
+    from partir.frontend.jaxpr_to_ir import BODIES_KEY
+
+    def step(c, _):
+        return jnp.sin(c), None
+
+    def layer(x):  # one body function: JAX traces it once for both calls
+        return jax.lax.scan(step, x, None, length=2)[0]
+
+    def other(x):
+        return jax.lax.scan(lambda c, _: (jnp.cos(c), None), x, None, length=2)[0]
+
+    x = S((4,), jnp.float32)
+    loops = [op for op in trace(lambda x: layer(layer(x)), x).function.ops if op.regions]
+    assert len(loops) == 2 and not any("jaxpr" in op.params for op in loops)
+    assert loops[0].params[BODIES_KEY] == loops[1].params[BODIES_KEY]
+    (elsewhere,) = [op for op in trace(other, x).function.ops if op.regions]
+    assert elsewhere.params[BODIES_KEY] != loops[0].params[BODIES_KEY]
