@@ -437,11 +437,13 @@ def _clip(rows: _Rows, start: int, stop: int, shift: int) -> _Rows:
 
 
 def _rows(rw: _Rewriter, v: Value, gathered: Value, d: int) -> _Rows | None:
-    """Where v's rows along d come from, for v made of the gathered value by slices,
-    zero pads, concatenations and splits along d (whole along the others); None for any
-    other value."""
+    """Where v's rows along d come from, for v made of the gathered value (and zeros) by
+    slices, zero pads, concatenations and splits along d (whole along the others); None
+    for any other value."""
     if v is gathered:
         return [(0, v.type.shape[d], 0)]
+    if _is_zeros(rw, v):
+        return [(0, v.type.shape[d], None)]
     op = rw.producer.get(v)
     if op is None or op in rw.dead:
         return None

@@ -180,3 +180,26 @@ def test_gradients_of_rolls_of_random_sizes_permute_back(chunks, shift, axes):
         assert meta.collectives["all_gather"] == 0
         assert meta.collectives["collective_permute"] == \
             _permutes(shift, n, devices) + _permutes(-shift, n, devices)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.data())
+def test_random_rearrangements_of_a_sliced_dimension(data):
+    """Pieces of x (random cuts, in a random order, some replaced by zeros) concatenated
+    along its sliced dimension, times x: permutes where every device's tile is laid out
+    alike, gathers elsewhere, and always the function's values."""
+    axes = data.draw(st.sampled_from([("a",), ("a", "b")]))
+    devices = int(np.prod([MESH[a] for a in axes]))
+    n = devices * data.draw(st.integers(1, 3))
+    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=3)))
+    bounds = list(zip([0, *cuts], [*cuts, n], strict=True))
+    order = data.draw(st.permutations(range(len(bounds))))
+    zeroed = data.draw(st.sets(st.sampled_from(range(len(bounds)))))
+    x = jax.random.normal(jax.random.key(2), (n, 3))
+
+    def f(x):
+        pieces = [jnp.zeros_like(x[a:b]) if k in zeroed else x[a:b]
+                  for k, (a, b) in ((k, bounds[k]) for k in order)]
+        return jnp.concatenate(pieces) * x
+
+    _check(f, axes, x)
