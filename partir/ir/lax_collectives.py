@@ -12,10 +12,13 @@ the mesh's axis order), so a tuple of axes maps directly to JAX's `axis_name`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from partir.errors import ProgramError
@@ -127,9 +130,22 @@ def collective_permute(x: Any, *, axes: Sequence[str], pairs: Sequence[tuple[int
     spanning = _spanning(axes)
     if not spanning:
         return x if (0, 0) in pairs else lax.full_like(x, 0)
+    mesh_axes = jax.sharding.get_abstract_mesh().axis_names
+    if not mesh_axes:
+        # Under the interpreters' vmaps, whose ppermute batching takes one axis and a
+        # whole permutation: every device gathers the chunks and keeps its source's.
+        sources = np.full(math.prod(lax.axis_size(a) for a in spanning), -1, np.int32)
+        for s, t in pairs:
+            sources[t] = s
+        source = jnp.asarray(sources)[chunk_index(spanning)]
+        chunks = x[None]
+        for axis in reversed(spanning):  # one axis at a time, minor first: major outermost
+            chunks = lax.all_gather(chunks, axis, axis=0, tiled=True)
+        mine = lax.dynamic_index_in_dim(chunks, jnp.maximum(source, 0), keepdims=False)
+        return jnp.where(source >= 0, mine, jnp.zeros_like(x))
     # Unlike its other collectives, JAX's ppermute numbers the devices of several axes in
     # the mesh's axis order, not the tuple's: renumber the pairs into that order.
-    order = [a for a in jax.sharding.get_abstract_mesh().axis_names if a in spanning]
+    order = [a for a in mesh_axes if a in spanning]
     if len(spanning) > 1 and order and order != list(spanning):
         sizes = {a: lax.axis_size(a) for a in spanning}
 

@@ -25,7 +25,7 @@ from partir.hlo.ops import (
     make_collective_permute,
     make_reduce_scatter,
 )
-from partir.ir import Function, Op, RangeType, TensorType, Value, VerificationError, verify
+from partir.ir import Function, Op, RangeType, Region, TensorType, Value, VerificationError, verify
 from partir.ir.printer import Printer
 from partir.mesh import Mesh
 from partir.spmd.ops import make_execute
@@ -204,3 +204,20 @@ def test_stacked_results_do_not_lower():
     spmd = Function("f", [x], [execute], [out], attributes={"mesh": MESH})
     with pytest.raises(HloLoweringError, match="stacked"):
         lower_spmd_to_hlo(spmd)
+
+
+def test_collective_permute_inside_a_loop_body_runs_in_lockstep():
+    """The interpreter runs a body holding collectives on every device at once, under
+    vmaps naming the axes (whose ppermute batching takes one axis and a whole
+    permutation): over two axes, with devices receiving nothing, as at the top level."""
+    c = Value(_t(1, 16), "c")
+    shifted = make_collective_permute(c, ("b", "a"), [(j + 1, j) for j in range(7)])
+    x = Value(_t(1, 16), "x")
+    loop = Op("scan", [x], [Value(x.type, "y")],
+              {"length": 2, "num_consts": 0, "num_carry": 1, "reverse": False, "unroll": 1,
+               "linear": (False,), "_split_transpose": False},
+              regions=[Region([c], [shifted], shifted.results)])
+    fn = function(loop, (("b", "a"), ()), (("b", "a"), ()))
+    verify_hlo(fn)
+    want = np.concatenate([X[2:], np.zeros_like(X[:2])])  # two steps up, zeros in
+    np.testing.assert_array_equal(interpret_hlo(fn, X)[0], want)
