@@ -46,13 +46,15 @@ puts temporaries into the results' allocations, largest first, each into the sma
 one whose result is written after it dies (`_into_results`); the rest share the pool,
 whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
 dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
-branch its region's buffers (`_region_bytes`). Ops whose results nobody reads are dead
-code, which XLA removes: they cost nothing.
+branch its region's buffers (`_region_bytes`). A matmul operand that XLA's dot
+canonicalization transposes gets a copy (`_dot_operand_copies`): a weight read in
+another layout by the backward pass is transposed once, at the start, and the copy
+lives until the last matmul reading it. Ops whose results nobody reads are dead code,
+which XLA removes: they cost nothing.
 
 Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
-the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the copies XLA's layout
-assignment makes where a matmul wants an operand in another layout (a weight transposed
-once for the whole step, a layer norm written in two layouts), and the bitcasts and tuple
+the programs of `benchmarks/simulator_accuracy.py`. Not modelled: a loop fusion's result
+that matmuls read in two layouts (XLA writes it twice), and the bitcasts and tuple
 accesses that delay their users by a step of the breadth-first walk.
 """
 
@@ -78,6 +80,8 @@ from partir.sim.cost import (
     CostRule,
     Kind,
 )
+
+DOT_GENERAL = "dot_general"
 
 # (elements, bytes) of a value's type.
 SizesFn = Callable[[TensorType], tuple[int, int]]
@@ -239,6 +243,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                 last_read[b] = t
     temporaries = _temporaries(ops, steps, kinds, reads, last_read, sources, consumers,
                                outputs, sizes)
+    temporaries += _dot_operand_copies(ops, kinds, live, root, reads, producer, position,
+                                       outputs, transient, sizes)
     _into_results(temporaries, [(sizes(v.type)[1], position[producer[v]], producer[v])
                                 for v in outputs if producer.get(v, -1) in position],
                   _post_order([root.get(v, v) for v in fn.results], reads, producer))
@@ -402,6 +408,70 @@ def _layout_copy_bytes(op: Op, sizes: SizesFn) -> int:
     if not split or all(n == 1 for n in shape[:split[0]]):
         return 0
     return max(sizes(op.operands[0].type)[1], sizes(op.results[0].type)[1])
+
+
+def _transposed_operands(op: Op) -> list[tuple[int, tuple[int, ...]]]:
+    """(operand index, the order of its dimensions in the copy) of each operand of a
+    dot_general that XLA's CPU pipeline copies into another layout. An operand is
+    canonical with one contracting dimension, at most one free one and the batch
+    dimensions leading; where either is not, `DotDecomposer` transposes both, the lhs to
+    [batch, free, contracting] and the rhs to [batch, contracting, free], and the transpose
+    stays a copy unless it is the identity or, with one free and one contracting
+    dimension, a swap of the two, which `TransposeFolding` folds into the matmul call.
+    Dimensions of size 1 are left out: moving them is a bitcast."""
+    copies, canonical = [], True
+    for side, (u, contracting, batch) in enumerate(zip(
+            op.operands, *op.params["dimension_numbers"], strict=True)):
+        shape = u.type.shape
+        kept = [d for d in range(len(shape)) if shape[d] > 1]
+        con = [d for d in contracting if shape[d] > 1]
+        bat = [d for d in batch if shape[d] > 1]
+        free = [d for d in kept if d not in con and d not in bat]
+        leading = kept[:len(bat)] == bat
+        canonical &= len(con) <= 1 and len(free) <= 1 and leading
+        order = bat + (free + con if side == 0 else con + free)
+        if kept != order and not (len(con) == 1 and len(free) == 1 and leading):
+            copies.append((side, tuple(order)))
+    return [] if canonical else copies
+
+
+def _dot_operand_copies(ops: list[Op], kinds: list[Kind], live: list[bool],
+                        root: dict[Value, Value], reads: list[tuple[Value, ...]],
+                        producer: dict[Value, int], position: dict[int, int],
+                        outputs: set[Value], transient: list[int],
+                        sizes: SizesFn) -> list[_Temporary]:
+    """The transposed copies XLA's layout assignment makes of matmul operands
+    (`_transposed_operands`), one per buffer and order however many matmuls read it
+    (CSE): a weight's copy for the backward pass is made once the weight is there (an
+    argument's at the start, as the breadth-first scheduler runs it) and lives to the
+    last matmul reading it. A buffer whose readers all read the copy is replaced by it:
+    a loop fusion writes it transposed at once (no copy), another kernel's result exists
+    twice only while the copy is made (`transient`)."""
+    wanted: dict[tuple, list[int]] = {}
+    for i, op in enumerate(ops):
+        if live[i] and op.name == DOT_GENERAL:
+            for side, order in _transposed_operands(op):
+                u = op.operands[side]
+                b = root.get(u, u)
+                wanted.setdefault((b, u.type.shape, order), []).append(i)
+    if not wanted:
+        return []
+    readers: dict[Value, set[int]] = {}
+    for i, read in enumerate(reads):
+        for b in read:
+            readers.setdefault(b, set()).add(i)
+    copies = []
+    for (b, _, _), dots in wanted.items():
+        nbytes = sizes(b.type)[1]
+        writer = producer.get(b)
+        start = position.get(writer, 0) if writer is not None else 0
+        if writer is not None and b not in outputs and readers[b] <= set(dots):
+            if kinds[writer] not in FUSIBLE_PRODUCERS:
+                transient[writer] += nbytes
+            continue
+        copies.append(_Temporary(nbytes, start, max(position[i] for i in dots), dots[0],
+                                 None))
+    return copies
 
 
 def _frozen(v: object) -> object:

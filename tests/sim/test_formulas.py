@@ -232,6 +232,19 @@ def test_a_reduce_scatter_along_an_inner_dimension_needs_a_transposed_copy(axes,
     assert plan_buffers(fn).temp_bytes == copy
 
 
+@pytest.mark.parametrize("spec, w_shape, copy", [
+    ("bsd,hkd->bshk", (4, 8, 32), 4096),  # w as [K, N] is [d, (h, k)]: transposed
+    ("bsd,dhk->bshk", (32, 4, 8), 0),  # already [d, (h, k)]
+    ("bsd,hd->bsh", (32, 32), 0),  # [N, K]: a swap the matmul call takes as it is
+])
+def test_a_matmul_operand_in_another_layout_gets_a_transposed_copy(spec, w_shape, copy):
+    """x has two free dimensions, so XLA canonicalizes the dot: the weight goes to
+    [contracting, free], a transposed copy of its 4 KiB unless it is laid out so already
+    or one swap away (the temp bytes XLA's `memory_analysis()` reports, 4096, 0, 0)."""
+    h = hlo(lambda x, w: jnp.einsum(spec, x, w), S((8, 16, 32), F32), S(w_shape, F32))
+    assert plan_buffers(h).temp_bytes == copy
+
+
 def test_a_library_reduction_materializes_a_producer_with_other_consumers():
     """A layer norm's x - mean feeds the variance's sum and the normalization: repeated
     into both by loop fusions, stored where the sum is a library call (XLA's CPU and
