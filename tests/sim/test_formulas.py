@@ -111,6 +111,24 @@ def test_all_gather_bytes_and_hierarchical_time():
     assert c.time_s == pytest.approx(want) and c.latency_s == pytest.approx(3e-5 + 1e-3)
 
 
+def test_a_collective_pays_its_links_setup_once():
+    """Starting a collective costs a setup besides the latency per peer (on the CPU the
+    devices' threads meet at a rendezvous: 2 devices take about as long as 4 do less
+    one peer's latency); over two axes it is still one collective, with the larger
+    setup, and combined collectives pay it once, as part of `latency_s`."""
+    slow, fast = LinkSpec(1e6, 1e-3, setup_s=5e-3), LinkSpec(1e8, 1e-5, setup_s=2e-5)
+    link_of = {"a": slow, "b": fast}
+    c = collective_cost(make_all_gather(x_local(), [("a",), ("b",)], MESH), 512, MESH,
+                        link_of)
+    assert c.latency_s == pytest.approx(5e-3 + 3e-5 + 1e-3)
+    assert c.time_s == pytest.approx(3 / 4 * 4096 / 1e8 + 1 / 2 * 1024 / 1e6 + c.latency_s)
+    b = collective_cost(make_all_reduce(x_local(), ("b",)), 512, MESH, link_of)
+    assert b.latency_s == pytest.approx(2e-5 + 3e-5)
+    swap = collective_cost(make_all_to_all(x_local(), 0, 1, ("a", "b"), MESH), 512, MESH,
+                           link_of)
+    assert swap.latency_s == pytest.approx(5e-3 + 7e-3)
+
+
 def test_reduce_scatter_bytes():
     c = cost_of(make_reduce_scatter(x_local(), [("a",), ("b",)], MESH))
     assert c.kind == "reduce_scatter" and c.bytes_sent == 7 / 8 * 512
