@@ -243,8 +243,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                 last_read[b] = t
     temporaries = _temporaries(ops, steps, kinds, reads, last_read, sources, consumers,
                                outputs, sizes)
-    temporaries += _dot_operand_copies(ops, kinds, live, root, reads, producer, position,
-                                       outputs, transient, sizes)
+    temporaries += _dot_operand_copies(ops, live, root, producer, kinds, consumers,
+                                       position, outputs, transient, sizes)
     _into_results(temporaries, [(sizes(v.type)[1], position[producer[v]], producer[v])
                                 for v in outputs if producer.get(v, -1) in position],
                   _post_order([root.get(v, v) for v in fn.results], reads, producer))
@@ -435,40 +435,35 @@ def _transposed_operands(op: Op) -> list[tuple[int, tuple[int, ...]]]:
     return [] if canonical else copies
 
 
-def _dot_operand_copies(ops: list[Op], kinds: list[Kind], live: list[bool],
-                        root: dict[Value, Value], reads: list[tuple[Value, ...]],
-                        producer: dict[Value, int], position: dict[int, int],
+def _dot_operand_copies(ops: list[Op], live: list[bool], root: dict[Value, Value],
+                        producer: dict[Value, int], kinds: list[Kind],
+                        consumers: dict[Value, list[Kind]], position: dict[int, int],
                         outputs: set[Value], transient: list[int],
                         sizes: SizesFn) -> list[_Temporary]:
     """The transposed copies XLA's layout assignment makes of matmul operands
     (`_transposed_operands`), one per buffer and order however many matmuls read it
     (CSE): a weight's copy for the backward pass is made once the weight is there (an
     argument's at the start, as the breadth-first scheduler runs it) and lives to the
-    last matmul reading it. A buffer whose readers all read the copy is replaced by it:
-    a loop fusion writes it transposed at once (no copy), another kernel's result exists
-    twice only while the copy is made (`transient`)."""
-    wanted: dict[tuple, list[int]] = {}
+    last matmul reading it. A buffer that nothing but those reads of the copy uses is
+    replaced by it: a loop fusion writes it transposed at once (no copy), another
+    kernel's result exists twice only while the copy is made (`transient`)."""
+    wanted: dict[tuple, list[int]] = {}  # (buffer, view, order) -> matmuls, once per read
     for i, op in enumerate(ops):
         if live[i] and op.name == DOT_GENERAL:
             for side, order in _transposed_operands(op):
                 u = op.operands[side]
                 b = root.get(u, u)
                 wanted.setdefault((b, u.type.shape, order), []).append(i)
-    if not wanted:
-        return []
-    readers: dict[Value, set[int]] = {}
-    for i, read in enumerate(reads):
-        for b in read:
-            readers.setdefault(b, set()).add(i)
     copies = []
     for (b, _, _), dots in wanted.items():
         nbytes = sizes(b.type)[1]
         writer = producer.get(b)
-        start = position.get(writer, 0) if writer is not None else 0
-        if writer is not None and b not in outputs and readers[b] <= set(dots):
+        if (writer is not None and b not in outputs
+                and len(consumers[b]) == len(dots)):
             if kinds[writer] not in FUSIBLE_PRODUCERS:
                 transient[writer] += nbytes
             continue
+        start = 0 if writer is None else position.get(writer, 0)
         copies.append(_Temporary(nbytes, start, max(position[i] for i in dots), dots[0],
                                  None))
     return copies
