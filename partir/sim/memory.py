@@ -49,12 +49,12 @@ dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a l
 branch its region's buffers (`_region_bytes`). A matmul operand that XLA's dot
 canonicalization transposes gets a copy (`_dot_operand_copies`): a weight read in
 another layout by the backward pass is transposed once, at the start, and the copy
-lives until the last matmul reading it. Ops whose results nobody reads are dead code,
+lives until the last matmul reading it; a loop fusion writes its result in the layout
+a matmul wants at once. Ops whose results nobody reads are dead code,
 which XLA removes: they cost nothing.
 
 Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
-the programs of `benchmarks/simulator_accuracy.py`. Not modelled: a loop fusion's result
-that matmuls read in two layouts (XLA writes it twice), and the bitcasts and tuple
+the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the bitcasts and tuple
 accesses that delay their users by a step of the breadth-first walk.
 """
 
@@ -442,30 +442,44 @@ def _dot_operand_copies(ops: list[Op], live: list[bool], root: dict[Value, Value
                         sizes: SizesFn) -> list[_Temporary]:
     """The transposed copies XLA's layout assignment makes of matmul operands
     (`_transposed_operands`), one per buffer and order however many matmuls read it
-    (CSE): a weight's copy for the backward pass is made once the weight is there (an
-    argument's at the start, as the breadth-first scheduler runs it) and lives to the
-    last matmul reading it. A buffer that nothing but those reads of the copy uses is
-    replaced by it: a loop fusion writes it transposed at once (no copy), another
-    kernel's result exists twice only while the copy is made (`transient`)."""
-    wanted: dict[tuple, list[int]] = {}  # (buffer, view, order) -> matmuls, once per read
+    (CSE), made once the buffer is written (an argument's at the start, as the
+    breadth-first scheduler runs it) and live to the last matmul reading it: a weight
+    transposed for the backward pass lives from the start of the step.
+
+    A loop fusion writes its result in the layout its readers want, elementwise ones and
+    reductions taking any: one order a matmul wants comes free unless a matmul reads the
+    buffer as it is too (or it is a result of the program). A buffer another kernel
+    writes, which only matmuls reading one copy consume, exists twice only while the copy
+    is made (`transient`)."""
+    wanted: dict[Value, dict[tuple, list[int]]] = {}  # buffer -> (view, order) -> matmuls
+    as_is: set[Value] = set()  # buffers a matmul reads in their own layout
     for i, op in enumerate(ops):
         if live[i] and op.name == DOT_GENERAL:
-            for side, order in _transposed_operands(op):
-                u = op.operands[side]
+            copied = dict(_transposed_operands(op))
+            for side, u in enumerate(op.operands):
                 b = root.get(u, u)
-                wanted.setdefault((b, u.type.shape, order), []).append(i)
+                if side in copied:
+                    wanted.setdefault(b, {}).setdefault((u.type.shape, copied[side]),
+                                                        []).append(i)
+                else:
+                    as_is.add(b)
     copies = []
-    for (b, _, _), dots in wanted.items():
+    for b, orders in wanted.items():
         nbytes = sizes(b.type)[1]
         writer = producer.get(b)
-        if (writer is not None and b not in outputs
-                and len(consumers[b]) == len(dots)):
-            if kinds[writer] not in FUSIBLE_PRODUCERS:
+        # (last step, first matmul, matmul reads) of each copy: the copy is an operand of
+        # its first matmul, there in XLA's post-order.
+        spans = sorted((max(position[i] for i in dots), dots[0], len(dots))
+                       for dots in orders.values())
+        if writer is not None and b not in outputs:
+            if kinds[writer] in FUSIBLE_PRODUCERS:
+                if b not in as_is:
+                    spans.pop(0)  # written in that order: the shortest-lived comes free
+            elif len(spans) == 1 and len(consumers[b]) == spans[0][2]:
                 transient[writer] += nbytes
-            continue
+                continue
         start = 0 if writer is None else position.get(writer, 0)
-        copies.append(_Temporary(nbytes, start, max(position[i] for i in dots), dots[0],
-                                 None))
+        copies.extend(_Temporary(nbytes, start, end, first, None) for end, first, _ in spans)
     return copies
 
 

@@ -263,6 +263,17 @@ def test_a_matmul_operand_in_another_layout_gets_a_transposed_copy(spec, w_shape
     assert plan_buffers(h).temp_bytes == copy
 
 
+def test_a_loop_fusion_writes_its_result_in_the_layout_a_matmul_wants():
+    """tanh(x) [b, s, d] is the rhs of a matmul contracting d, canonically [d, (b, s)]:
+    the fusion writing it writes it so, and the sum reading it too reads that layout.
+    Only tanh(x)'s 16 KiB, no copy (XLA's temp bytes: 16384)."""
+    def f(x, w):
+        t = jnp.tanh(x)
+        return jax.lax.dot_general(w, t, (((0,), (2,)), ((), ()))), jnp.sum(t, axis=0)
+    h = hlo(f, S((8, 16, 32), F32), S((32, 48), F32))
+    assert plan_buffers(h).temp_bytes == 8 * 16 * 32 * 4
+
+
 def test_a_library_reduction_materializes_a_producer_with_other_consumers():
     """A layer norm's x - mean feeds the variance's sum and the normalization: repeated
     into both by loop fusions, stored where the sum is a library call (XLA's CPU and
