@@ -12,11 +12,11 @@ the way such a device sees the machine: the same program runs on all 8 devices a
 * vector FLOP/s: a fused chain of multiply-adds over a cache-resident vector;
 * per-kernel overhead: a chain of tiny [8, 8] matmuls, each followed by a tanh, which
   XLA can neither fuse nor reassociate: 2 kernels per step, nearly no work in them;
-* collective latency: chained `psum`s and `all_gather`s of one float over groups of 2, 4
-  and 8 devices; the simulator charges (n - 1) * latency per collective over n devices,
-  so the latency is the least-squares slope of those times against n - 1;
+* collective setup and latency: chained `psum`s and `all_gather`s of one float over
+  groups of 2, 4 and 8 devices; the simulator charges setup + (n - 1) * latency per
+  collective over n devices, the least-squares line of those times against n - 1;
 * collective bandwidth: `psum` of a large vector over the 8 devices: ring bytes
-  2 (n-1)/n S over its time minus the latency.
+  2 (n-1)/n S over its time minus the setup and latency.
 
 Also printed, for reference: the same matmul and bandwidth figures with one device
 owning the whole machine.
@@ -167,11 +167,16 @@ def main() -> None:
             t_short = best_time(on_groups(psum_chain(short, "g", gather), group), tiny,
                                 repeat=r)
             points.append((group - 1, (t_long - t_short) / (long_ - short)))
-    latency = sum(p * t for p, t in points) / sum(p * p for p, _ in points)
+    # The least-squares line through the points: setup + latency * (n - 1).
+    mean_p = sum(p for p, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    latency = (sum((p - mean_p) * (t - mean_t) for p, t in points)
+               / sum((p - mean_p) ** 2 for p, _ in points))
+    setup = mean_t - latency * mean_p
     big = 1 << 20  # floats per device
     t_big = best_time(on_all_devices(psum_chain(10)), jnp.ones((N_DEVICES * big,)), repeat=r)
     ring_bytes = 2 * (N_DEVICES - 1) / N_DEVICES * 4 * big
-    link_bw = ring_bytes / max(t_big / 10 - (N_DEVICES - 1) * latency, 1e-9)
+    link_bw = ring_bytes / max(t_big / 10 - setup - (N_DEVICES - 1) * latency, 1e-9)
 
     print(f"jax {jax.__version__}, {os.cpu_count()} cores, {N_DEVICES} virtual CPU devices")
     print(f"one of {N_DEVICES} devices running at once:")
@@ -183,6 +188,7 @@ def main() -> None:
     print("  collective time s, by group size n: " +
           ", ".join(f"n={p + 1} {'all_gather' if k % 2 else 'psum'} {t:.2e}"
                     for k, (p, t) in enumerate(points)))
+    print(f"  collective setup s          {setup:.3e}")
     print(f"  collective latency per peer s {latency:.3e}")
     print(f"  collective bandwidth B/s    {link_bw:.3e}")
     print("one device owning the machine:")

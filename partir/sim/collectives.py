@@ -22,10 +22,10 @@ fastest link, as hierarchical implementations order them. A phase over an axis o
 n costs its bytes over the link's bandwidth plus one link latency per peer, (n - 1) *
 latency, for every kind of collective (an all_reduce's reduce-scatter and all-gather
 halves are pipelined: their latencies are not paid twice; on the calibration machine an
-all_reduce and an all_gather of a few bytes take the same time). all_to_all sends its
-pieces directly: bytes over the slowest named link plus one latency per peer; a
-collective_permute sends one message: its bytes over the slowest named link plus one
-latency.
+all_reduce and an all_gather of a few bytes take the same time). Starting the collective
+costs its links' largest setup, once. all_to_all sends its pieces directly: bytes over
+the slowest named link plus its setup and one latency per peer; a collective_permute
+sends one message: its bytes over the slowest named link plus its setup and one latency.
 
 Combining. XLA merges collectives of the same kind over the same axes that do not depend
 on one another into one (its all-reduce, all-gather and reduce-scatter combiners; e.g.
@@ -90,7 +90,9 @@ def ring_time(full_bytes: float, axes: Sequence[str], mesh: Mapping[str, int],
     # The phase run last moves the most: (n-1)/n of the whole tensor; each earlier phase
     # works on a tensor smaller by the sizes of the phases after it.
     order = sorted((a for a in axes if mesh[a] > 1), key=lambda a: link_of[a].bandwidth)
-    time = latency = 0.0
+    time = 0.0
+    # One collective, started once whatever its phases.
+    latency = max((link_of[a].setup_s for a in order), default=0.0)
     size = full_bytes
     for a in reversed(order):  # from the last (fastest link) phase backwards
         n, link = mesh[a], link_of[a]
@@ -143,14 +145,15 @@ def collective_cost(op: Op, nbytes: int, mesh: Mapping[str, int],
         if n == 1:
             return CollectiveCost("all_to_all", 0.0, 0.0, 0.0)
         slowest = min((link_of[a] for a in axes), key=lambda link: link.bandwidth)
-        latency = (n - 1) * max(link_of[a].latency_s for a in axes)
+        latency = (max(link_of[a].setup_s for a in axes)
+                   + (n - 1) * max(link_of[a].latency_s for a in axes))
         return CollectiveCost("all_to_all", sent, sent / slowest.bandwidth + latency, latency)
     if name == COLLECTIVE_PERMUTE:
         axes = op.params["axes"]
         if not any(s != t for s, t in op.params["pairs"]):
             return CollectiveCost("collective_permute", 0.0, 0.0, 0.0)
         slowest = min((link_of[a] for a in axes), key=lambda link: link.bandwidth)
-        latency = max(link_of[a].latency_s for a in axes)
+        latency = max(link_of[a].setup_s + link_of[a].latency_s for a in axes)
         return CollectiveCost("collective_permute", float(nbytes),
                               nbytes / slowest.bandwidth + latency, latency)
     raise KeyError(name)

@@ -46,11 +46,13 @@ class UnknownDeviceError(PartitionError):
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """An interconnect as one device sees it: bytes/s it sends per direction, and the
-    latency of one message (one step of a ring)."""
+    """An interconnect as one device sees it: bytes/s it sends per direction, the latency
+    of one message (one step of a ring), and what starting one collective costs however
+    many devices take part (the devices' threads meeting at a rendezvous on the CPU)."""
 
     bandwidth: float
     latency_s: float
+    setup_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -193,8 +195,10 @@ TPU_V4 = register_device(DeviceSpec(
 # devices' contention for the 2 cores is part of the figures. Rounded middles of four runs
 # (the machine is shared, runs vary by up to ~40%):
 #   matmul f32 1.8e10 FLOP/s, vector f32 1.9e9 FLOP/s, memory bandwidth 8.0e8 B/s,
-#   cache bandwidth 4.3e9 B/s (64 KiB per device), per-kernel overhead 2.5e-6 s,
-#   collective latency per peer 1.6e-5 s, collective bandwidth 1.6e9 B/s.
+#   cache bandwidth 4.3e9 B/s (64 KiB per device), per-kernel overhead 2.5e-6 s.
+# Collectives, three later runs: a psum or all_gather of a few bytes takes ~48 us over 2
+# devices, ~82 us over 4, ~117 us over 8, the line 4.1e-5 s setup + 1.1e-5 s per peer;
+# collective bandwidth 1.2e9 B/s.
 # (One device owning the machine measured ~1.5e11 FLOP/s and ~6e9 B/s.)
 # The L2 cache a device gets: 2 x 1 MiB shared by 8 devices. XLA's CPU pipeline combines
 # all-reduces only (a compiled batch-parallel step has one tuple all-reduce, while the
@@ -207,7 +211,7 @@ CPU = register_device(DeviceSpec(
     vector_flops={"float32": 1.9e9},
     memory_bytes=23 * 1024 ** 3 // 8, memory_bandwidth=8.0e8,
     cache_bytes=256 * 1024, cache_bandwidth=4.3e9,
-    links={"shared-memory": LinkSpec(1.6e9, 1.6e-5)}, default_link="shared-memory",
+    links={"shared-memory": LinkSpec(1.2e9, 1.1e-5, 4.1e-5)}, default_link="shared-memory",
     kernel_overhead_s=2.5e-6, combined_collectives=frozenset({"all_reduce"}),
     library_reduction_elements=4096,
     notes="one of 8 virtual CPU devices on the calibration machine"))

@@ -46,13 +46,15 @@ puts temporaries into the results' allocations, largest first, each into the sma
 one whose result is written after it dies (`_into_results`); the rest share the pool,
 whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
 dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
-branch its region's buffers (`_region_bytes`). Ops whose results nobody reads are dead
-code, which XLA removes: they cost nothing.
+branch its region's buffers (`_region_bytes`). A matmul operand that XLA's dot
+canonicalization transposes gets a copy (`_dot_operand_copies`): a weight read in
+another layout by the backward pass is transposed once, at the start, and the copy
+lives until the last matmul reading it; a loop fusion writes its result in the layout
+a matmul wants at once. Ops whose results nobody reads are dead code,
+which XLA removes: they cost nothing.
 
 Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
-the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the copies XLA's layout
-assignment makes where a matmul wants an operand in another layout (a weight transposed
-once for the whole step, a layer norm written in two layouts), and the bitcasts and tuple
+the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the bitcasts and tuple
 accesses that delay their users by a step of the breadth-first walk.
 """
 
@@ -78,6 +80,8 @@ from partir.sim.cost import (
     CostRule,
     Kind,
 )
+
+DOT_GENERAL = "dot_general"
 
 # (elements, bytes) of a value's type.
 SizesFn = Callable[[TensorType], tuple[int, int]]
@@ -239,6 +243,8 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                 last_read[b] = t
     temporaries = _temporaries(ops, steps, kinds, reads, last_read, sources, consumers,
                                outputs, sizes)
+    temporaries += _dot_operand_copies(ops, live, root, producer, kinds, consumers,
+                                       position, outputs, transient, sizes)
     _into_results(temporaries, [(sizes(v.type)[1], position[producer[v]], producer[v])
                                 for v in outputs if producer.get(v, -1) in position],
                   _post_order([root.get(v, v) for v in fn.results], reads, producer))
@@ -402,6 +408,79 @@ def _layout_copy_bytes(op: Op, sizes: SizesFn) -> int:
     if not split or all(n == 1 for n in shape[:split[0]]):
         return 0
     return max(sizes(op.operands[0].type)[1], sizes(op.results[0].type)[1])
+
+
+def _transposed_operands(op: Op) -> list[tuple[int, tuple[int, ...]]]:
+    """(operand index, the order of its dimensions in the copy) of each operand of a
+    dot_general that XLA's CPU pipeline copies into another layout. An operand is
+    canonical with one contracting dimension, at most one free one and the batch
+    dimensions leading; where either is not, `DotDecomposer` transposes both, the lhs to
+    [batch, free, contracting] and the rhs to [batch, contracting, free], and the transpose
+    stays a copy unless it is the identity or, with one free and one contracting
+    dimension, a swap of the two, which `TransposeFolding` folds into the matmul call.
+    Dimensions of size 1 are left out: moving them is a bitcast."""
+    copies, canonical = [], True
+    for side, (u, contracting, batch) in enumerate(zip(
+            op.operands, *op.params["dimension_numbers"], strict=True)):
+        shape = u.type.shape
+        kept = [d for d in range(len(shape)) if shape[d] > 1]
+        con = [d for d in contracting if shape[d] > 1]
+        bat = [d for d in batch if shape[d] > 1]
+        free = [d for d in kept if d not in con and d not in bat]
+        leading = kept[:len(bat)] == bat
+        canonical &= len(con) <= 1 and len(free) <= 1 and leading
+        order = bat + (free + con if side == 0 else con + free)
+        if kept != order and not (len(con) == 1 and len(free) == 1 and leading):
+            copies.append((side, tuple(order)))
+    return [] if canonical else copies
+
+
+def _dot_operand_copies(ops: list[Op], live: list[bool], root: dict[Value, Value],
+                        producer: dict[Value, int], kinds: list[Kind],
+                        consumers: dict[Value, list[Kind]], position: dict[int, int],
+                        outputs: set[Value], transient: list[int],
+                        sizes: SizesFn) -> list[_Temporary]:
+    """The transposed copies XLA's layout assignment makes of matmul operands
+    (`_transposed_operands`), one per buffer and order however many matmuls read it
+    (CSE), made once the buffer is written (an argument's at the start, as the
+    breadth-first scheduler runs it) and live to the last matmul reading it: a weight
+    transposed for the backward pass lives from the start of the step.
+
+    A loop fusion writes its result in the layout its readers want, elementwise ones and
+    reductions taking any: one order a matmul wants comes free unless a matmul reads the
+    buffer as it is too (or it is a result of the program). A buffer another kernel
+    writes, which only matmuls reading one copy consume, exists twice only while the copy
+    is made (`transient`)."""
+    wanted: dict[Value, dict[tuple, list[int]]] = {}  # buffer -> (view, order) -> matmuls
+    as_is: set[Value] = set()  # buffers a matmul reads in their own layout
+    for i, op in enumerate(ops):
+        if live[i] and op.name == DOT_GENERAL:
+            copied = dict(_transposed_operands(op))
+            for side, u in enumerate(op.operands):
+                b = root.get(u, u)
+                if side in copied:
+                    wanted.setdefault(b, {}).setdefault((u.type.shape, copied[side]),
+                                                        []).append(i)
+                else:
+                    as_is.add(b)
+    copies = []
+    for b, orders in wanted.items():
+        nbytes = sizes(b.type)[1]
+        writer = producer.get(b)
+        # (last step, first matmul, matmul reads) of each copy: the copy is an operand of
+        # its first matmul, there in XLA's post-order.
+        spans = sorted((max(position[i] for i in dots), dots[0], len(dots))
+                       for dots in orders.values())
+        if writer is not None and b not in outputs:
+            if kinds[writer] in FUSIBLE_PRODUCERS:
+                if b not in as_is:
+                    spans.pop(0)  # written in that order: the shortest-lived comes free
+            elif len(spans) == 1 and len(consumers[b]) == spans[0][2]:
+                transient[writer] += nbytes
+                continue
+        start = 0 if writer is None else position.get(writer, 0)
+        copies.extend(_Temporary(nbytes, start, end, first, None) for end, first, _ in spans)
+    return copies
 
 
 def _frozen(v: object) -> object:

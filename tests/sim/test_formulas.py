@@ -117,6 +117,27 @@ def test_all_gather_bytes_and_hierarchical_time():
     assert c.time_s == pytest.approx(want) and c.latency_s == pytest.approx(3e-5 + 1e-3)
 
 
+def test_a_collective_pays_its_links_setup_once():
+    """Starting a collective costs a setup besides the latency per peer (on the CPU the
+    devices' threads meet at a rendezvous: 2 devices take about as long as 4 do less
+    one peer's latency); over two axes it is still one collective, with the larger
+    setup, and combined collectives pay it once, as part of `latency_s`."""
+    slow, fast = LinkSpec(1e6, 1e-3, setup_s=5e-3), LinkSpec(1e8, 1e-5, setup_s=2e-5)
+    link_of = {"a": slow, "b": fast}
+    c = collective_cost(make_all_gather(x_local(), [("a",), ("b",)], MESH), 512, MESH,
+                        link_of)
+    assert c.latency_s == pytest.approx(5e-3 + 3e-5 + 1e-3)
+    assert c.time_s == pytest.approx(3 / 4 * 4096 / 1e8 + 1 / 2 * 1024 / 1e6 + c.latency_s)
+    b = collective_cost(make_all_reduce(x_local(), ("b",)), 512, MESH, link_of)
+    assert b.latency_s == pytest.approx(2e-5 + 3e-5)
+    swap = collective_cost(make_all_to_all(x_local(), 0, 1, ("a", "b"), MESH), 512, MESH,
+                           link_of)
+    assert swap.latency_s == pytest.approx(5e-3 + 7e-3)
+    shift = collective_cost(make_collective_permute(x_local(), ("b",), [(0, 1)]), 512, MESH,
+                            link_of)
+    assert shift.latency_s == pytest.approx(2e-5 + 1e-5)  # one message: one latency
+
+
 def test_reduce_scatter_bytes():
     c = cost_of(make_reduce_scatter(x_local(), [("a",), ("b",)], MESH))
     assert c.kind == "reduce_scatter" and c.bytes_sent == 7 / 8 * 512
@@ -245,6 +266,30 @@ def test_a_reduce_scatter_along_an_inner_dimension_needs_a_transposed_copy(axes,
                   attributes={"mesh": Mesh(MESH), "in_shardings": (((), ()),),
                               "out_shardings": (tuple(tuple(a) for a in axes),)})
     assert plan_buffers(fn).temp_bytes == copy
+
+
+@pytest.mark.parametrize("spec, w_shape, copy", [
+    ("bsd,hkd->bshk", (4, 8, 32), 4096),  # w as [K, N] is [d, (h, k)]: transposed
+    ("bsd,dhk->bshk", (32, 4, 8), 0),  # already [d, (h, k)]
+    ("bsd,hd->bsh", (32, 32), 0),  # [N, K]: a swap the matmul call takes as it is
+])
+def test_a_matmul_operand_in_another_layout_gets_a_transposed_copy(spec, w_shape, copy):
+    """x has two free dimensions, so XLA canonicalizes the dot: the weight goes to
+    [contracting, free], a transposed copy of its 4 KiB unless it is laid out so already
+    or one swap away (the temp bytes XLA's `memory_analysis()` reports, 4096, 0, 0)."""
+    h = hlo(lambda x, w: jnp.einsum(spec, x, w), S((8, 16, 32), F32), S(w_shape, F32))
+    assert plan_buffers(h).temp_bytes == copy
+
+
+def test_a_loop_fusion_writes_its_result_in_the_layout_a_matmul_wants():
+    """tanh(x) [b, s, d] is the rhs of a matmul contracting d, canonically [d, (b, s)]:
+    the fusion writing it writes it so, and the sum reading it too reads that layout.
+    Only tanh(x)'s 16 KiB, no copy (XLA's temp bytes: 16384)."""
+    def f(x, w):
+        t = jnp.tanh(x)
+        return jax.lax.dot_general(w, t, (((0,), (2,)), ((), ()))), jnp.sum(t, axis=0)
+    h = hlo(f, S((8, 16, 32), F32), S((32, 48), F32))
+    assert plan_buffers(h).temp_bytes == 8 * 16 * 32 * 4
 
 
 def test_a_library_reduction_materializes_a_producer_with_other_consumers():
