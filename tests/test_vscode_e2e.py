@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from partir_lsp.render import LOWERING
 
 from partir_daemon.client import stop_daemon
 from tests.lsp.support import MLP_BP_MP_Z3, TINY_BP_MP_Z3, Workspace
@@ -294,8 +295,9 @@ def _drive(ed: Editor) -> None:
     # 1. The shipped transformer file, `schedule = [BP, MP, Z3]`: every lens names its
     # tactic, and one runs the job.
     ed.open("transformer/bp_mp_z3.partir.py")
-    lenses = _wait("the transformer's lenses", lambda: len(ed.lenses()) >= 7 and ed.lenses(),
-                   ANALYSIS_S)
+    # (a long lowering shows the tactics lowered so far first, the others "lowering…")
+    lenses = _wait("the transformer's lenses", lambda: len(ed.lenses()) >= 7 and not any(
+        t.endswith(LOWERING) for t in ed.lenses()) and ed.lenses(), ANALYSIS_S)
     ed.shot("transformer-one-line-lenses")
     for name in ("BP", "MP", "Z3"):
         assert any(t.startswith(f"{name}: +AG ") for t in lenses), lenses

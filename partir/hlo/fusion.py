@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from itertools import chain, pairwise
 from typing import Any
 
+import jax
 import numpy as np
 from jax import lax
 
@@ -408,14 +409,16 @@ def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[Any
     position = {op: i for i, op in enumerate(rw.out)}
     order.sort(key=position.__getitem__)  # program order
     values = []
-    for chunk in range(axes_size(axes, rw.mesh)):
-        coords = _coordinates(chunk, axes, rw.mesh)
-        env: dict[Value, Any] = {}
-        for op in order:
-            outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
-                    else evaluate(op, [env[u] for u in op.operands]))
-            env.update(zip(op.results, outs, strict=True))
-        values.append(env[v])
+    # (a partitioned function called under an outer jax.jit is lowered in its trace)
+    with jax.ensure_compile_time_eval():
+        for chunk in range(axes_size(axes, rw.mesh)):
+            coords = _coordinates(chunk, axes, rw.mesh)
+            env: dict[Value, Any] = {}
+            for op in order:
+                outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
+                        else evaluate(op, [env[u] for u in op.operands]))
+                env.update(zip(op.results, outs, strict=True))
+            values.append(np.asarray(env[v]))
     return values
 
 
@@ -591,8 +594,9 @@ def _shifted_tiles(rw: _Rewriter, op: Op) -> Value | None:
             sources.append(owner)
             if owner is not None:
                 rows.add(row + begin_at - at)
-        if len(rows) > 1:
-            return None
+        given = [c for c in sources if c is not None]
+        if len(rows) > 1 or len(set(given)) != len(given):
+            return None  # other rows, or one chunk to several devices: not a permutation
         segments.append((rows.pop() if rows else None, end_at - begin_at, sources))
     rank, name = x.type.rank, op.results[0].name
     parts = []

@@ -203,3 +203,26 @@ def test_random_rearrangements_of_a_sliced_dimension(data):
         return jnp.concatenate(pieces) * x
 
     _check(f, axes, x)
+
+
+def test_a_slice_every_device_takes_from_one_chunk_is_no_permute():
+    """dynamic_slice(x, 0, 4) of x sliced over 2 devices: both take the first device's
+    chunk, which one permute cannot send (its sources are distinct); it stays gathered."""
+    def f(x):
+        return jax.lax.dynamic_slice(jnp.negative(-x), (0,), (4,))
+
+    x = jnp.arange(8.0)
+    meta = check_oracles(f, partir.Mesh({"a": 2}), [partir.ManualPartition({"x": 0}, axis="a")],
+                         x)
+    assert meta.collectives["collective_permute"] == 0
+
+
+def test_a_roll_under_an_outer_jit():
+    """Lowered inside the caller's trace, the start offsets are still evaluated."""
+    def f(x):
+        return jnp.sin(jnp.roll(jnp.cos(x), 5, axis=0)) * x
+
+    fn, meta = partir.jit(f, MESH, _tiled_on(("a",)))
+    x = jnp.arange(64.0).reshape(16, 4)
+    assert_same(jax.jit(fn)(x), f(x), "under jax.jit")
+    assert meta.collectives["collective_permute"] == 2
