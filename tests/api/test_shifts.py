@@ -1,9 +1,7 @@
 """Rolls and shifts of a sliced dimension move tiles between neighbouring devices with
 collective_permutes (`permute_shifted_tiles` in partir/hlo/fusion.py) instead of gathering
 the dimension, and so do their gradients: on both oracles and the HLO interpreter, equal
-to the function. A pipeline written as JAX users write one (stages vmapped over a stacked
-stage dimension, activations rolled to the next stage) runs sliced over the stages with
-permutes alone."""
+to the function (a pipeline written with them: tests/examples/test_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -90,48 +88,6 @@ def test_a_shift_filling_zeros_sends_nothing_to_the_first_device():
     x = jnp.arange(64.0).reshape(16, 4)
     meta = _check(f, ("a",), x)
     assert meta.collectives["all_gather"] == 0 and meta.collectives["collective_permute"] == 1
-
-
-def _gpipe(stages: int, microbatches: int):
-    """GPipe as MaxText writes it: the stages' layers stacked [stages, K, D, D], each
-    stage applied to its own activation by a vmap, the activations rolled to the next
-    stage after every step, microbatch t entering stage 0 at step t."""
-    def stage(w, x):
-        return jax.lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), x, w)[0]
-
-    def loss(params, xs):
-        state = jnp.zeros((stages, *xs.shape[1:]))
-        first = (jnp.arange(stages) == 0)[:, None, None]
-        last = (jnp.arange(stages) == stages - 1)[:, None, None]
-        outs = []
-        for t in range(microbatches + stages - 1):
-            entering = xs[t] if t < microbatches else jnp.zeros(xs.shape[1:])
-            state = jax.vmap(stage)(params, jnp.where(first, entering[None], state))
-            if t >= stages - 1:
-                outs.append(jnp.sum(jnp.where(last, state, 0.0), axis=0))
-            state = jnp.roll(state, 1, axis=0)
-        return jnp.mean(jnp.stack(outs) ** 2)
-
-    return jax.value_and_grad(loss)
-
-
-@pytest.mark.parametrize("microbatches", [1, 4])
-def test_a_pipeline_written_with_vmap_and_roll_moves_activations_by_permutes(microbatches):
-    stages = 4
-    step = _gpipe(stages, microbatches)
-    params = jax.random.normal(jax.random.key(0), (stages, 2, 8, 8)) / 3
-    xs = jax.random.normal(jax.random.key(1), (microbatches, 2, 8))
-    mesh = partir.Mesh({"stage": stages, "batch": 2})
-    schedule = [partir.ManualPartition({"params": 0}, axis="stage", name="PP"),
-                partir.ManualPartition({"xs": 1}, axis="batch", name="BP")]
-    meta = check_oracles(step, mesh, schedule, params, xs)
-    # Each step but the last rolls the activations forward, and the gradient rolls them
-    # back: 2 (M + S - 2) permutes over "stage", and nothing gathered.
-    assert meta.collectives["all_gather"] == 0
-    assert meta.collectives["collective_permute"] == 2 * (microbatches + stages - 2)
-    assert {p for spec in jax.tree_util.tree_leaves(
-        meta.in_specs[0], is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-            for p in spec} >= {"stage"}
 
 
 def test_pieces_laid_out_differently_on_each_device_are_gathered():

@@ -20,7 +20,8 @@ from tests.oracles import assert_tree_close, check_oracles
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "pipeline"
 
 
-@pytest.mark.parametrize("microbatches", [1, 2, 4])
+@pytest.mark.parametrize("microbatches", [1, pytest.param(2, marks=pytest.mark.slow),
+                                          pytest.param(4, marks=pytest.mark.slow)])
 def test_collectives_are_the_readmes(microbatches):
     stages, layers = MESH["stage"], 2
     args = model.example_args(stages, layers, microbatches)
@@ -37,6 +38,7 @@ def test_the_pipeline_computes_the_sequential_model():
     assert_tree_close(jax.value_and_grad(model.sequential_loss)(*args), model.step(*args))
 
 
+@pytest.mark.slow
 def test_schedule_file():
     sf = load_schedule_file(EXAMPLE / "pp_bp.partir.py")
     meta = check_oracles(sf.program.fn, partir.Mesh(sf.mesh), sf.schedule, *sf.program.args)
