@@ -63,6 +63,7 @@ from partir.hlo.ops import (
     sliced_type,
 )
 from partir.ir import Function, Op, Region, TensorType, Value
+from partir.ir.collectives import chunk_coordinates
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
 from partir.ir.opnames import CONSTANT
@@ -379,40 +380,39 @@ def fuse_all_to_all(fn: Function) -> Function:
 _Rows = list[tuple[int, int, int | None]]
 
 
-def _coordinates(chunk: int, axes: Sequence[str], mesh: Mapping[str, int]) -> dict[str, int]:
-    """The coordinates on `axes` of the device at this chunk index (major to minor)."""
-    out = {}
-    for a in reversed(axes):
-        chunk, out[a] = divmod(chunk, mesh[a])
-    return out
-
-
 def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[Any] | None:
     """v, a scalar computed from constants and the device's coordinates on `axes` alone,
     evaluated on each device of a group of `axes` (by chunk index); None if v depends on
     anything else."""
-    order: list[Op] = []
+    order: list[Op] = []  # the ops computing v, each after those it reads
     seen: set[Op] = set()
-    stack = [v]
+    stack: list[tuple[Op, bool]] = []
+    op = rw.producer.get(v)
+    if op is None:
+        return None
+    stack.append((op, False))
     while stack:
-        op = rw.producer.get(stack.pop())
-        if op is None:
-            return None  # an argument
+        op, ready = stack.pop()
+        if ready:
+            order.append(op)
+            continue
         if op in seen:
             continue
         if op.regions or op.results[0].type.shape != () or (
                 op.name == AXIS_INDEX and op.params["axis"] not in axes):
             return None
         seen.add(op)
-        order.append(op)
-        stack.extend(op.operands)
-    position = {op: i for i, op in enumerate(rw.out)}
-    order.sort(key=position.__getitem__)  # program order
+        stack.append((op, True))
+        for u in op.operands:
+            producer = rw.producer.get(u)
+            if producer is None:
+                return None  # an argument
+            stack.append((producer, False))
     values = []
     # (a partitioned function called under an outer jax.jit is lowered in its trace)
     with jax.ensure_compile_time_eval():
         for chunk in range(axes_size(axes, rw.mesh)):
-            coords = _coordinates(chunk, axes, rw.mesh)
+            coords = chunk_coordinates(chunk, axes, rw.mesh)
             env: dict[Value, Any] = {}
             for op in order:
                 outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
@@ -459,9 +459,9 @@ def _rows(rw: _Rewriter, v: Value, gathered: Value, d: int) -> _Rows | None:
         return None if inner is None else _clip(inner, start, p["limit_indices"][d], -start)
     if name == "pad" and _whole_elsewhere(op, 0, d):
         lo, hi, interior = p["padding_config"][d]
-        zero = _scalar_per_device(rw, op.operands[1], ())
-        inner = _rows(rw, op.operands[0], gathered, d)
-        if interior or zero is None or zero[0] != 0 or inner is None:
+        inner = None if interior else _rows(rw, op.operands[0], gathered, d)
+        zero = None if inner is None else _scalar_per_device(rw, op.operands[1], ())
+        if zero is None or zero[0] != 0:
             return None
         n = v.type.shape[d]
         moved = _clip(inner, max(0, -lo), op.operands[0].type.shape[d] - max(0, -hi), lo)

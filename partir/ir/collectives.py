@@ -3,7 +3,7 @@ collectives that slice (`partir.ir.lax_collectives`) and the interpreters."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jax import lax
@@ -16,4 +16,24 @@ def chunk_index(axes: Sequence[str]) -> Any:
     index: Any = 0
     for axis in axes:
         index = index * lax.axis_size(axis) + lax.axis_index(axis)
+    return index
+
+
+def chunk_coordinates(chunk: int, axes: Sequence[str], sizes: Mapping[str, int]
+                      ) -> dict[str, int]:
+    """The coordinates on `axes` of the device at this chunk index over them (the first
+    axis major), given the axes' sizes: `chunk_index`'s inverse, in plain integers."""
+    out = {}
+    for a in reversed(axes):
+        chunk, out[a] = divmod(chunk, sizes[a])
+    return out
+
+
+def chunk_of(coordinates: Mapping[str, int], axes: Sequence[str],
+             sizes: Mapping[str, int]) -> int:
+    """The chunk index over `axes` (the first axis major) of the device at these
+    coordinates: `chunk_index` in plain integers."""
+    index = 0
+    for a in axes:
+        index = index * sizes[a] + coordinates[a]
     return index

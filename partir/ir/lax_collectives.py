@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from partir.errors import ProgramError
-from partir.ir.collectives import chunk_index
+from partir.ir.collectives import chunk_coordinates, chunk_index, chunk_of
 from partir.ir.monoids import MONOIDS
 
 AxesPerDim = Sequence[Sequence[str]]
@@ -148,17 +148,8 @@ def collective_permute(x: Any, *, axes: Sequence[str], pairs: Sequence[tuple[int
     order = [a for a in mesh_axes if a in spanning]
     if len(spanning) > 1 and order and order != list(spanning):
         sizes = {a: lax.axis_size(a) for a in spanning}
-
-        def renumbered(chunk: int) -> int:
-            coords = {}
-            for a in reversed(spanning):
-                chunk, coords[a] = divmod(chunk, sizes[a])
-            index = 0
-            for a in order:
-                index = index * sizes[a] + coords[a]
-            return index
-
-        pairs = [(renumbered(s), renumbered(t)) for s, t in pairs]
+        pairs = [tuple(chunk_of(chunk_coordinates(c, spanning, sizes), order, sizes)
+                       for c in pair) for pair in pairs]
     return lax.ppermute(x, spanning, perm=tuple(pairs))
 
 
