@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from partir.ir.monoids import MONOIDS
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
 from partir.rules.factors import RuleBuilder, ShardingRule
 
@@ -219,20 +220,51 @@ def _scatter_windows(dn, operand_shape, updates_shape) -> dict[int, int]:
     return {d: updates_shape[u] for d, u in zip(dims, dn.update_window_dims, strict=True)}
 
 
-def scatter_local(op: OpView, indices, ctx):
-    """(indices, params) of a scatter tile: where an indexed unit-window operand dim is
-    sliced, the indices relative to the operand's chunk, out-of-chunk updates dropped."""
+def _scatter_tile(op: OpView, prim, operand, indices, updates, ctx):
+    """A scatter's tile: where an indexed unit-window operand dim is sliced, the indices
+    relative to the operand's chunk, and the updates outside the chunk (or out of the
+    global bounds, under FILL_OR_DROP) leaving it unchanged.
+
+    XLA is never given a start to drop: it rewrites a single-index scatter into a dynamic
+    update of a dynamic slice of the operand, and folds that slice with the one cutting
+    the operand's tile out of a replicated value without clamping the start, so a dropped
+    update writes another device's element (openxla/xla#49121; fuzzer seed 8472). An
+    update outside goes to a clamped start as its combine's neutral element where it has
+    one (add, sub, min, max); otherwise (set, mul) to one extra row past the chunk,
+    cropped after."""
     dn = op.params["dimension_numbers"]
     params = op.params
-    if _unit_dim_sliced(ctx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
-        windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
-        cols = _start_columns(indices, dn.scatter_dims_to_operand_dims,
-                              dn.inserted_window_dims, windows, op, ctx)
-        # Updates outside this chunk must be dropped, not clamped into it; widened unsigned
-        # starts need not stay sorted.
-        indices = _local_indices(cols, clip=params["mode"] == Mode.CLIP)
-        params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}
-    return indices, params
+    start_dims = dn.scatter_dims_to_operand_dims
+    if not _unit_dim_sliced(ctx, start_dims, dn.inserted_window_dims):
+        return prim.bind(operand, indices, updates, **params)
+    windows = _scatter_windows(dn, op.in_types[0].shape, op.in_types[2].shape)
+    cols = _start_columns(indices, start_dims, dn.inserted_window_dims, windows, op, ctx)
+    clip = params["mode"] == Mode.CLIP
+    local = _local_indices(cols, clip=clip)
+    bounds = [operand.shape[d] - windows.get(d, 1) for d in start_dims]
+    inside = True if clip else _in_bounds(cols)
+    for p, hi in enumerate(bounds):
+        inside = jnp.logical_and(inside, (local[..., p] >= 0) & (local[..., p] <= hi))
+    local = jnp.clip(local, 0, jnp.asarray(bounds, local.dtype))
+    # Widened unsigned starts need not stay sorted.
+    params = {**params, "mode": Mode.FILL_OR_DROP, "indices_are_sorted": False}
+    monoid = SCATTER_MONOIDS[op.name]
+    if monoid is not None:
+        neutral = MONOIDS[monoid].identity(updates.dtype)
+        if op.name == "scatter-add" and jnp.issubdtype(updates.dtype, jnp.inexact):
+            neutral = -neutral  # x + (-0.0) keeps a -0.0 operand, x + 0.0 would not
+        updates = jnp.where(jnp.expand_dims(inside, dn.update_window_dims), updates,
+                            neutral)
+        return prim.bind(operand, local, updates, **params)
+    p = next(p for p, d in enumerate(start_dims)
+             if d in dn.inserted_window_dims and ctx.slices_operand(0, d))
+    d, n = start_dims[p], operand.shape[start_dims[p]]
+    extra = [(0, 0, 0)] * operand.ndim
+    extra[d] = (0, 1, 0)
+    operand = lax.pad(operand, jnp.zeros((), operand.dtype), extra)
+    past = jnp.zeros(len(start_dims), local.dtype).at[p].set(n)
+    local = jnp.where(inside[..., None], local, past)
+    return lax.slice_in_dim(prim.bind(operand, local, updates, **params), 0, n, axis=d)
 
 
 def scatter_add_apply(op: OpView, prim, operands, ctx):
@@ -241,16 +273,13 @@ def scatter_add_apply(op: OpView, prim, operands, ctx):
     operand, indices, updates = operands
     if ctx.sums_result(0):
         operand = jnp.where(ctx.is_first(0), operand, jnp.zeros_like(operand))
-    indices, params = scatter_local(op, indices, ctx)
-    return [prim.bind(operand, indices, updates, **params)]
+    return [_scatter_tile(op, prim, operand, indices, updates, ctx)]
 
 
 def scatter_apply(op: OpView, prim, operands, ctx):
     """The other scatters' tile: min and max keep the operand in every tile (they are
     idempotent); set and mul have no summed tiles."""
-    operand, indices, updates = operands
-    indices, params = scatter_local(op, indices, ctx)
-    return [prim.bind(operand, indices, updates, **params)]
+    return [_scatter_tile(op, prim, *operands, ctx)]
 
 
 _TILES = "batching / whole window / indexed unit-window operand dim -> tile"

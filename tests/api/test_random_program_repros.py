@@ -218,3 +218,37 @@ def test_scatter_dropping_an_index_on_a_padded_tile_under_jax_jit():
     check_oracles(f, mesh, schedule, x)
     jitted, _ = partir.jit(f, mesh, schedule)
     assert float(jax.jit(jitted)(x)) == pytest.approx(2.4)
+
+
+_SCATTERS = {"add": lambda r: r.add, "max": lambda r: r.max, "min": lambda r: r.min,
+             "set": lambda r: r.set, "mul": lambda r: r.multiply}
+
+
+@pytest.mark.parametrize("kind", list(_SCATTERS))
+@pytest.mark.parametrize("index", [1, 4, 7])
+def test_scatter_outside_a_tile_cut_from_a_replicated_value(kind, index):
+    """An update whose index is outside a device's tile, the tile XLA sees cut out of a
+    replicated value: the tile stays as it is. XLA folded the slice it makes of a
+    dropped single-index update with the tile's, writing another device's element there
+    (fuzzer seed 8472, through value_and_grad of a scatter-max)."""
+    w = jnp.cos(jnp.arange(6.0))
+
+    def f(x, u):
+        return _SCATTERS[kind]((x * 2.0 + w).at[jnp.asarray([index], jnp.int32)])(
+            u, mode="drop")
+
+    check_oracles(f, partir.Mesh({"c": 2}), _schedule({"x": 0}, "c"),
+                  jnp.sin(jnp.arange(6.0)), jnp.asarray([0.75]))
+
+
+def test_gradient_of_a_scatter_max_outside_a_devices_tile():
+    w = jnp.cos(jnp.arange(6.0))
+
+    def f(x, u):
+        def loss(x, u):
+            y = (x * 2.0).at[jnp.asarray([4], jnp.int32)].max(u, mode="drop")
+            return jnp.sum(y * w)
+        return jax.value_and_grad(loss, argnums=(0, 1))(x, u)
+
+    check_oracles(f, partir.Mesh({"c": 2}), _schedule({"x": 0}, "c"),
+                  jnp.asarray([0.13, -0.76, 3.1, -0.3, 0.83, 0.25]), jnp.asarray([0.92]))
