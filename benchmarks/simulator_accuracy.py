@@ -19,6 +19,7 @@ within 10% per schedule and never more than 5% below XLA's, since an under-estim
 dangerous side; Spearman >= 0.85).
 
     python benchmarks/simulator_accuracy.py [--steps 60] [--rounds 12] [--device cpu]
+        [--transformer-only]
 """
 
 import os
@@ -242,6 +243,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12,
                         help="the schedules take turns this many times (default 12)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--transformer-only", action="store_true",
+                        help="skip the other programs' memory rows")
     args = parser.parse_args()
 
     cfg = model.TINY
@@ -283,7 +286,7 @@ def main() -> None:
     print()
     print(f"{'program':17}  {'schedule (after tactic)':24}  {'est. mem':>9}  {'XLA mem':>9}  "
           f"{'error':>7}")
-    for suite in memory_suites():
+    for suite in [] if args.transformer_only else memory_suites():
         for prefix, estimate, xla in tactic_rows(suite, args.device):
             error = estimate / xla - 1
             worst, lowest = max(worst, abs(error)), min(lowest, error)
