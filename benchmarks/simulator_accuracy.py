@@ -12,13 +12,13 @@ Per schedule of the transformer:
 * step time: the estimate and the measured time of the compiled step on arguments
   already placed on the devices (after a warm-up, the schedules take turns in `--rounds`
   rounds of `--steps / --rounds` runs each: the median over the rounds of each round's
-  fastest run).
+  fastest run), and its spread over the rounds.
 
 Then the Spearman rank correlation of estimated and measured step times (targets: memory
 within 10% per schedule and never more than 5% below XLA's, since an under-estimate is the
 dangerous side; Spearman >= 0.85).
 
-    python benchmarks/simulator_accuracy.py [--steps 60] [--rounds 12] [--device cpu]
+    python benchmarks/simulator_accuracy.py [--steps 72] [--rounds 24] [--device cpu]
         [--transformer-only]
 """
 
@@ -217,31 +217,40 @@ def compile_step(fn: partir.PartitionedFunction, inputs: tuple) -> tuple[object,
     return compiled, placed
 
 
-def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[float]:
-    """Each compiled step's time: the median over `rounds` rounds of its fastest of the
-    `runs // rounds` runs it makes in each. The machine is shared, so the steps take turns
-    round by round: a burst of load from elsewhere slows the rounds it falls in, for
-    whichever steps they hold, and the median leaves those rounds out, where the minimum
-    over all runs would compare each step's luckiest moment, and quiet moments come to
-    the steps unevenly."""
+def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[list[float]]:
+    """Each compiled step's fastest of the `runs // rounds` runs it makes in each of
+    `rounds` rounds, per step. The machine is shared, so the steps take turns round by
+    round: a burst of load from elsewhere slows the rounds it falls in, for whichever
+    steps they hold, and the median over the rounds leaves those rounds out, where the
+    minimum over all runs would compare each step's luckiest moment, and quiet moments
+    come to the steps unevenly. Each round starts from the next step, so that no step
+    always runs after the same one (its caches, the allocator's state)."""
     best: list[list[float]] = [[] for _ in steps]
-    for _ in range(rounds):
-        for k, (compiled, placed) in enumerate(steps):
+    for r in range(rounds):
+        for k in (r + j for j in range(len(steps))):
+            compiled, placed = steps[k % len(steps)]
             fastest = float("inf")
             for _ in range(max(1, runs // rounds)):
                 start = time.perf_counter()
                 jax.block_until_ready(compiled(*placed))
                 fastest = min(fastest, time.perf_counter() - start)
-            best[k].append(fastest)
-    return [statistics.median(times) for times in best]
+            best[k % len(steps)].append(fastest)
+    return best
+
+
+def spread(times: Sequence[float]) -> float:
+    """The interquartile range of `times` over their median: how much a step's time
+    varies from round to round."""
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60,
-                        help="timed runs per schedule (default 60)")
-    parser.add_argument("--rounds", type=int, default=12,
-                        help="the schedules take turns this many times (default 12)")
+    parser.add_argument("--steps", type=int, default=72,
+                        help="timed runs per schedule (default 72)")
+    parser.add_argument("--rounds", type=int, default=24,
+                        help="the schedules take turns this many times (default 24)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--transformer-only", action="store_true",
                         help="skip the other programs' memory rows")
@@ -256,24 +265,27 @@ def main() -> None:
         fn, _ = partir.jit(model.train_step, schedules.MESH, schedule)
         steps.append(compile_step(fn, inputs))
         stats.append(steps[-1][0].memory_analysis())
-    measured = measure(steps, args.steps, args.rounds)
+    load = os.getloadavg()[0]
+    rounds = measure(steps, args.steps, args.rounds)
     rows = []
-    for name, meta, st, t in zip(schedules.SCHEDULES, metas, stats, measured, strict=True):
+    for name, meta, st, times in zip(schedules.SCHEDULES, metas, stats, rounds, strict=True):
         xla = st.argument_size_in_bytes + st.output_size_in_bytes + st.temp_size_in_bytes
-        rows.append((name, meta.cost, xla, st, t))
+        rows.append((name, meta.cost, xla, st, statistics.median(times), spread(times)))
 
     print(f"small transformer {cfg} on mesh {schedules.MESH}; jax {jax.__version__}, "
           f"{len(jax.devices())} {jax.devices()[0].platform} devices, {os.cpu_count()} cores; "
           f"device spec {rows[0][1].device!r}; median over {args.rounds} interleaved rounds "
-          f"of the fastest of {max(1, args.steps // args.rounds)} runs per schedule")
+          f"of the fastest of {max(1, args.steps // args.rounds)} runs per schedule (spread: "
+          f"their interquartile range over the median); load average {load:.1f} before the "
+          f"timing, {os.getloadavg()[0]:.1f} after")
     print()
     header = (f"{'schedule':14}  {'est. mem':>9}  {'XLA mem':>9}  {'(arg/out/temp KiB)':>19}  "
               f"{'error':>7}  {'est. step':>9}  {'(comp/comm)':>13}  {'measured':>9}  "
-              f"{'GFLOP':>6}")
+              f"{'spread':>6}  {'GFLOP':>6}")
     print(header)
     print("-" * len(header))
     worst = lowest = 0.0
-    for name, cost, xla, stats, measured in rows:
+    for name, cost, xla, stats, measured, varies in rows:
         error = cost.peak_memory_bytes / xla - 1
         worst, lowest = max(worst, abs(error)), min(lowest, error)
         parts = "/".join(f"{b / 1024:.0f}" for b in (stats.argument_size_in_bytes,
@@ -282,7 +294,7 @@ def main() -> None:
         print(f"{name:14}  {cost.peak_memory_bytes / 1024:>7.0f}Ki  {xla / 1024:>7.0f}Ki  "
               f"{parts:>19}  {error:>+7.1%}  {cost.step_time_s * 1e3:>7.2f}ms  "
               f"{cost.compute_time_s * 1e3:>5.2f}/{cost.communication_time_s * 1e3:<6.2f}  "
-              f"{measured * 1e3:>7.2f}ms  {cost.flops / 1e9:>6.3f}")
+              f"{measured * 1e3:>7.2f}ms  {varies:>6.0%}  {cost.flops / 1e9:>6.3f}")
     print()
     print(f"{'program':17}  {'schedule (after tactic)':24}  {'est. mem':>9}  {'XLA mem':>9}  "
           f"{'error':>7}")
