@@ -12,7 +12,9 @@ Per schedule of the transformer:
 * step time: the estimate and the measured time of the compiled step on arguments
   already placed on the devices (after a warm-up, the schedules take turns in `--rounds`
   rounds of `--steps / --rounds` runs each: the median over the rounds of each round's
-  fastest run), and its spread over the rounds.
+  fastest run), its spread over the rounds, and the process's CPU time per step over
+  the machine's cores (median over the rounds of each round's least), which the load
+  of other processes barely changes.
 
 Then the Spearman rank correlation of estimated and measured step times (targets: memory
 within 10% per schedule and never more than 5% below XLA's, since an under-estimate is the
@@ -217,32 +219,55 @@ def compile_step(fn: partir.PartitionedFunction, inputs: tuple) -> tuple[object,
     return compiled, placed
 
 
-def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[list[float]]:
-    """Each compiled step's fastest of the `runs // rounds` runs it makes in each of
-    `rounds` rounds, per step. The machine is shared, so the steps take turns round by
-    round: a burst of load from elsewhere slows the rounds it falls in, for whichever
-    steps they hold, and the median over the rounds leaves those rounds out, where the
-    minimum over all runs would compare each step's luckiest moment, and quiet moments
-    come to the steps unevenly. Each round starts from the next step, so that no step
-    always runs after the same one (its caches, the allocator's state)."""
-    best: list[list[float]] = [[] for _ in steps]
+@dataclass
+class Timing:
+    """A compiled step's fastest wall time and fastest process CPU time (all threads)
+    in each round."""
+
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def measured(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def spread(self) -> float:
+        """The interquartile range of the wall times over their median: how much the
+        step's time varies from round to round."""
+        q = statistics.quantiles(self.wall, n=4)
+        return (q[2] - q[0]) / self.measured
+
+    @property
+    def cpu_per_core(self) -> float:
+        """The median CPU time over the machine's cores: the step's time were its
+        threads alone on the machine and kept every core busy. Other processes' load
+        leaves it nearly unchanged; the devices' idle waits at a collective are not in
+        it."""
+        return statistics.median(self.cpu) / (os.cpu_count() or 1)
+
+
+def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[Timing]:
+    """Each compiled step's times in `rounds` rounds of `runs // rounds` runs each. The
+    machine is shared, so the steps take turns round by round: a burst of load from
+    elsewhere slows the rounds it falls in, for whichever steps they hold, and the median
+    over the rounds leaves those rounds out, where the minimum over all runs would
+    compare each step's luckiest moment, and quiet moments come to the steps unevenly.
+    Each round starts from the next step, so that no step always runs after the same
+    one (its caches, the allocator's state)."""
+    timings = [Timing([], []) for _ in steps]
     for r in range(rounds):
         for k in (r + j for j in range(len(steps))):
             compiled, placed = steps[k % len(steps)]
-            fastest = float("inf")
+            wall = cpu = float("inf")
             for _ in range(max(1, runs // rounds)):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 jax.block_until_ready(compiled(*placed))
-                fastest = min(fastest, time.perf_counter() - start)
-            best[k % len(steps)].append(fastest)
-    return best
-
-
-def spread(times: Sequence[float]) -> float:
-    """The interquartile range of `times` over their median: how much a step's time
-    varies from round to round."""
-    q = statistics.quantiles(times, n=4)
-    return (q[2] - q[0]) / statistics.median(times)
+                wall = min(wall, time.perf_counter() - start)
+                cpu = min(cpu, time.process_time() - start_cpu)
+            timings[k % len(steps)].wall.append(wall)
+            timings[k % len(steps)].cpu.append(cpu)
+    return timings
 
 
 def main() -> None:
@@ -266,26 +291,28 @@ def main() -> None:
         steps.append(compile_step(fn, inputs))
         stats.append(steps[-1][0].memory_analysis())
     load = os.getloadavg()[0]
-    rounds = measure(steps, args.steps, args.rounds)
+    timings = measure(steps, args.steps, args.rounds)
     rows = []
-    for name, meta, st, times in zip(schedules.SCHEDULES, metas, stats, rounds, strict=True):
+    for name, meta, st, timing in zip(schedules.SCHEDULES, metas, stats, timings,
+                                      strict=True):
         xla = st.argument_size_in_bytes + st.output_size_in_bytes + st.temp_size_in_bytes
-        rows.append((name, meta.cost, xla, st, statistics.median(times), spread(times)))
+        rows.append((name, meta.cost, xla, st, timing))
 
     print(f"small transformer {cfg} on mesh {schedules.MESH}; jax {jax.__version__}, "
           f"{len(jax.devices())} {jax.devices()[0].platform} devices, {os.cpu_count()} cores; "
           f"device spec {rows[0][1].device!r}; median over {args.rounds} interleaved rounds "
           f"of the fastest of {max(1, args.steps // args.rounds)} runs per schedule (spread: "
-          f"their interquartile range over the median); load average {load:.1f} before the "
-          f"timing, {os.getloadavg()[0]:.1f} after")
+          f"their interquartile range over the median; CPU/core: the process's CPU time "
+          f"over the cores); load average {load:.1f} before the timing, "
+          f"{os.getloadavg()[0]:.1f} after")
     print()
     header = (f"{'schedule':14}  {'est. mem':>9}  {'XLA mem':>9}  {'(arg/out/temp KiB)':>19}  "
               f"{'error':>7}  {'est. step':>9}  {'(comp/comm)':>13}  {'measured':>9}  "
-              f"{'spread':>6}  {'GFLOP':>6}")
+              f"{'spread':>6}  {'CPU/core':>8}  {'GFLOP':>6}")
     print(header)
     print("-" * len(header))
     worst = lowest = 0.0
-    for name, cost, xla, stats, measured, varies in rows:
+    for name, cost, xla, stats, timing in rows:
         error = cost.peak_memory_bytes / xla - 1
         worst, lowest = max(worst, abs(error)), min(lowest, error)
         parts = "/".join(f"{b / 1024:.0f}" for b in (stats.argument_size_in_bytes,
@@ -294,7 +321,8 @@ def main() -> None:
         print(f"{name:14}  {cost.peak_memory_bytes / 1024:>7.0f}Ki  {xla / 1024:>7.0f}Ki  "
               f"{parts:>19}  {error:>+7.1%}  {cost.step_time_s * 1e3:>7.2f}ms  "
               f"{cost.compute_time_s * 1e3:>5.2f}/{cost.communication_time_s * 1e3:<6.2f}  "
-              f"{measured * 1e3:>7.2f}ms  {varies:>6.0%}  {cost.flops / 1e9:>6.3f}")
+              f"{timing.measured * 1e3:>7.2f}ms  {timing.spread:>6.0%}  "
+              f"{timing.cpu_per_core * 1e3:>6.2f}ms  {cost.flops / 1e9:>6.3f}")
     print()
     print(f"{'program':17}  {'schedule (after tactic)':24}  {'est. mem':>9}  {'XLA mem':>9}  "
           f"{'error':>7}")
@@ -304,19 +332,22 @@ def main() -> None:
             worst, lowest = max(worst, abs(error)), min(lowest, error)
             print(f"{suite.name:17}  {prefix:24}  {estimate / 1024:>7.0f}Ki  "
                   f"{xla / 1024:>7.0f}Ki  {error:>+7.1%}")
-    rho = spearman([r[1].step_time_s for r in rows], [r[4] for r in rows])
+    estimated = [r[1].step_time_s for r in rows]
+    measured = [r[4].measured for r in rows]
+    cpu = [r[4].cpu_per_core for r in rows]
+    rho = spearman(estimated, measured)
     print()
     met = worst <= MEMORY_TARGET and lowest >= -MEMORY_UNDER_TARGET
     print(f"peak memory, every row: worst |error| {worst:.1%}, lowest {lowest:+.1%} "
           f"(target: within {MEMORY_TARGET:.0%}, none below -{MEMORY_UNDER_TARGET:.0%}: "
           f"{'met' if met else 'NOT met'})")
     print(f"step time: Spearman rank correlation {rho:.3f} (target >= {SPEARMAN_TARGET}: "
-          f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'})")
-    print("estimated ranks: " + ", ".join(
-        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[1].step_time_s for r in rows]),
-                                          strict=True)))
-    print("measured ranks:  " + ", ".join(
-        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[4] for r in rows]), strict=True)))
+          f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'}); against CPU/core "
+          f"{spearman(estimated, cpu):.3f}")
+    for label, values in (("estimated", estimated), ("measured", measured),
+                          ("CPU/core", cpu)):
+        print(f"{label + ' ranks:':17}" + ", ".join(
+            f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks(values), strict=True)))
 
 
 if __name__ == "__main__":
