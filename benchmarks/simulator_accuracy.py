@@ -344,6 +344,10 @@ def main() -> None:
     print(f"step time: Spearman rank correlation {rho:.3f} (target >= {SPEARMAN_TARGET}: "
           f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'}); against CPU/core "
           f"{spearman(estimated, cpu):.3f}")
+    scale = [m / e for m, e in zip(measured, estimated, strict=True)]
+    print(f"measured over estimated step time: {min(scale):.2f} to {max(scale):.2f}, "
+          f"coefficient of variation {statistics.pstdev(scale) / statistics.mean(scale):.2f} "
+          f"(0: every estimate off by the same factor)")
     for label, values in (("estimated", estimated), ("measured", measured),
                           ("CPU/core", cpu)):
         print(f"{label + ' ranks:':17}" + ", ".join(
