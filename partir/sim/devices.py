@@ -208,8 +208,8 @@ TPU_V4 = register_device(DeviceSpec(
 # all-reduces only (a compiled batch-parallel step has one tuple all-reduce, while the
 # all-gathers and reduce-scatters of ZeRO stay separate), and its runtime meets at one
 # rendezvous per operand of a tuple all-reduce: a psum of k tiny arrays takes about k
-# times as long as a psum of one (calibrate_cpu.py's "combined psum" line: 0.7 to 1.1 of
-# one psum per array, two runs). Memory: the RAM over 8 devices.
+# times as long as a psum of one (calibrate_cpu.py's "combined psum" line: 0.7 to 1.4 of
+# one psum per array, for 2 to 8 arrays). Memory: the RAM over 8 devices.
 # A reduction's fusion is a YNNPACK call from 4096 input elements on (3072 still fuse as
 # loops; measured with jax 0.10.2 on a device-local shard_map program).
 CPU = register_device(DeviceSpec(
