@@ -16,7 +16,10 @@ the way such a device sees the machine: the same program runs on all 8 devices a
   groups of 2, 4 and 8 devices; the simulator charges setup + (n - 1) * latency per
   collective over n devices, the least-squares line of those times against n - 1;
 * collective bandwidth: `psum` of a large vector over the 8 devices: ring bytes
-  2 (n-1)/n S over its time minus the setup and latency.
+  2 (n-1)/n S over its time minus the setup and latency;
+* combined collectives: chained `psum`s of 4 tiny arrays at once (one tuple all-reduce)
+  over groups of 4, per array, against one array's psum: whether the runtime pays a
+  combined collective's latency once or per operand (`DeviceSpec.combined_latency_once`).
 
 Also printed, for reference: the same matmul and bandwidth figures with one device
 owning the whole machine.
@@ -90,14 +93,18 @@ def kernel_chain(steps: int) -> Callable:
     return f
 
 
-def psum_chain(steps: int, axis: str = "d", gather: bool = False) -> Callable:
+def psum_chain(steps: int, axis: str = "d", gather: bool = False,
+               operands: int = 1) -> Callable:
+    """`steps` chained psums (or all_gathers) of `operands` arrays at once: XLA combines
+    those into one all-reduce of a tuple."""
     def f(x: jax.Array) -> jax.Array:
+        xs = [x * (k + 1) for k in range(operands)]
         for _ in range(steps):
             if gather:
-                x = jax.lax.all_gather(x, axis, tiled=True)[:x.shape[0]] * 0.5
+                xs = [jax.lax.all_gather(x, axis, tiled=True)[:x.shape[0]] * 0.5 for x in xs]
             else:
-                x = jax.lax.psum(x, axis) * 0.5
-        return x
+                xs = [x * 0.5 for x in jax.lax.psum(tuple(xs), axis)]
+        return sum(xs)
     return f
 
 
@@ -173,6 +180,12 @@ def main() -> None:
     latency = (sum((p - mean_p) * (t - mean_t) for p, t in points)
                / sum((p - mean_p) ** 2 for p, _ in points))
     setup = mean_t - latency * mean_p
+    # A combined all-reduce: its time per operand against one psum's over 4 devices.
+    combined = 4
+    t_long = best_time(on_groups(psum_chain(long_, "g", operands=combined), 4), tiny, repeat=r)
+    t_short = best_time(on_groups(psum_chain(short, "g", operands=combined), 4), tiny,
+                        repeat=r)
+    per_operand = (t_long - t_short) / (long_ - short) / combined
     big = 1 << 20  # floats per device
     t_big = best_time(on_all_devices(psum_chain(10)), jnp.ones((N_DEVICES * big,)), repeat=r)
     ring_bytes = 2 * (N_DEVICES - 1) / N_DEVICES * 4 * big
@@ -191,6 +204,9 @@ def main() -> None:
     print(f"  collective setup s          {setup:.3e}")
     print(f"  collective latency per peer s {latency:.3e}")
     print(f"  collective bandwidth B/s    {link_bw:.3e}")
+    print(f"  combined psum of {combined} arrays, per array over one psum's time "
+          f"{per_operand / points[2][1]:.2f} (1: a rendezvous per operand; "
+          f"{1 / combined:.2f}: one for all)")
     print("one device owning the machine:")
     print(f"  matmul f32 FLOP/s           {machine_flops:.3e}")
     print(f"  memory bandwidth B/s        {machine_bw:.3e}")

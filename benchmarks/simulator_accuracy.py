@@ -12,13 +12,16 @@ Per schedule of the transformer:
 * step time: the estimate and the measured time of the compiled step on arguments
   already placed on the devices (after a warm-up, the schedules take turns in `--rounds`
   rounds of `--steps / --rounds` runs each: the median over the rounds of each round's
-  fastest run).
+  fastest run), its spread over the rounds, and the process's CPU time per step over
+  the machine's cores (median over the rounds of each round's least), which the load
+  of other processes barely changes.
 
 Then the Spearman rank correlation of estimated and measured step times (targets: memory
 within 10% per schedule and never more than 5% below XLA's, since an under-estimate is the
 dangerous side; Spearman >= 0.85).
 
-    python benchmarks/simulator_accuracy.py [--steps 60] [--rounds 12] [--device cpu]
+    python benchmarks/simulator_accuracy.py [--steps 72] [--rounds 24] [--device cpu]
+        [--transformer-only]
 """
 
 import os
@@ -216,32 +219,66 @@ def compile_step(fn: partir.PartitionedFunction, inputs: tuple) -> tuple[object,
     return compiled, placed
 
 
-def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[float]:
-    """Each compiled step's time: the median over `rounds` rounds of its fastest of the
-    `runs // rounds` runs it makes in each. The machine is shared, so the steps take turns
-    round by round: a burst of load from elsewhere slows the rounds it falls in, for
-    whichever steps they hold, and the median leaves those rounds out, where the minimum
-    over all runs would compare each step's luckiest moment, and quiet moments come to
-    the steps unevenly."""
-    best: list[list[float]] = [[] for _ in steps]
-    for _ in range(rounds):
-        for k, (compiled, placed) in enumerate(steps):
-            fastest = float("inf")
+@dataclass
+class Timing:
+    """A compiled step's fastest wall time and fastest process CPU time (all threads)
+    in each round."""
+
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def measured(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def spread(self) -> float:
+        """The interquartile range of the wall times over their median: how much the
+        step's time varies from round to round."""
+        q = statistics.quantiles(self.wall, n=4)
+        return (q[2] - q[0]) / self.measured
+
+    @property
+    def cpu_per_core(self) -> float:
+        """The median CPU time over the machine's cores: the step's time were its
+        threads alone on the machine and kept every core busy. Other processes' load
+        leaves it nearly unchanged; the devices' idle waits at a collective are not in
+        it."""
+        return statistics.median(self.cpu) / (os.cpu_count() or 1)
+
+
+def measure(steps: list[tuple[object, list]], runs: int, rounds: int) -> list[Timing]:
+    """Each compiled step's times in `rounds` rounds of `runs // rounds` runs each. The
+    machine is shared, so the steps take turns round by round: a burst of load from
+    elsewhere slows the rounds it falls in, for whichever steps they hold, and the median
+    over the rounds leaves those rounds out, where the minimum over all runs would
+    compare each step's luckiest moment, and quiet moments come to the steps unevenly.
+    Each round starts from the next step, so that no step always runs after the same
+    one (its caches, the allocator's state)."""
+    timings = [Timing([], []) for _ in steps]
+    for r in range(rounds):
+        for k in (r + j for j in range(len(steps))):
+            compiled, placed = steps[k % len(steps)]
+            wall = cpu = float("inf")
             for _ in range(max(1, runs // rounds)):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 jax.block_until_ready(compiled(*placed))
-                fastest = min(fastest, time.perf_counter() - start)
-            best[k].append(fastest)
-    return [statistics.median(times) for times in best]
+                wall = min(wall, time.perf_counter() - start)
+                cpu = min(cpu, time.process_time() - start_cpu)
+            timings[k % len(steps)].wall.append(wall)
+            timings[k % len(steps)].cpu.append(cpu)
+    return timings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60,
-                        help="timed runs per schedule (default 60)")
-    parser.add_argument("--rounds", type=int, default=12,
-                        help="the schedules take turns this many times (default 12)")
+    parser.add_argument("--steps", type=int, default=72,
+                        help="timed runs per schedule (default 72)")
+    parser.add_argument("--rounds", type=int, default=24,
+                        help="the schedules take turns this many times (default 24)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--transformer-only", action="store_true",
+                        help="skip the other programs' memory rows")
     args = parser.parse_args()
 
     cfg = model.TINY
@@ -253,24 +290,29 @@ def main() -> None:
         fn, _ = partir.jit(model.train_step, schedules.MESH, schedule)
         steps.append(compile_step(fn, inputs))
         stats.append(steps[-1][0].memory_analysis())
-    measured = measure(steps, args.steps, args.rounds)
+    load = os.getloadavg()[0]
+    timings = measure(steps, args.steps, args.rounds)
     rows = []
-    for name, meta, st, t in zip(schedules.SCHEDULES, metas, stats, measured, strict=True):
+    for name, meta, st, timing in zip(schedules.SCHEDULES, metas, stats, timings,
+                                      strict=True):
         xla = st.argument_size_in_bytes + st.output_size_in_bytes + st.temp_size_in_bytes
-        rows.append((name, meta.cost, xla, st, t))
+        rows.append((name, meta.cost, xla, st, timing))
 
     print(f"small transformer {cfg} on mesh {schedules.MESH}; jax {jax.__version__}, "
           f"{len(jax.devices())} {jax.devices()[0].platform} devices, {os.cpu_count()} cores; "
           f"device spec {rows[0][1].device!r}; median over {args.rounds} interleaved rounds "
-          f"of the fastest of {max(1, args.steps // args.rounds)} runs per schedule")
+          f"of the fastest of {max(1, args.steps // args.rounds)} runs per schedule (spread: "
+          f"their interquartile range over the median; CPU/core: the process's CPU time "
+          f"over the cores); load average {load:.1f} before the timing, "
+          f"{os.getloadavg()[0]:.1f} after")
     print()
     header = (f"{'schedule':14}  {'est. mem':>9}  {'XLA mem':>9}  {'(arg/out/temp KiB)':>19}  "
               f"{'error':>7}  {'est. step':>9}  {'(comp/comm)':>13}  {'measured':>9}  "
-              f"{'GFLOP':>6}")
+              f"{'spread':>6}  {'CPU/core':>8}  {'GFLOP':>6}")
     print(header)
     print("-" * len(header))
     worst = lowest = 0.0
-    for name, cost, xla, stats, measured in rows:
+    for name, cost, xla, stats, timing in rows:
         error = cost.peak_memory_bytes / xla - 1
         worst, lowest = max(worst, abs(error)), min(lowest, error)
         parts = "/".join(f"{b / 1024:.0f}" for b in (stats.argument_size_in_bytes,
@@ -279,29 +321,37 @@ def main() -> None:
         print(f"{name:14}  {cost.peak_memory_bytes / 1024:>7.0f}Ki  {xla / 1024:>7.0f}Ki  "
               f"{parts:>19}  {error:>+7.1%}  {cost.step_time_s * 1e3:>7.2f}ms  "
               f"{cost.compute_time_s * 1e3:>5.2f}/{cost.communication_time_s * 1e3:<6.2f}  "
-              f"{measured * 1e3:>7.2f}ms  {cost.flops / 1e9:>6.3f}")
+              f"{timing.measured * 1e3:>7.2f}ms  {timing.spread:>6.0%}  "
+              f"{timing.cpu_per_core * 1e3:>6.2f}ms  {cost.flops / 1e9:>6.3f}")
     print()
     print(f"{'program':17}  {'schedule (after tactic)':24}  {'est. mem':>9}  {'XLA mem':>9}  "
           f"{'error':>7}")
-    for suite in memory_suites():
+    for suite in [] if args.transformer_only else memory_suites():
         for prefix, estimate, xla in tactic_rows(suite, args.device):
             error = estimate / xla - 1
             worst, lowest = max(worst, abs(error)), min(lowest, error)
             print(f"{suite.name:17}  {prefix:24}  {estimate / 1024:>7.0f}Ki  "
                   f"{xla / 1024:>7.0f}Ki  {error:>+7.1%}")
-    rho = spearman([r[1].step_time_s for r in rows], [r[4] for r in rows])
+    estimated = [r[1].step_time_s for r in rows]
+    measured = [r[4].measured for r in rows]
+    cpu = [r[4].cpu_per_core for r in rows]
+    rho = spearman(estimated, measured)
     print()
     met = worst <= MEMORY_TARGET and lowest >= -MEMORY_UNDER_TARGET
     print(f"peak memory, every row: worst |error| {worst:.1%}, lowest {lowest:+.1%} "
           f"(target: within {MEMORY_TARGET:.0%}, none below -{MEMORY_UNDER_TARGET:.0%}: "
           f"{'met' if met else 'NOT met'})")
     print(f"step time: Spearman rank correlation {rho:.3f} (target >= {SPEARMAN_TARGET}: "
-          f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'})")
-    print("estimated ranks: " + ", ".join(
-        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[1].step_time_s for r in rows]),
-                                          strict=True)))
-    print("measured ranks:  " + ", ".join(
-        f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks([r[4] for r in rows]), strict=True)))
+          f"{'met' if rho >= SPEARMAN_TARGET else 'NOT met'}); against CPU/core "
+          f"{spearman(estimated, cpu):.3f}")
+    scale = [m / e for m, e in zip(measured, estimated, strict=True)]
+    print(f"measured over estimated step time: {min(scale):.2f} to {max(scale):.2f}, "
+          f"coefficient of variation {statistics.pstdev(scale) / statistics.mean(scale):.2f} "
+          f"(0: every estimate off by the same factor)")
+    for label, values in (("estimated", estimated), ("measured", measured),
+                          ("CPU/core", cpu)):
+        print(f"{label + ' ranks:':17}" + ", ".join(
+            f"{r[0]} {k:.0f}" for r, k in zip(rows, ranks(values), strict=True)))
 
 
 if __name__ == "__main__":

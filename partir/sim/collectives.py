@@ -30,9 +30,10 @@ sends one message: its bytes over the slowest named link plus its setup and one 
 Combining. XLA merges collectives of the same kind over the same axes that do not depend
 on one another into one (its all-reduce, all-gather and reduce-scatter combiners; e.g.
 the gradient all_reduces of batch parallelism become one). A combined collective moves
-the sum of the bytes but pays the latency once. Which kinds a backend combines is a
-property of the device spec (`DeviceSpec.combined_collectives`); the simulator tracks
-data dependencies to form the groups (`Combiner`).
+the sum of the bytes but pays the latency once, unless the runtime still meets once per
+operand (XLA's CPU runtime: `DeviceSpec.combined_latency_once`). Which kinds a backend
+combines is a property of the device spec (`DeviceSpec.combined_collectives`); the
+simulator tracks data dependencies to form the groups (`Combiner`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class CollectiveCost:
     kind: str
     bytes_sent: float  # per device
     time_s: float  # transfer time plus latency
-    latency_s: float  # the latency part of time_s (paid once by combined collectives)
+    latency_s: float  # the latency part of time_s (combined collectives may pay it once)
 
 
 def axis_links(device: DeviceSpec, mesh_axes: Sequence[str],

@@ -79,6 +79,10 @@ class DeviceSpec:
     # materialized, where loop fusions would repeat it. None: every reduction is a loop
     # fusion.
     library_reduction_elements: int | None = None
+    # Whether a combined collective pays its latency (setup and per-peer latency) once.
+    # XLA's CPU runtime runs a combined collective's operands one after another, each a
+    # rendezvous of the devices' threads: there combining saves no time.
+    combined_latency_once: bool = True
     aliases: tuple[str, ...] = field(default=())
     notes: str = ""
 
@@ -202,7 +206,10 @@ TPU_V4 = register_device(DeviceSpec(
 # (One device owning the machine measured ~1.5e11 FLOP/s and ~6e9 B/s.)
 # The L2 cache a device gets: 2 x 1 MiB shared by 8 devices. XLA's CPU pipeline combines
 # all-reduces only (a compiled batch-parallel step has one tuple all-reduce, while the
-# all-gathers and reduce-scatters of ZeRO stay separate). Memory: the RAM over 8 devices.
+# all-gathers and reduce-scatters of ZeRO stay separate), and its runtime meets at one
+# rendezvous per operand of a tuple all-reduce: a psum of k tiny arrays takes about k
+# times as long as a psum of one (calibrate_cpu.py's "combined psum" line: 0.7 to 1.4 of
+# one psum per array, for 2 to 8 arrays). Memory: the RAM over 8 devices.
 # A reduction's fusion is a YNNPACK call from 4096 input elements on (3072 still fuse as
 # loops; measured with jax 0.10.2 on a device-local shard_map program).
 CPU = register_device(DeviceSpec(
@@ -213,5 +220,5 @@ CPU = register_device(DeviceSpec(
     cache_bytes=256 * 1024, cache_bandwidth=4.3e9,
     links={"shared-memory": LinkSpec(1.2e9, 1.1e-5, 4.1e-5)}, default_link="shared-memory",
     kernel_overhead_s=2.5e-6, combined_collectives=frozenset({"all_reduce"}),
-    library_reduction_elements=4096,
+    library_reduction_elements=4096, combined_latency_once=False,
     notes="one of 8 virtual CPU devices on the calibration machine"))

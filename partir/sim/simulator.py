@@ -61,7 +61,9 @@ class Cost:
     communication_time_s: float
     step_time_s: float
     kernels: int
-    combined_collectives: int = 0  # collectives merged into an earlier one (one latency)
+    # Collectives merged into an earlier one (one latency, where the device's runtime
+    # pays it once: `DeviceSpec.combined_latency_once`).
+    combined_collectives: int = 0
     overlap: float = 0.0
     links: dict[str, str] = field(default_factory=dict)  # mesh axis -> link name
     unknown_ops: list[str] = field(default_factory=list)  # without a rule, or it failed
@@ -117,11 +119,12 @@ def simulate(fn: Function, device: str | DeviceSpec = DEFAULT_DEVICE, *,
                 continue
             c = collective_cost(op, sizes(op.operands[0].type)[1], mesh, link_of)
             moved[c.kind] += c.bytes_sent
-            if plan.group[i] != i:  # merged into an earlier collective: one latency
-                comm += c.time_s - c.latency_s
+            if plan.group[i] != i:  # merged into an earlier collective
                 combined += 1
-            else:
-                comm += c.time_s
+                if spec.combined_latency_once:
+                    comm += c.time_s - c.latency_s
+                    continue
+            comm += c.time_s
             continue
         # A control-flow op's sync points; the test keeps a generator off every other op
         # (this loop runs for each op of each program an automatic search evaluates).

@@ -12,6 +12,7 @@ import pytest
 
 import partir
 from partir.hlo.ops import (
+    ALL_REDUCE,
     make_all_gather,
     make_all_reduce,
     make_all_to_all,
@@ -180,6 +181,28 @@ def test_independent_all_reduces_combine_and_dependent_ones_do_not():
     apart = simulate(fn, dataclasses.replace(TOY, combined_collectives=frozenset()),
                      links=TOY_LINKS)
     assert apart.communication_time_s == pytest.approx(3 * one.time_s)
+    # A runtime that meets once per operand of a combined collective (XLA's CPU) pays
+    # every latency although the collectives are combined.
+    per_operand = simulate(fn, dataclasses.replace(TOY, combined_latency_once=False),
+                           links=TOY_LINKS)
+    assert per_operand.combined_collectives == 1
+    assert per_operand.communication_time_s == pytest.approx(3 * one.time_s)
+
+
+def test_cpu_batch_parallel_gradients_pay_a_rendezvous_each():
+    """A batch-parallel step's gradient all_reduces are one tuple all-reduce on the CPU,
+    whose runtime meets once per operand: each pays its full time."""
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w[0]) @ w[1])
+    h = hlo(jax.grad(loss), (S((8, 8), F32), S((8, 8), F32)), S((16, 8), F32),
+            mesh={"b": 4}, schedule=[partir.ManualPartition({"x": 0}, axis="b")])
+    cpu = get_device("cpu")
+    link_of = axis_links(cpu, ["b"], None)
+    reduces = [op for op in h.ops if op.name == ALL_REDUCE]
+    cost = simulate(h, cpu)
+    assert len(reduces) == 2 and cost.combined_collectives == 1
+    assert cost.communication_time_s == pytest.approx(sum(
+        collective_cost(op, 256, {"b": 4}, link_of).time_s for op in reduces))
 
 
 def test_step_time_adds_compute_and_communication_with_optional_overlap():
