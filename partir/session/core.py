@@ -72,6 +72,7 @@ from partir.frontend import TracedProgram, trace
 from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
 from partir.ir import Location
+from partir.ir.fragments import Fragments
 from partir.ir.types import tile_size
 from partir.metadata import TacticMetadata
 from partir.pipeline import Lowered, lower
@@ -146,6 +147,9 @@ class TraceEntry:
     elapsed_s: float
     # (kind, name) -> where inputs and tags are defined in the user's code, made once
     definitions: dict[tuple[str, str], list[R.SourceLocation]] | None = None
+    # What lowering the programs of its states made, by op: consecutive states differ in
+    # the few ops their tactic changed, and only those are lowered again
+    fragments: Fragments = field(default_factory=Fragments)
 
 
 @dataclass
@@ -553,7 +557,9 @@ class Session:
         key = self._key(state)
         found = self.lowered.get(key)
         if found is None:
-            found = self.lowered[key] = lower(state.program)
+            trace = self.traces.peek(state.trace_key)
+            found = self.lowered[key] = lower(
+                state.program, trace.fragments if trace is not None else None)
             while len(self.lowered) > MAX_LOWERED:
                 self._dropped.append(self.lowered.popitem(last=False))
         self.lowered.move_to_end(key)

@@ -128,6 +128,26 @@ def test_a_tactic_that_changes_nothing_is_not_lowered_again(ws: Path) -> None:
     assert mp_opt.metadata.actions != mp.metadata.actions
 
 
+def test_a_state_differing_in_one_tactic_lowers_only_what_it_changed(ws: Path) -> None:
+    """Of the program after a one-leaf tactic, only the ops whose loops the tactic changed
+    (and the values they make) are lowered again: the rest are the preceding state's
+    fragments (`partir.ir.fragments`), and the result is what lowering afresh gives."""
+    session = Session(str(ws))
+    one_leaf = ('partir.ManualPartition({"opt_state/0/mu/layers/1/w_up": 0}, axis="batch", '
+                'name="mu")')
+    analysis = analyse(session, ws, text(second=MP_PARAMS, third=one_leaf))
+    fragments = analysis.trace.fragments
+    made, reused = [], []
+    session.lower(analysis, lowered=lambda i: (made.append(sum(fragments.made.values())),
+                                               reused.append(sum(fragments.reused.values()))))
+    assert session.lowerings == 3
+    afresh, again = made[2] - made[1], reused[2] - reused[1]
+    assert 0 < afresh * 8 < again, (afresh, again)
+    fresh = pipeline.lower(analysis.states[2].program)
+    for level in ("spmd", "hlo"):
+        assert session.ir(analysis, level, after=3) == fresh.text(level)
+
+
 def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
     """States evicted (a bound of one op: only the newest stays) and applied again have
     new values and ops, and the programs of the first time: their lowerings are found by

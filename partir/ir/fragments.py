@@ -1,0 +1,72 @@
+"""Lowering fragments kept for the next lowering of a similar program.
+
+Consecutive states of a schedule differ in the few ops their tactic changed (a one-leaf
+tactic of a 200-tactic schedule changes a few dozen of a transformer's 2,500 ops), yet
+each state's program is lowered whole. A pass that translates an op (or a fused group of
+ops) into IR that depends only on that op, the loops around it and the translations of
+its operands looks the fragment up here first, keyed by the identities of all of those:
+IR is never mutated, so a fragment made for one program is valid in any program whose
+op has the same operands' translations, and reusing its result values makes the next
+fragment's key match in turn. What differs is lowered afresh.
+
+Keys hold ids, not the objects: hashing ops, loop nests or values by content would cost
+what the lowering saves. Each entry holds the objects whose ids its key has, so that an
+id cannot be reused for another object while the entry lives.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from partir.ir.ops import Op
+from partir.ir.values import Value
+
+__all__ = ["Fragments", "rewired"]
+
+
+@dataclass
+class Fragments:
+    """Fragments by key, in two generations: a lookup finds one in either (and keeps it
+    in the newer), and once the newer holds `max_entries` the older is dropped, so what
+    the last lowerings used stays and the bound is twice `max_entries`. `made` and
+    `reused` count fragments per pass (the key's first element names the pass)."""
+
+    max_entries: int = 100_000
+    made: Counter = field(default_factory=Counter)
+    reused: Counter = field(default_factory=Counter)
+    _new: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
+    _old: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
+
+    def get(self, key: tuple) -> Any | None:
+        found = self._new.get(key)
+        if found is None:
+            found = self._old.pop(key, None)
+            if found is None:
+                return None
+            self._keep(key, found)
+        self.reused[key[0]] += 1
+        return found[1]
+
+    def put(self, key: tuple, holds: Any, fragment: Any) -> None:
+        """Keep `fragment` under `key`; `holds`: the objects whose ids are in the key."""
+        self.made[key[0]] += 1
+        self._keep(key, (holds, fragment))
+
+    def _keep(self, key: tuple, entry: tuple[Any, Any]) -> None:
+        if len(self._new) >= self.max_entries:
+            self._old, self._new = self._new, {}
+        self._new[key] = entry
+
+
+def rewired(ops: list[Op], before: Sequence[Value], now: Sequence[Value]) -> list[Op]:
+    """`ops` reading `now[i]` where they read `before[i]`: the ops that do are copied (IR
+    is never mutated), with their results; the others are kept. Operands only: the
+    regions of a fragment's ops read what their op passes them."""
+    moved = {a: b for a, b in zip(before, now, strict=True) if a is not b}
+    return [op if moved.keys().isdisjoint(op.operands) else
+            Op(op.name, [moved.get(v, v) for v in op.operands], op.results, op.params,
+               op.regions, op.loc, op.prim)
+            for op in ops]
