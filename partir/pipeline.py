@@ -78,7 +78,7 @@ def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
         checkpoint()
         spmd = lower_core_to_spmd(core, program.mesh, fragments)
         checkpoint()
-        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
+        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True, fragments=fragments)
         checkpoint()
         optimized = optimize(hlo)
         checkpoint()

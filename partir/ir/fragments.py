@@ -24,7 +24,7 @@ from typing import Any
 from partir.ir.ops import Op
 from partir.ir.values import Value
 
-__all__ = ["Fragments", "rewired"]
+__all__ = ["Fragments", "rewired", "sharing"]
 
 
 @dataclass
@@ -70,3 +70,14 @@ def rewired(ops: list[Op], before: Sequence[Value], now: Sequence[Value]) -> lis
             Op(op.name, [moved.get(v, v) for v in op.operands], op.results, op.params,
                op.regions, op.loc, op.prim)
             for op in ops]
+
+
+def sharing(values: Sequence[Value]) -> tuple[int, ...]:
+    """Which of `values` are one value, for a key that has their types but not their
+    identities: () when they are distinct (the usual case), else the position of each
+    one's first occurrence. A fragment made from one value read twice is no fragment for
+    two values, nor the converse."""
+    if len(set(values)) == len(values):
+        return ()
+    first: dict[Value, int] = {}
+    return tuple(first.setdefault(v, i) for i, v in enumerate(values))

@@ -27,7 +27,7 @@ import partir.cancel as cancel
 from partir.core.actions import Action, Tile
 from partir.core.dialect import LOOP
 from partir.ir import Function, Op, RangeType, Region, Type, Value
-from partir.ir.fragments import Fragments, rewired
+from partir.ir.fragments import Fragments, rewired, sharing
 from partir.mesh import Mesh
 from partir.spmd.ops import make_execute, make_redistribute, make_tile_reduce, tile_reduce_type
 from partir.spmd.types import DTensorType
@@ -228,7 +228,7 @@ class _Lowering:
         types: their producers changed), the fragment's ops that read them are rewired to
         these."""
         key = ("spmd", self.mesh_items, *ids, *[id(v.type) for v in inputs],
-               *[v.name for v in inputs])
+               *[v.name for v in inputs], *sharing(inputs))
         found = self.fragments.get(key)
         if found is None:
             start = len(self.out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -137,15 +138,17 @@ def test_a_state_differing_in_one_tactic_lowers_only_what_it_changed(ws: Path) -
                 'name="mu")')
     analysis = analyse(session, ws, text(second=MP_PARAMS, third=one_leaf))
     fragments = analysis.trace.fragments
-    made, reused = [], []
-    session.lower(analysis, lowered=lambda i: (made.append(sum(fragments.made.values())),
-                                               reused.append(sum(fragments.reused.values()))))
+    counts = []  # after each state lowered: fragments made and reused, per pass
+    session.lower(analysis, lowered=lambda i: counts.append(
+        (Counter(fragments.made), Counter(fragments.reused))))
     assert session.lowerings == 3
-    afresh, again = made[2] - made[1], reused[2] - reused[1]
-    assert 0 < afresh * 8 < again, (afresh, again)
-    fresh = pipeline.lower(analysis.states[2].program)
-    for level in ("spmd", "hlo"):
-        assert session.ir(analysis, level, after=3) == fresh.text(level)
+    afresh, again = counts[2][0] - counts[1][0], counts[2][1] - counts[1][1]
+    for lowering in ("materialize", "spmd", "hlo"):
+        assert 0 < afresh[lowering] * 4 < again[lowering], (afresh, again)
+    for after, state in enumerate(analysis.states, 1):
+        fresh = pipeline.lower(state.program)
+        for level in ("spmd", "hlo"):
+            assert session.ir(analysis, level, after=after) == fresh.text(level)
 
 
 def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
