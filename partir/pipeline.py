@@ -70,15 +70,17 @@ class Lowered:
 
 def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
     """Cancellable (`partir.cancel`): checked between the stages and inside them.
-    `fragments`: what the stages made for programs lowered before, reused where this one
-    has the same ops (`partir.ir.fragments`); the result is the same either way."""
+    `fragments`: what materializing and the SPMD lowering made for programs lowered
+    before, reused where this one has the same ops (`partir.ir.fragments`); the result is
+    the same either way. (The HLO lowering costs per op what looking a fragment up
+    would, and the fusion passes and the simulator see the whole program.)"""
     with paused_gc():
         checkpoint()
         core = materialize(program, fragments=fragments)
         checkpoint()
         spmd = lower_core_to_spmd(core, program.mesh, fragments)
         checkpoint()
-        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True, fragments=fragments)
+        hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
         checkpoint()
         optimized = optimize(hlo)
         checkpoint()

@@ -25,8 +25,7 @@ arguments) that of their first user.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from itertools import islice
+from dataclasses import replace
 
 import numpy as np
 from jax import lax
@@ -43,7 +42,6 @@ from partir.hlo.ops import (
     make_axis_index,
 )
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Type, Value
-from partir.ir.fragments import Fragments, rewired, sharing
 from partir.ir.opnames import CONSTANT
 from partir.ir.types import padded_size
 from partir.mesh import Mesh
@@ -77,48 +75,24 @@ def redistribution(src: DTensorType, dst: DTensorType) -> tuple[AxesPerDim, Axes
     return tuple(gather), tuple(slice_)
 
 
-def lower_spmd_to_hlo(fn: Function, *, defer_gathers: bool = False,
-                      fragments: Fragments | None = None) -> Function:
+def lower_spmd_to_hlo(fn: Function, *, defer_gathers: bool = False) -> Function:
     """The device-local PartIR:HLO program of an SPMD function, as the paper lowers it.
 
     With `defer_gathers`, each all_gather is emitted at its first use, and not at all when
     every use slices it back on the same axes (all_slice . all_gather = id): a loop's
     tiled result that the next loop slices alike, the common case, which `optimize` would
-    cancel anyway. The program is the same after `optimize`, and built faster.
-
-    `fragments`: the lowering of each top-level SPMD op (and argument) of functions
-    lowered before, reused where this one has the same op reading values alike
-    (`partir.ir.fragments`, `_Lowering.reused`)."""
+    cancel anyway. The program is the same after `optimize`, and built faster."""
     mesh = fn.attributes.get("mesh")
     if not isinstance(mesh, Mapping):
         raise HloLoweringError(f"@{fn.name} needs its mesh in attributes['mesh'], got {mesh!r}")
-    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh), defer_gathers,
-                     fragments).run()
-
-
-@dataclass
-class _Fragment:
-    """What lowering one top-level SPMD op did, to do again: its steps in order (an op
-    of its own, or the index of an input whose deferred gather it needed there), the
-    HLO values of its results, the gathers it left deferred, and where its values were
-    written (`origin`). `inputs`: the values it read, its operands' HLO values then the
-    operands of their deferred gathers; its ops read these."""
-
-    inputs: list[Value]
-    steps: list[Op | int]
-    results: list[Value]
-    deferred: list[tuple[Value, Op]]
-    origins: list[tuple[Value, Location]]
+    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh), defer_gathers).run()
 
 
 class _Lowering:
-    def __init__(self, fn: Function, mesh: Mesh, defer_gathers: bool,
-                 fragments: Fragments | None) -> None:
+    def __init__(self, fn: Function, mesh: Mesh, defer_gathers: bool) -> None:
         self.fn = fn
         self.mesh = mesh
         self.defer_gathers = defer_gathers
-        self.fragments = fragments
-        self.mesh_items = tuple(mesh.items())  # in the fragments' keys
         self.out: list[Op] = []
         self.env: dict[Value, Value] = {}  # SPMD value -> its device-local HLO value
         self.origin: dict[Value, Location] = {}  # HLO value -> where its op was written
@@ -134,14 +108,27 @@ class _Lowering:
         self.plans: dict[tuple[int, int], tuple] = {}
 
     def run(self) -> Function:
-        args = [self.argument(a) for a in self.fn.args]
+        args = []
+        for a in self.fn.args:
+            t = _dtensor(a.type)
+            if t.axes:
+                raise HloLoweringError(f"argument %{a.name} of type {t} is not a global tensor")
+            args.append(Value(t.local_type(self.mesh), a.name))
         self.env.update(zip(self.fn.args, args, strict=True))
         token = cancel.current()
-        lower = self.lower if self.fragments is None else self.reused
         for op in self.fn.ops:
             if token is not None and token.cancelled:
                 token.check()
-            lower(op)
+            if op.name == EXECUTE:
+                self.execute(op)
+            elif op.name == TILE_REDUCE:
+                self.tile_reduce(op)
+            elif op.name == REDISTRIBUTE:
+                (x,), (r,) = op.operands, op.results
+                self.env[r] = self.redistribute(self.env[x], _dtensor(x.type), _dtensor(r.type),
+                                                r.name, op.loc)
+            else:
+                self.top_level(op)
         results = []
         for v in self.fn.results:
             t = _dtensor(v.type)
@@ -158,99 +145,6 @@ class _Lowering:
                       "out_shardings": tuple(((),) * r.type.rank for r in results)}
         return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
                         attributes)
-
-    def argument(self, a: Value) -> Value:
-        key = ("hlo", id(a))
-        found = None if self.fragments is None else self.fragments.get(key)
-        if found is None:
-            t = _dtensor(a.type)
-            if t.axes:
-                raise HloLoweringError(f"argument %{a.name} of type {t} is not a global tensor")
-            found = Value(t.local_type(self.mesh), a.name)
-            if self.fragments is not None:
-                self.fragments.put(key, a, found)
-        return found
-
-    def lower(self, op: Op) -> None:
-        if op.name == EXECUTE:
-            self.execute(op)
-        elif op.name == TILE_REDUCE:
-            self.tile_reduce(op)
-        elif op.name == REDISTRIBUTE:
-            (x,), (r,) = op.operands, op.results
-            self.env[r] = self.redistribute(self.env[x], _dtensor(x.type), _dtensor(r.type),
-                                            r.name, op.loc)
-        else:
-            self.top_level(op)
-
-    def reused(self, op: Op) -> None:
-        """`lower(op)`, or what it did for a function lowered before, done again: its
-        lowering depends only on op, the types, names and origins of its operands' HLO
-        values, and the deferred gathers of these (their axes, and their operands' types,
-        names and origins). Where those values are others than the fragment's (their
-        producers changed), its ops read these instead. An op reading a deferred gather
-        of a deferred gather is lowered afresh (lowering never defers those)."""
-        pending, origin = self.pending, self.origin
-        inputs = [self.env[x] for x in op.operands]
-        key: list = ["hlo", self.mesh_items, id(op)]
-        gathered = []
-        for v in inputs:
-            key += (id(v.type), v.name, origin.get(v))
-            gather = pending.get(v)
-            if gather is None:
-                key.append(None)
-                continue
-            source = gather.operands[0]
-            if source in pending:
-                self.lower(op)
-                return
-            gathered.append(source)
-            key += (gather.params["axes"], id(source.type), source.name, origin.get(source))
-        key += sharing(inputs + gathered)
-        key = tuple(key)
-        found: _Fragment | None = self.fragments.get(key)
-        if found is None:
-            self.fragments.put(key, (op, [v.type for v in inputs + gathered]),
-                               self.made(op, inputs, gathered))
-            return
-        now = inputs + gathered
-        if any(a is not b for a, b in zip(found.inputs, now, strict=True)):
-            moved = dict(zip(found.inputs, now, strict=True))
-            steps = found.steps
-            own = rewired([s for s in steps if not isinstance(s, int)], found.inputs, now)
-            at = iter(own)
-            found.steps = [s if isinstance(s, int) else next(at) for s in steps]
-            found.results = [moved.get(v, v) for v in found.results]
-            deferred = rewired([g for _, g in found.deferred], found.inputs, now)
-            found.deferred = [(v, g) for (v, _), g in zip(found.deferred, deferred,
-                                                          strict=True)]
-            found.inputs = now
-        out = self.out
-        for step in found.steps:
-            if isinstance(step, int):
-                self.need(inputs[step])
-            else:
-                out.append(step)
-        self.env.update(zip(op.results, found.results, strict=True))
-        pending.update(found.deferred)
-        origin.update(found.origins)
-
-    def made(self, op: Op, inputs: list[Value], gathered: list[Value]) -> _Fragment:
-        """`lower(op)`, recording what it did."""
-        pending, out = self.pending, self.out
-        waiting = {id(pending[v]): i for i, v in enumerate(inputs) if v in pending}
-        before = len(pending) - len(waiting)
-        start = len(out)
-        self.lower(op)
-        steps: list[Op | int] = [waiting.get(id(o), o) for o in out[start:]]
-        # Deferred gathers are only ever taken out (the inputs') or added (its own, at
-        # the end of the dict).
-        added = len(pending) - before - sum(inputs[i] in pending for i in waiting.values())
-        deferred = list(islice(reversed(pending.items()), added))[::-1]
-        origins = [(r, self.origin[r]) for s in steps if not isinstance(s, int)
-                   for r in s.results if r in self.origin]
-        return _Fragment(inputs + gathered, steps, [self.env[r] for r in op.results],
-                         deferred, origins)
 
     def clone(self, op: Op, sub: dict[Value, Value]) -> Op:
         """op on the device-local values, with device-local result types; `sub` maps op's
