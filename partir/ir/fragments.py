@@ -34,7 +34,8 @@ class Fragments:
     the last lowerings used stays and the bound is twice `max_entries`. `made` and
     `reused` count fragments per pass (the key's first element names the pass)."""
 
-    max_entries: int = 100_000
+    # A t200 state's program has some 1,200 fragments, a one-leaf tactic makes ~60 new
+    max_entries: int = 20_000
     made: Counter = field(default_factory=Counter)
     reused: Counter = field(default_factory=Counter)
     _new: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
