@@ -50,8 +50,8 @@ def lower_core_to_spmd(fn: Function, mesh: Mesh | Mapping[str, int],
                        fragments: Fragments | None = None) -> Function:
     """The SPMD program of a materialized Core function. `fragments`: the translations of
     top-level loops, executes and arguments of functions lowered before, reused where
-    this one has the same Core ops reading the same translations
-    (`partir.ir.fragments`)."""
+    this one has the same Core ops reading translations of the same types and names
+    (`partir.ir.fragments`, `_Lowering.reused`)."""
     return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh), fragments).run()
 
 
