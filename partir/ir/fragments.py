@@ -1,10 +1,12 @@
-"""Lowering fragments kept for the next lowering of a similar program.
+"""What passes make per op (lowering fragments, padding records), kept for the next
+program that has the op.
 
 Consecutive states of a schedule differ in the few ops their tactic changed (a one-leaf
 tactic of a 200-tactic schedule changes a few dozen of a transformer's 2,500 ops), yet
-each state's program is lowered whole. A pass that translates an op (or a fused group of
-ops) into IR that depends only on that op, the loops around it and the translations of
-its operands looks the fragment up here first, keyed by the identities of all of those:
+each state's program is lowered (and reported on) whole. A pass that translates an op
+(or a fused group of ops) into IR that depends only on that op, the loops around it and
+the translations of its operands looks the fragment up here first, keyed by the
+identities of all of those:
 IR is never mutated, so a fragment made for one program is valid in any program whose
 op has the same operands' translations, and reusing its result values makes the next
 fragment's key match in turn. What differs is lowered afresh.

@@ -200,23 +200,24 @@ class State:
         lowered and simulated)."""
         return self.facts.lowered is not None
 
-    def applied_metadata(self) -> TacticMetadata:
-        """Its tactic's metadata short of lowering, its program's padding shared."""
+    def applied_metadata(self, fragments: Fragments | None = None) -> TacticMetadata:
+        """Its tactic's metadata short of lowering, its program's padding shared (made
+        with its trace's `fragments`)."""
         if self.applied is None:
             facts = self.facts
             if facts.padding is None:
                 with paused_gc():
-                    facts.padding = padding_report(self.program)
+                    facts.padding = padding_report(self.program, fragments)
             # The shardings of every input and output stay deferred: no tool reads them
             # on every edit (`values` has them by value).
             self.applied = applied_metadata(self.record, defer=True).replaced(
                 padding=facts.padding)
         return self.applied
 
-    def complete_metadata(self) -> TacticMetadata | None:
+    def complete_metadata(self, fragments: Fragments | None = None) -> TacticMetadata | None:
         """Its tactic's complete metadata once its program is lowered, else None."""
         if self.metadata is None and self.facts.lowered is not None:
-            self.metadata = self.applied_metadata().replaced(**self.facts.lowered)
+            self.metadata = self.applied_metadata(fragments).replaced(**self.facts.lowered)
         return self.metadata
 
     def renamed(self, name: str) -> State:
@@ -277,14 +278,15 @@ class Analysis:
     def tactics(self) -> list[TacticResult]:
         """The applied tactics, typed, with the metadata known so far."""
         sf = self.schedule_file
+        fragments = self.trace.fragments if self.trace is not None else None
         out = []
         for i, (st, reused) in enumerate(zip(self.states, self.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            metadata = st.complete_metadata()
+            metadata = st.complete_metadata(fragments)
             out.append(TacticResult(
                 i, st.record.name, st.record.axis, _range(source.span),
                 {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
-                metadata or st.applied_metadata(), metadata is not None))
+                metadata or st.applied_metadata(fragments), metadata is not None))
         return out
 
 

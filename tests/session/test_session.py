@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from partir import CancellationToken, Cancelled, pipeline
+from partir.core.padding import padding_report
 from partir.metadata import TacticMetadata
 from partir.session import (
     Analysis,
@@ -131,13 +132,18 @@ def test_a_tactic_that_changes_nothing_is_not_lowered_again(ws: Path) -> None:
 
 def test_a_state_differing_in_one_tactic_lowers_only_what_it_changed(ws: Path) -> None:
     """Of the program after a one-leaf tactic, only the ops whose loops the tactic changed
-    (and the values they make) are lowered again: the rest are the preceding state's
-    fragments (`partir.ir.fragments`), and the result is what lowering afresh gives."""
+    (and the values they make) are lowered (and reported for padding) again: the rest are
+    the preceding state's fragments (`partir.ir.fragments`), and the result is what
+    lowering afresh gives."""
     session = Session(str(ws))
     one_leaf = ('partir.ManualPartition({"opt_state/0/mu/layers/1/w_up": 0}, axis="batch", '
                 'name="mu")')
     analysis = analyse(session, ws, text(second=MP_PARAMS, third=one_leaf))
     fragments = analysis.trace.fragments
+    # The padding of each op in its loops is the previous states' (diagnostics need it)
+    paddings = [t.metadata.padding for t in analysis.tactics()]
+    assert paddings == [padding_report(st.program) for st in analysis.states]
+    assert fragments.reused["padding"] > fragments.made["padding"] > 0
     counts = []  # after each state lowered: fragments made and reused, per pass
     session.lower(analysis, lowered=lambda i: counts.append(
         (Counter(fragments.made), Counter(fragments.reused))))
