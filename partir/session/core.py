@@ -262,6 +262,9 @@ class Analysis:
     reused: list[bool] = field(default_factory=list)
     timings: R.Timings = field(default_factory=R.Timings)
     dependencies: list[str] = field(default_factory=list)  # the user's modules it imported
+    # `Session.values`, made once: lowering changes no sharding, and a tool sends the
+    # values with each result while the states are lowered
+    values: list[R.ExplainedValue] | None = None
 
     @property
     def ok(self) -> bool:
@@ -454,11 +457,14 @@ class Session:
         return result
 
     def values(self, analysis: Analysis) -> list[R.ExplainedValue]:
-        """Every input, output and tagged value with its sharding after each tactic."""
+        """Every input, output and tagged value with its sharding after each tactic (the
+        analysis's, made once)."""
         if analysis.trace is None:
             return []
-        return _values(analysis.trace.traced, analysis.states,
-                       self._definitions(analysis.trace, analysis.schedule_file))
+        if analysis.values is None:
+            analysis.values = _values(analysis.trace.traced, analysis.states,
+                                      self._definitions(analysis.trace, analysis.schedule_file))
+        return analysis.values
 
     @staticmethod
     def collectives(analysis: Analysis) -> list[R.AttributedCollective] | None:

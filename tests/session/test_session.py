@@ -194,6 +194,7 @@ def test_results_are_typed(ws: Path) -> None:
     assert session.collectives(analysis)
     values = session.values(analysis)
     assert values and all(isinstance(v, ExplainedValue) for v in values)
+    assert session.values(analysis) is values  # made once (sent with each partial result)
     # The steps that changed each value, and the last tactic's.
     assert all(v.history[-1].tactic == 3 and all(s.changed for s in v.history[:-1])
                for v in values)
