@@ -3,16 +3,18 @@ program that has the op.
 
 Consecutive states of a schedule differ in the few ops their tactic changed (a one-leaf
 tactic of a 200-tactic schedule changes a few dozen of a transformer's 2,500 ops), yet
-each state's program is lowered (and reported on) whole. A pass that translates an op
-(or a fused group of ops) into IR that depends only on that op, the loops around it and
-the translations of its operands looks the fragment up here first, keyed by the
-identities of all of those:
-IR is never mutated, so a fragment made for one program is valid in any program whose
-op has the same operands' translations, and reusing its result values makes the next
-fragment's key match in turn. What differs is lowered afresh.
+each state's program is lowered (and reported on) whole. A pass whose output for an op
+(or a fused group of ops) depends only on that op, the loops around it and what it
+reads looks the fragment up here first, keyed by all of those. IR is never mutated, so
+a fragment made for one program serves any program that has the same key. Where what
+an op reads is made by the pass itself (the SPMD translation of its operands), the key
+has the types and names of those values, not their identities: the fragment keeps the
+values it read and made, its ops are rewired to the values read now (`rewired`), and
+its results, the same values as before, make what reads them match in turn. What
+differs is made afresh.
 
-Keys hold ids, not the objects: hashing ops, loop nests or values by content would cost
-what the lowering saves. Each entry holds the objects whose ids its key has, so that an
+Keys hold ids, not the objects: hashing ops, loop nests or types by content would cost
+what reusing them saves. Each entry holds the objects whose ids its key has, so that an
 id cannot be reused for another object while the entry lives.
 """
 
