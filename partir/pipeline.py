@@ -14,6 +14,7 @@ from partir.hlo import count_collectives, locate_by_users, lower_spmd_to_hlo, op
 from partir.hlo.ops import COLLECTIVES, collectives_by_axes
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
+from partir.ir.fragments import Fragments
 from partir.rules.collectives import named_axes
 from partir.rules.control import region_ops
 from partir.spmd import lower_core_to_spmd
@@ -67,13 +68,17 @@ class Lowered:
         return print_function({"core": self.core, "spmd": self.spmd}[level])
 
 
-def lower(program: CoreProgram) -> Lowered:
-    """Cancellable (`partir.cancel`): checked between the stages and inside them."""
+def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
+    """Cancellable (`partir.cancel`): checked between the stages and inside them.
+    `fragments`: what materializing and the SPMD lowering made for programs lowered
+    before, reused where this one has the same ops (`partir.ir.fragments`); the result is
+    the same either way. (The HLO lowering costs per op what looking a fragment up
+    would, and the fusion passes and the simulator see the whole program.)"""
     with paused_gc():
         checkpoint()
-        core = materialize(program)
+        core = materialize(program, fragments=fragments)
         checkpoint()
-        spmd = lower_core_to_spmd(core, program.mesh)
+        spmd = lower_core_to_spmd(core, program.mesh, fragments)
         checkpoint()
         hlo = lower_spmd_to_hlo(spmd, defer_gathers=True)
         checkpoint()

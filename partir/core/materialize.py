@@ -43,6 +43,7 @@ from partir.core.tmr import Entry, LocalContext, OpView, factor_mappings, locali
 from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, Region, TensorType, Value
 from partir.ir.dtypes import canonical
+from partir.ir.fragments import Fragments
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import ATOMIC, NAMESPACE, SHARDING_CONSTRAINT, TILE
 from partir.ir.types import tile_size
@@ -78,12 +79,16 @@ class _Group:
 
 
 class _Materializer:
-    def __init__(self, prog: CoreProgram, fuse: bool, elide_identities: bool) -> None:
+    def __init__(self, prog: CoreProgram, fuse: bool, elide_identities: bool,
+                 fragments: Fragments | None) -> None:
         self.prog = prog
         self.mesh = prog.mesh
         # The axis sizes as a plain dict: the local types read them per operand, and a
         # dict lookup is cheaper than the Mesh mapping's.
         self.sizes: dict[str, int] = dict(prog.mesh.items())
+        self.fragments = fragments
+        # What a loop nest's fragment depends on besides its ops (`_nest_of`).
+        self.mesh_items = tuple(self.sizes.items())
         self.nests = prog.nests
         self.fuse = fuse
         self.alias: dict[Value, Value] = {}
@@ -194,11 +199,9 @@ class _Materializer:
                 continue
             if not g.axes:
                 for op in g.ops:
-                    ops.append(Op(op.name, [self.resolve(v) for v in op.operands],
-                                  list(op.results), op.params, list(op.regions), op.loc,
-                                  op.prim))
+                    ops.append(self._unlooped(op))
             else:
-                ops.append(self._loop_nest(g, [v for v in g.produced if v in used_outside]))
+                ops.append(self._nest_of(g, [v for v in g.produced if v in used_outside]))
         fn = Function(prog.name, list(prog.args), ops, [self.resolve(v) for v in prog.results],
                       list(prog.result_names))
         fn.attributes["mesh"] = str(prog.mesh)
@@ -209,6 +212,38 @@ class _Materializer:
                 tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
                 for c in prog.out_constraints)
         return fn
+
+    def _unlooped(self, op: CoreOp) -> Op:
+        operands = [self.resolve(v) for v in op.operands]
+        fragments = self.fragments
+        if fragments is not None:
+            key = ("materialize", id(op), *map(id, operands))
+            found = fragments.get(key)
+            if found is not None:
+                return found
+        made = Op(op.name, operands, list(op.results), op.params, list(op.regions), op.loc,
+                  op.prim)
+        if fragments is not None:
+            fragments.put(key, (op, operands), made)
+        return made
+
+    def _nest_of(self, g: _Group, escaping: list[Value]) -> Op:
+        """The loop nest of group `g`, from `fragments` where an earlier program had the
+        same group: the same ops in the same loops, reading the same values (aliases
+        resolved), with the same results used outside it, on the same mesh."""
+        fragments = self.fragments
+        if fragments is None:
+            return self._loop_nest(g, escaping)
+        nests, resolve = self.nests, self.resolve
+        loops = [nests[op.uid] for op in g.ops]
+        operands = [resolve(v) for op in g.ops for v in op.operands]
+        key = ("materialize", self.mesh_items, len(g.ops), *map(id, g.ops), *map(id, loops),
+               *map(id, operands), *map(id, escaping))
+        found = fragments.get(key)
+        if found is None:
+            found = self._loop_nest(g, escaping)
+            fragments.put(key, (g.ops, loops, operands, escaping), found)
+        return found
 
     def _loop_nest(self, g: _Group, escaping: list[Value]) -> Op:
         ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in g.axes]
@@ -526,5 +561,8 @@ def _is_primitive(op: CoreOp, jaxpr: Any, n: int) -> bool:
             and list(eqn.outvars) == list(jaxpr.outvars))
 
 
-def materialize(prog: CoreProgram, fuse: bool = True, elide_identities: bool = True) -> Function:
-    return _Materializer(prog, fuse, elide_identities).run()
+def materialize(prog: CoreProgram, fuse: bool = True, elide_identities: bool = True,
+                fragments: Fragments | None = None) -> Function:
+    """`fragments`: the loop nests (and unlooped ops) of programs materialized before,
+    reused where this program has the same (`partir.ir.fragments`)."""
+    return _Materializer(prog, fuse, elide_identities, fragments).run()

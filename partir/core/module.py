@@ -91,6 +91,11 @@ class CoreModule:
         self.nests: dict[int, Nest] = {}
         self.producer: dict[Value, tuple[int, int]] = {}
         self.uses: dict[Value, list[tuple[int, int]]] = defaultdict(list)
+        # The values whose use lists this module changes in place; None: every value's.
+        # A fork shares its parent's lists, and each copies a list before it first changes
+        # it (`_own_uses`): copying every list cost a 200-tactic schedule's each tactic
+        # as much as propagating it, though a tactic rewires few uses.
+        self._owned_uses: set[Value] | None = None
         self.conflicts: dict[tuple[int, str], Conflict] = {}
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
         self.splits: list[str] = []  # why each axis split into sub-axes was made
@@ -124,7 +129,16 @@ class CoreModule:
         for k, r in enumerate(op.results):
             self.producer[r] = (op.uid, k)
         for i, v in enumerate(op.operands):
-            self.uses[v].append((op.uid, i))
+            self._own_uses(v).append((op.uid, i))
+
+    def _own_uses(self, v: Value) -> list[tuple[int, int]]:
+        """v's use list, this module's own to change."""
+        owned = self._owned_uses
+        if owned is None or v in owned:
+            return self.uses[v]
+        owned.add(v)
+        own = self.uses[v] = list(self.uses.get(v, ()))
+        return own
 
     def _set_nest(self, op: CoreOp, nest: Nest) -> None:
         """Give op a nest made whole (by an action, a widened loop or an axis split) and
@@ -162,7 +176,8 @@ class CoreModule:
         """An independent copy to continue rewriting from this state (the daemon resumes
         an edited schedule from the state after the last unchanged tactic). Ops, values,
         nests and `NestInfo`s are never mutated in place, so they are shared; every
-        container a rewrite mutates is copied, including the per-value use lists."""
+        container a rewrite mutates is copied, the per-value use lists when first
+        changed (by either module)."""
         new = CoreModule.__new__(CoreModule)
         new.mesh = self.mesh
         new.name = self.name
@@ -178,7 +193,9 @@ class CoreModule:
         new.by_uid = dict(self.by_uid)
         new.nests = dict(self.nests)
         new.producer = dict(self.producer)
-        new.uses = defaultdict(list, {v: list(u) for v, u in self.uses.items()})
+        new.uses = defaultdict(list, self.uses)
+        new._owned_uses = set()
+        self._owned_uses = set()  # the fork shares them now
         new.conflicts = dict(self.conflicts)
         new.acted = dict(self.acted)
         new.splits = list(self.splits)
@@ -261,5 +278,5 @@ class CoreModule:
             pos += 1
         self.ops[pos] = op
         self.by_uid[uid] = op
-        self.uses[old].remove((uid, i))
-        self.uses[new].append((uid, i))
+        self._own_uses(old).remove((uid, i))
+        self._own_uses(new).append((uid, i))

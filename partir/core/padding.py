@@ -20,6 +20,7 @@ splits, whose tactic the padding is), and:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from partir.core.actions import Tile
@@ -27,13 +28,17 @@ from partir.core.program import CoreOp, CoreProgram, divided_type, sharding_of, 
 from partir.core.tmr import OpView, localized, lookup
 from partir.ir import Value
 from partir.ir.dtypes import itemsize
+from partir.ir.fragments import Fragments
 from partir.ir.types import padded_size, tile_size
 from partir.rules import CATALOGUE
 from partir.rules.catalogue import flops_of
 
 
-def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
-    """One record per padded dimension of an input or of an op's result."""
+def padding_report(program: CoreProgram, fragments: Fragments | None = None
+                   ) -> list[dict[str, Any]]:
+    """One record per padded dimension of an input or of an op's result. `fragments`:
+    the records of each op (in its loops) of programs reported before, reused (a
+    schedule's states share most ops and loops; `partir.ir.fragments`)."""
     mesh = program.mesh
     devices = math.prod(mesh.values())
     out: list[dict[str, Any]] = []
@@ -60,19 +65,37 @@ def padding_report(program: CoreProgram) -> list[dict[str, Any]]:
     for name, sharding in program.input_shardings().items():
         record(args[name], name, sharding.dims, 0.0)
     sizes = dict(mesh)
+    mesh_items = tuple(sizes.items())
+    nests = program.nests
     for op in program.ops:
-        nest = program.nest(op)
+        nest = nests.get(op.uid)
         if op.is_identity or not nest:
             continue
-        # Most ops tile nothing their axes do not divide: they are passed over at once.
-        padded = [k for k, r in enumerate(op.results) if _pads(r.type.shape, nest, k, sizes)]
-        if not padded:
+        if fragments is not None:
+            key = ("padding", mesh_items, id(op), id(nest))
+            found = fragments.get(key)
+            if found is None:
+                start = len(out)
+                _report_op(op, nest, sizes, record)
+                fragments.put(key, (op, nest), out[start:])
+            else:
+                out += found
             continue
-        flops = _wasted_flops(op, nest, sizes)
-        for k in padded:
-            r = op.results[k]
-            record(r, r.name or op.name, sharding_of(nest, k, r.type.rank).dims, flops)
+        _report_op(op, nest, sizes, record)
     return out
+
+
+def _report_op(op: CoreOp, nest: tuple, sizes: dict[str, int],
+               record: Callable[[Value, str, tuple[tuple[str, ...], ...], float], None]
+               ) -> None:
+    # Most ops tile nothing their axes do not divide: they are passed over at once.
+    padded = [k for k, r in enumerate(op.results) if _pads(r.type.shape, nest, k, sizes)]
+    if not padded:
+        return
+    flops = _wasted_flops(op, nest, sizes)
+    for k in padded:
+        r = op.results[k]
+        record(r, r.name or op.name, sharding_of(nest, k, r.type.rank).dims, flops)
 
 
 def _padding_axis(size: int, axes: tuple[str, ...], axis_size) -> str:

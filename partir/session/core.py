@@ -31,7 +31,11 @@ Caches:
   collectives and cost of an equal program lowered before (an edit that undoes another,
   after its states were evicted), so that a program is lowered once however many
   states have it;
-- a few lowered programs, for `ir` and `explain`, by program.
+- a few lowered programs, for `ir` and `explain`, by program;
+- per trace, the fragments lowering made (`partir.ir.fragments`: materialized loop nests
+  and their SPMD translations, by op), so that lowering a state's program makes afresh
+  only what its tactic changed since a program lowered before (of 2,490 ops of a
+  200-tactic schedule's states, a one-leaf tactic changes a few dozen).
 Traces and states share one LRU bound on entries and on held ops; program facts, which
 hold no program, have a bound of their own on entries.
 
@@ -72,6 +76,7 @@ from partir.frontend import TracedProgram, trace
 from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
 from partir.ir import Location
+from partir.ir.fragments import Fragments
 from partir.ir.types import tile_size
 from partir.metadata import TacticMetadata
 from partir.pipeline import Lowered, lower
@@ -146,6 +151,9 @@ class TraceEntry:
     elapsed_s: float
     # (kind, name) -> where inputs and tags are defined in the user's code, made once
     definitions: dict[tuple[str, str], list[R.SourceLocation]] | None = None
+    # What lowering the programs of its states made, by op: consecutive states differ in
+    # the few ops their tactic changed, and only those are lowered again
+    fragments: Fragments = field(default_factory=Fragments)
 
 
 @dataclass
@@ -192,23 +200,24 @@ class State:
         lowered and simulated)."""
         return self.facts.lowered is not None
 
-    def applied_metadata(self) -> TacticMetadata:
-        """Its tactic's metadata short of lowering, its program's padding shared."""
+    def applied_metadata(self, fragments: Fragments | None = None) -> TacticMetadata:
+        """Its tactic's metadata short of lowering, its program's padding shared (made
+        with its trace's `fragments`)."""
         if self.applied is None:
             facts = self.facts
             if facts.padding is None:
                 with paused_gc():
-                    facts.padding = padding_report(self.program)
+                    facts.padding = padding_report(self.program, fragments)
             # The shardings of every input and output stay deferred: no tool reads them
             # on every edit (`values` has them by value).
             self.applied = applied_metadata(self.record, defer=True).replaced(
                 padding=facts.padding)
         return self.applied
 
-    def complete_metadata(self) -> TacticMetadata | None:
+    def complete_metadata(self, fragments: Fragments | None = None) -> TacticMetadata | None:
         """Its tactic's complete metadata once its program is lowered, else None."""
         if self.metadata is None and self.facts.lowered is not None:
-            self.metadata = self.applied_metadata().replaced(**self.facts.lowered)
+            self.metadata = self.applied_metadata(fragments).replaced(**self.facts.lowered)
         return self.metadata
 
     def renamed(self, name: str) -> State:
@@ -253,6 +262,9 @@ class Analysis:
     reused: list[bool] = field(default_factory=list)
     timings: R.Timings = field(default_factory=R.Timings)
     dependencies: list[str] = field(default_factory=list)  # the user's modules it imported
+    # `Session.values`, made once: lowering changes no sharding, and a tool sends the
+    # values with each result while the states are lowered
+    values: list[R.ExplainedValue] | None = None
 
     @property
     def ok(self) -> bool:
@@ -269,14 +281,15 @@ class Analysis:
     def tactics(self) -> list[TacticResult]:
         """The applied tactics, typed, with the metadata known so far."""
         sf = self.schedule_file
+        fragments = self.trace.fragments if self.trace is not None else None
         out = []
         for i, (st, reused) in enumerate(zip(self.states, self.reused, strict=True), 1):
             source = sf.tactics[i - 1]
-            metadata = st.complete_metadata()
+            metadata = st.complete_metadata(fragments)
             out.append(TacticResult(
                 i, st.record.name, st.record.axis, _range(source.span),
                 {k: _range(r) for k, r in source.inputs.items()}, reused, st.key[:16],
-                metadata or st.applied_metadata(), metadata is not None))
+                metadata or st.applied_metadata(fragments), metadata is not None))
         return out
 
 
@@ -444,11 +457,14 @@ class Session:
         return result
 
     def values(self, analysis: Analysis) -> list[R.ExplainedValue]:
-        """Every input, output and tagged value with its sharding after each tactic."""
+        """Every input, output and tagged value with its sharding after each tactic (the
+        analysis's, made once)."""
         if analysis.trace is None:
             return []
-        return _values(analysis.trace.traced, analysis.states,
-                       self._definitions(analysis.trace, analysis.schedule_file))
+        if analysis.values is None:
+            analysis.values = _values(analysis.trace.traced, analysis.states,
+                                      self._definitions(analysis.trace, analysis.schedule_file))
+        return analysis.values
 
     @staticmethod
     def collectives(analysis: Analysis) -> list[R.AttributedCollective] | None:
@@ -553,7 +569,9 @@ class Session:
         key = self._key(state)
         found = self.lowered.get(key)
         if found is None:
-            found = self.lowered[key] = lower(state.program)
+            trace = self.traces.peek(state.trace_key)
+            found = self.lowered[key] = lower(
+                state.program, trace.fragments if trace is not None else None)
             while len(self.lowered) > MAX_LOWERED:
                 self._dropped.append(self.lowered.popitem(last=False))
         self.lowered.move_to_end(key)

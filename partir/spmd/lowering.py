@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import partir.cancel as cancel
 from partir.core.actions import Action, Tile
 from partir.core.dialect import LOOP
-from partir.ir import Function, Op, RangeType, Type, Value
+from partir.ir import Function, Op, RangeType, Region, Type, Value
+from partir.ir.fragments import Fragments, rewired, sharing
 from partir.mesh import Mesh
 from partir.spmd.ops import make_execute, make_redistribute, make_tile_reduce, tile_reduce_type
 from partir.spmd.types import DTensorType
@@ -44,15 +46,21 @@ def _axes(levels: Sequence[_Level]) -> tuple[str, ...]:
     return tuple(lvl.axis for lvl in levels)
 
 
-def lower_core_to_spmd(fn: Function, mesh: Mesh | Mapping[str, int]) -> Function:
-    """The SPMD program of a materialized Core function."""
-    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh)).run()
+def lower_core_to_spmd(fn: Function, mesh: Mesh | Mapping[str, int],
+                       fragments: Fragments | None = None) -> Function:
+    """The SPMD program of a materialized Core function. `fragments`: the translations of
+    top-level loops, executes and arguments of functions lowered before, reused where
+    this one has the same Core ops reading translations of the same types and names
+    (`partir.ir.fragments`, `_Lowering.reused`)."""
+    return _Lowering(fn, mesh if isinstance(mesh, Mesh) else Mesh(mesh), fragments).run()
 
 
 class _Lowering:
-    def __init__(self, fn: Function, mesh: Mesh) -> None:
+    def __init__(self, fn: Function, mesh: Mesh, fragments: Fragments | None) -> None:
         self.fn = fn
         self.mesh = mesh
+        self.fragments = fragments
+        self.mesh_items = tuple(mesh.items())  # in the fragments' keys
         self.out: list[Op] = []
         # SSA values are unique, so extending M in place is the rules' extension of M:
         # a mapping added inside a loop body is never looked up outside it.
@@ -70,13 +78,24 @@ class _Lowering:
         _record_last_uses(fn.ops, fn.results, self.last_use)
 
     def run(self) -> Function:
-        args = [Value(DTensorType.of(a.type), name=a.name) for a in self.fn.args]
+        args = [self.argument(a) for a in self.fn.args]
         self.M.update(zip(self.fn.args, args, strict=True))
         results = self.translate((), self.fn.ops, self.fn.results)
         # The Mesh prints as the Core function's mesh attribute does.
         attributes = {**self.fn.attributes, "mesh": self.mesh}
         return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
                         attributes)
+
+    def argument(self, a: Value) -> Value:
+        fragments = self.fragments
+        if fragments is None:
+            return Value(DTensorType.of(a.type), name=a.name)
+        key = ("spmd", id(a))
+        found = fragments.get(key)
+        if found is None:
+            found = Value(DTensorType.of(a.type), name=a.name)
+            fragments.put(key, a, found)
+        return found
 
     def translate(self, levels: tuple[_Level, ...], ops: Sequence[Op],
                   yields: Sequence[Value]) -> list[Value]:
@@ -106,6 +125,25 @@ class _Lowering:
         live = [x for op in C for x in op.results if self.last_use.get(x, -1) >= pos]
         if live:
             self.M.update(zip(live, self.execute(levels, C, live), strict=True))
+        if levels or self.fragments is None:
+            self.loop_body(levels, loop)
+            return
+        # At top level, the body's translation and the loop's results depend only on the
+        # loop and the values it reads from outside (`reused`).
+        free = self.fragments.get(("spmd free values", id(loop)))
+        if free is None:
+            free = _free_in(loop.regions)
+            self.fragments.put(("spmd free values", id(loop)), loop, free)
+
+        def make() -> list[Value]:
+            self.loop_body(levels, loop)
+            return [self.M[x] for x in loop.results]
+
+        self.M.update(zip(loop.results, self.reused(
+            (id(loop),), loop, [self.M[z] for z in free], make), strict=True))
+
+    def loop_body(self, levels: tuple[_Level, ...], loop: Op) -> None:
+        """SLoop's C^_1 and C^_*: the loop's body and its results' actions."""
         # C^_1: the body, one level deeper, in the empty context, under M_1.
         region = loop.regions[0]
         axis = loop.params["axis"]
@@ -171,9 +209,44 @@ class _Lowering:
 
     def execute(self, levels: tuple[_Level, ...], C: list[Op], xs: list[Value]) -> list[Value]:
         """`execute axes (M(zs)) (rs, ys) {C[yield xs][ys/zs]}` with zs = FV(C[yield xs])."""
-        axes = _axes(levels)
         zs = _free_values(C, xs)
         operands = [self.M[z] for z in zs]
+        if levels or self.fragments is None:
+            return self.make_execute(levels, C, xs, zs, operands)
+        # At top level, an execute depends only on its ops, what it yields and its
+        # operands (`reused`).
+        return self.reused((len(C), *map(id, C), len(xs), *map(id, xs)), (C, xs), operands,
+                           lambda: self.make_execute(levels, C, xs, zs, operands))
+
+    def reused(self, ids: tuple[int, ...], made_of: Any, inputs: list[Value],
+               make: Callable[[], list[Value]]) -> list[Value]:
+        """The results of the top-level ops that `make` appends, translating the Core ops
+        `made_of` (whose ids are `ids`) from the SPMD values `inputs`, taken from
+        `fragments` where a function lowered before had the same ops reading values of the
+        same types and names. The results are that function's values, so that what reads
+        them finds its fragment in turn; where the inputs are other values (of the same
+        types: their producers changed), the fragment's ops that read them are rewired to
+        these."""
+        key = ("spmd", self.mesh_items, *ids, *[id(v.type) for v in inputs],
+               *[v.name for v in inputs], *sharing(inputs))
+        found = self.fragments.get(key)
+        if found is None:
+            start = len(self.out)
+            results = make()
+            self.fragments.put(key, (made_of, [v.type for v in inputs]),
+                               [inputs, self.out[start:], results])
+            return results
+        before, ops, results = found
+        if any(a is not b for a, b in zip(before, inputs, strict=True)):
+            # Kept rewired: the next function most likely reads these inputs too.
+            found[0] = inputs
+            found[1] = ops = rewired(ops, before, inputs)
+        self.out += ops
+        return results
+
+    def make_execute(self, levels: tuple[_Level, ...], C: list[Op], xs: list[Value],
+                     zs: list[Value], operands: list[Value]) -> list[Value]:
+        axes = _axes(levels)
         ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in axes]
         local_types = self.local_types
         locals_ = []
@@ -208,6 +281,30 @@ def _clone(op: Op, M: dict[Value, Value], result_type: Callable[[Type], Type]) -
         M[r] = new
     return Op(op.name, [M[v] for v in op.operands], results, dict(op.params), op.regions,
               op.loc, op.prim)
+
+
+def _free_in(regions: Sequence[Region]) -> list[Value]:
+    """The values the regions' ops (at any depth) and yields read from outside them, in
+    order of first use."""
+    defined: set[Value] = set()
+    free: dict[Value, None] = {}
+
+    def walk(region: Region) -> None:
+        defined.update(region.args)
+        for op in region.ops:
+            for v in op.operands:
+                if v not in defined:
+                    free[v] = None
+            for inner in op.regions:
+                walk(inner)
+            defined.update(op.results)
+        for v in region.yields:
+            if v not in defined:
+                free[v] = None
+
+    for region in regions:
+        walk(region)
+    return list(free)
 
 
 def _free_values(C: list[Op], xs: list[Value]) -> list[Value]:

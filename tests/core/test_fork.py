@@ -71,3 +71,28 @@ def test_fork_twice_from_one_state_gives_independent_modules():
     again = base.fork()
     apply_tactic(again, MLP_SCHEDULE[1], names)
     assert _state(again) == _state(a)
+
+
+def _uses(module: CoreModule) -> dict:
+    return {v: list(u) for v, u in module.uses.items() if u}
+
+
+def test_a_fork_copies_only_the_use_lists_a_rewrite_changes():
+    """A fork shares its parent's per-value use lists, and either module copies a list
+    before it first changes it: a schedule's states fork once per tactic, and copying
+    every list cost each tactic of a 200-tactic schedule as much as propagating it. Neither
+    module sees the other's rewrites."""
+    traced = trace(mlp, *example_args())
+    base = CoreModule(traced, Mesh({"batch": 4, "model": 2}))
+    names = named_values(base, traced)
+    apply_tactic(base, MLP_SCHEDULE[0], names)
+    before = _uses(base)
+    fork = base.fork()
+    apply_tactic(fork, MLP_SCHEDULE[1], names)
+    assert _uses(base) == before
+    changed = [v for v, u in before.items() if fork.uses.get(v) != u]
+    shared = [v for v in before if fork.uses.get(v) is base.uses[v]]
+    assert changed and len(shared) > len(changed)
+    forked = _uses(fork)
+    apply_tactic(base, MLP_SCHEDULE[2], names)
+    assert _uses(base) != before and _uses(fork) == forked

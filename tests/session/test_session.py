@@ -9,11 +9,13 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from partir import CancellationToken, Cancelled, pipeline
+from partir.core.padding import padding_report
 from partir.metadata import TacticMetadata
 from partir.session import (
     Analysis,
@@ -128,6 +130,33 @@ def test_a_tactic_that_changes_nothing_is_not_lowered_again(ws: Path) -> None:
     assert mp_opt.metadata.actions != mp.metadata.actions
 
 
+def test_a_state_differing_in_one_tactic_lowers_only_what_it_changed(ws: Path) -> None:
+    """Of the program after a one-leaf tactic, only the ops whose loops the tactic changed
+    (and the values they make) are lowered (and reported for padding) again: the rest are
+    the preceding state's fragments (`partir.ir.fragments`), and the result is what
+    lowering afresh gives."""
+    session = Session(str(ws))
+    one_leaf = ('partir.ManualPartition({"opt_state/0/mu/layers/1/w_up": 0}, axis="batch", '
+                'name="mu")')
+    analysis = analyse(session, ws, text(second=MP_PARAMS, third=one_leaf))
+    fragments = analysis.trace.fragments
+    # The padding of each op in its loops is the previous states' (diagnostics need it)
+    paddings = [t.metadata.padding for t in analysis.tactics()]
+    assert paddings == [padding_report(st.program) for st in analysis.states]
+    assert fragments.reused["padding"] > fragments.made["padding"] > 0
+    counts = []  # after each state lowered: fragments made and reused, per pass
+    session.lower(analysis, lowered=lambda i: counts.append(
+        (Counter(fragments.made), Counter(fragments.reused))))
+    assert session.lowerings == 3
+    afresh, again = counts[2][0] - counts[1][0], counts[2][1] - counts[1][1]
+    for lowering in ("materialize", "spmd"):
+        assert 0 < afresh[lowering] * 4 < again[lowering], (afresh, again)
+    for after, state in enumerate(analysis.states, 1):
+        fresh = pipeline.lower(state.program)
+        for level in ("spmd", "hlo"):
+            assert session.ir(analysis, level, after=after) == fresh.text(level)
+
+
 def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
     """States evicted (a bound of one op: only the newest stays) and applied again have
     new values and ops, and the programs of the first time: their lowerings are found by
@@ -165,6 +194,7 @@ def test_results_are_typed(ws: Path) -> None:
     assert session.collectives(analysis)
     values = session.values(analysis)
     assert values and all(isinstance(v, ExplainedValue) for v in values)
+    assert session.values(analysis) is values  # made once (sent with each partial result)
     # The steps that changed each value, and the last tactic's.
     assert all(v.history[-1].tactic == 3 and all(s.changed for s in v.history[:-1])
                for v in values)
