@@ -257,12 +257,14 @@ def test_gradient_of_a_scatter_max_outside_a_devices_tile():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "open: the executed program differs while the Core, SPMD and HLO interpreters, eager "
-    "execution and XLA without its algebraic simplifier (--xla_disable_hlo_passes=algsimp) "
-    "agree with jax.jit: a simplifier rewrite of the partitioned program, not identified"))
+    "open: JAX's scatter-max gradient routes the cotangent by an exact equality of the "
+    "operand's and the result's element; in the partitioned program each is all-reduced "
+    "from its own fused computation of x + mean, which XLA's simplifier compiles one ulp "
+    "apart (eager execution and --xla_disable_hlo_passes=algsimp agree with jax.jit)"))
 def test_gradient_of_a_take_with_fill_and_a_scatter_max_outside_a_tile():
-    """The rest of fuzzer seed 8472: the gradient at the scatter's element is off by
-    0.65 on the device holding it, and every element by what that adds to the mean."""
+    """The rest of fuzzer seed 8472: the tie test fails on the device holding the
+    scatter's element, whose gradient is then off by 0.65, and every element by what
+    that adds through the mean."""
     w = jnp.cos(jnp.arange(6.0))
 
     def f(x, seg, u):
