@@ -215,17 +215,15 @@ class _Materializer:
 
     def _unlooped(self, op: CoreOp) -> Op:
         operands = [self.resolve(v) for v in op.operands]
-        fragments = self.fragments
-        if fragments is not None:
-            key = ("materialize", id(op), *map(id, operands))
-            found = fragments.get(key)
-            if found is not None:
-                return found
-        made = Op(op.name, operands, list(op.results), op.params, list(op.regions), op.loc,
-                  op.prim)
-        if fragments is not None:
-            fragments.put(key, (op, operands), made)
-        return made
+
+        def make() -> Op:
+            return Op(op.name, operands, list(op.results), op.params, list(op.regions),
+                      op.loc, op.prim)
+
+        if self.fragments is None:
+            return make()
+        return self.fragments.get_or_make(("materialize", id(op), *map(id, operands)),
+                                   (op, operands), make)
 
     def _nest_of(self, g: _Group, escaping: list[Value]) -> Op:
         """The loop nest of group `g`, from `fragments` where an earlier program had the
@@ -239,11 +237,8 @@ class _Materializer:
         operands = [resolve(v) for op in g.ops for v in op.operands]
         key = ("materialize", self.mesh_items, len(g.ops), *map(id, g.ops), *map(id, loops),
                *map(id, operands), *map(id, escaping))
-        found = fragments.get(key)
-        if found is None:
-            found = self._loop_nest(g, escaping)
-            fragments.put(key, (g.ops, loops, operands, escaping), found)
-        return found
+        return fragments.get_or_make(key, (g.ops, loops, operands, escaping),
+                              lambda: self._loop_nest(g, escaping))
 
     def _loop_nest(self, g: _Group, escaping: list[Value]) -> Op:
         ranges = [Value(RangeType(a, self.mesh[a]), name=f"r{a}") for a in g.axes]

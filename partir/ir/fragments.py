@@ -21,7 +21,7 @@ id cannot be reused for another object while the entry lives.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,14 @@ class Fragments:
             self._keep(key, found)
         self.reused[key[0]] += 1
         return found[1]
+
+    def get_or_make(self, key: tuple, holds: Any, make: Callable[[], Any]) -> Any:
+        """The fragment under `key`, or `make()` kept there (`holds` as for `put`)."""
+        found = self.get(key)
+        if found is None:
+            found = make()
+            self.put(key, holds, found)
+        return found
 
     def put(self, key: tuple, holds: Any, fragment: Any) -> None:
         """Keep `fragment` under `key`; `holds`: the objects whose ids are in the key."""

@@ -87,15 +87,12 @@ class _Lowering:
                         attributes)
 
     def argument(self, a: Value) -> Value:
-        fragments = self.fragments
-        if fragments is None:
+        def make() -> Value:
             return Value(DTensorType.of(a.type), name=a.name)
-        key = ("spmd", id(a))
-        found = fragments.get(key)
-        if found is None:
-            found = Value(DTensorType.of(a.type), name=a.name)
-            fragments.put(key, a, found)
-        return found
+
+        if self.fragments is None:
+            return make()
+        return self.fragments.get_or_make(("spmd", id(a)), a, make)
 
     def translate(self, levels: tuple[_Level, ...], ops: Sequence[Op],
                   yields: Sequence[Value]) -> list[Value]:
@@ -130,10 +127,8 @@ class _Lowering:
             return
         # At top level, the body's translation and the loop's results depend only on the
         # loop and the values it reads from outside (`reused`).
-        free = self.fragments.get(("spmd free values", id(loop)))
-        if free is None:
-            free = _free_in(loop.regions)
-            self.fragments.put(("spmd free values", id(loop)), loop, free)
+        free = self.fragments.get_or_make(("spmd free values", id(loop)), loop,
+                                   lambda: _free_in(loop.regions))
 
         def make() -> list[Value]:
             self.loop_body(levels, loop)
