@@ -388,7 +388,7 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
         lines += ["def reference(args):", "    return jax.jit(f)(*args)", "", "",
                   # JAX arrays: the case may use their methods (`.at`), as it does on the
                   # tracers the other references give it (fuzzer seed 3740).
-                  "def reference_alt(args):", "    return f(*map(jnp.asarray, args))", "", "",
+                  "def reference_alts(args):", "    return (f(*map(jnp.asarray, args)),)", "", "",
                   "def partitioned(args):", "    global meta",
                   "    fn, meta = partir.jit(f, mesh, schedule)"]
         lines.append("    return fn(*args)" if mode == "plain"
@@ -396,8 +396,12 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
     elif mode == "grad":
         lines += ["def reference(args):",
                   "    return jax.grad(loss_of(jax.jit(f)), argnums=ARGNUMS)(*args)", "", "",
-                  "def reference_alt(args):",
-                  "    return jax.jit(jax.grad(loss_of(f), argnums=ARGNUMS))(*args)", "", "",
+                  # Two other ways: compiled as one program, and op by op (fuzzer seed
+                  # 7821: XLA compiled both jitted references of a dynamic update of an
+                  # array with its own slice wrongly; op by op agreed with partir).
+                  "def reference_alts(args):",
+                  "    return (jax.jit(jax.grad(loss_of(f), argnums=ARGNUMS))(*args),",
+                  "            jax.grad(loss_of(f), argnums=ARGNUMS)(*args))", "", "",
                   "def partitioned(args):", "    global meta",
                   "    fn, meta = partir.jit(f, mesh, schedule)",
                   "    return jax.grad(loss_of(fn), argnums=ARGNUMS)(*args)"]
@@ -406,7 +410,7 @@ def render(case: Case, mode: str = "plain", core: bool = False) -> str:
                   f"    return jax.value_and_grad(loss_of(f), argnums=ARGNUMS)({params})",
                   "", "",
                   "def reference(args):", "    return jax.jit(f_vg)(*args)", "", "",
-                  "def reference_alt(args):", "    return f_vg(*args)", "", "",
+                  "def reference_alts(args):", "    return (f_vg(*args),)", "", "",
                   "def partitioned(args):", "    global meta",
                   "    fn, meta = partir.jit(f_vg, mesh, schedule)",
                   "    return fn(*args)"]

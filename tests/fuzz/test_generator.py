@@ -205,3 +205,10 @@ def test_the_core_oracle_of_a_derivative_interprets_the_derivatives_program():
                 and float_argnums(c.program))
     assert "def f_grad(" in render(case, "grad", True)
     assert execute(case, "grad", core=True).cls in ("OK", "REFUSED")
+
+
+def test_a_reference_xla_compiles_wrongly_is_invalid_not_wrong():
+    """Seed 7821: XLA gives both jitted gradients of JAX's own function a wrong value;
+    the op-by-op gradient agrees with partir's, so the case has no one reference."""
+    out = execute(generate(7821), "grad", core=False)
+    assert (out.cls, out.error) == ("INVALID", "unstable reference"), out
