@@ -188,9 +188,7 @@ def serve(params: dict[str, Any], prompt: jax.Array, decode_steps: int
 
     def step(carry, pos):
         token, caches = carry
-        # The lookup as a one-hot matmul: partir cannot slice a loop body's `gather` (it
-        # computes from positions), which would keep the whole loop unsliced on the batch.
-        x = jax.nn.one_hot(token[:, None], embed.shape[0], dtype=embed.dtype) @ embed
+        x = jnp.take(embed, token[:, None], axis=0)
         logits, caches = run_layers(params, x, caches, pos)
         next_token = jnp.argmax(logits, axis=-1).astype(token.dtype)
         return (next_token, caches), (next_token, logits)
