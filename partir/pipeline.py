@@ -15,8 +15,8 @@ from partir.hlo.ops import COLLECTIVES, collectives_by_axes
 from partir.hlo.printing import print_hlo
 from partir.ir import Function, print_function
 from partir.ir.fragments import Fragments
+from partir.rules.catalogue import region_ops
 from partir.rules.collectives import named_axes
-from partir.rules.control import region_ops
 from partir.spmd import lower_core_to_spmd
 
 

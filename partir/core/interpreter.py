@@ -27,8 +27,8 @@ from partir.ir import Function, Op, Region, Value
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
+from partir.rules.catalogue import region_ops
 from partir.rules.collectives import NAMED_AXIS_OPS, named_axes
-from partir.rules.control import region_ops
 
 
 class InterpreterError(Exception):

@@ -31,6 +31,7 @@ from partir.ir.monoids import NAMES as MONOIDS
 from partir.ir.printer import Printer, register_op_printer
 from partir.ir.types import tensor_type
 from partir.ir.verifier import VerificationError, register_type_rule
+from partir.rules.catalogue import region_ops
 from partir.rules.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -41,7 +42,6 @@ from partir.rules.collectives import (
     REDUCE_SCATTER,
     named_axes,
 )
-from partir.rules.control import region_ops
 
 AXIS_INDEX_TYPE = TensorType((), np.dtype("int32"))
 COLLECTIVES = (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, COLLECTIVE_PERMUTE, ALL_SLICE)

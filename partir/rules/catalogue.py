@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
@@ -175,6 +175,10 @@ class DataFlow:
     exits: tuple[Edge, ...]  # region yield -> result, made anew each iteration
     carries: tuple[Carry, ...] = ()
     predicate: tuple[int, int] | None = None  # (region, yield): a while loop's condition
+    # How often one run of the op runs each region: a count, or None where the run
+    # decides (a while loop's); `alternatives`: one of the regions runs (a cond's branches).
+    trips: tuple[int | None, ...] = ()
+    alternatives: bool = False
 
 
 # data_flow(view) -> the op's data-flow edges (its regions may be absent from the view
@@ -270,6 +274,42 @@ def flops_of(primitive: Primitive, view: OpView) -> float:
     the op itself."""
     rule = None if primitive.rule is None or primitive.syncs else primitive.rule(view)
     return primitive.flops(view, rule)
+
+
+def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None]]:
+    """The ops inside an op's regions, nested ones included, each with how often one run
+    of the op runs it (None: unknown; its data-flow declaration's `trips`), each
+    alternative region as if it were taken. The partitioner's own ops with a region (a
+    Core loop, an SPMD execute) run it once per iteration, counted here as once."""
+    if not op.regions:
+        return
+    prim = CATALOGUE.get(op.name)
+    trips = (prim.data_flow(OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                                   (), regions=tuple(op.regions))).trips
+             if prim is not None and prim.data_flow is not None else (1,) * len(op.regions))
+    for region, n in zip(op.regions, trips, strict=True):
+        inner_times = None if times is None or n is None else times * n
+        for inner in region.ops:
+            yield inner, inner_times
+            if inner.regions:
+                yield from region_ops(inner, inner_times)
+
+
+def region_flops(view: OpView, rule: ShardingRule | None) -> float:
+    """The FLOPs of an op that runs regions: each region's ops' times its trips (once
+    where the run decides), the costliest region where one of them runs."""
+    flow = CATALOGUE[view.name].data_flow(view)
+    per_region = []
+    for region, n in zip(view.regions, flow.trips, strict=True):
+        total = 0.0
+        for op in region.ops:
+            prim = CATALOGUE.get(op.name)
+            if prim is not None:
+                total += flops_of(prim, OpView(
+                    op.name, op.params, tuple(v.type for v in op.operands),
+                    tuple(v.type for v in op.results), regions=tuple(op.regions)))
+        per_region.append((1 if n is None else n) * total)
+    return max(per_region) if flow.alternatives else sum(per_region)
 
 
 def no_flops(view: OpView, rule: ShardingRule | None) -> float:

@@ -28,7 +28,7 @@ them. Dimensions of no group are need-replication factors.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,7 @@ from partir.rules.catalogue import (
     RegionApplyFn,
     Slicing,
     declare,
-    flops_of,
+    region_flops,
 )
 from partir.rules.collectives import ALL_GATHER, ALL_REDUCE, ALL_SLICE, REDUCE_SCATTER
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
@@ -380,7 +380,8 @@ def scan_flow(view: OpView) -> DataFlow:
         entries=(*(Edge(i, 0, i) for i in range(nc)),
                  *(Edge(i, 0, i, lead=1) for i in range(nc + nk, len(view.in_types)))),
         exits=tuple(Edge(k, 0, k, lead=1) for k in range(nk, len(view.out_types))),
-        carries=tuple(Carry(nc + k, ((0, nc + k),), (0, k), k) for k in range(nk)))
+        carries=tuple(Carry(nc + k, ((0, nc + k),), (0, k), k) for k in range(nk)),
+        trips=(view.params["length"],))
 
 
 def while_flow(view: OpView) -> DataFlow:
@@ -394,7 +395,7 @@ def while_flow(view: OpView) -> DataFlow:
         exits=(),
         carries=tuple(Carry(cn + bn + k, ((0, cn + k), (1, bn + k)), (1, k), k)
                       for k in range(nk)),
-        predicate=(0, 0))
+        predicate=(0, 0), trips=(None, None))
 
 
 def cond_flow(view: OpView) -> DataFlow:
@@ -403,7 +404,8 @@ def cond_flow(view: OpView) -> DataFlow:
     branches = range(len(view.regions))
     return DataFlow(
         entries=tuple(Edge(i, b, i - 1) for b in branches for i in range(1, len(view.in_types))),
-        exits=tuple(Edge(k, b, k) for b in branches for k in range(len(view.out_types))))
+        exits=tuple(Edge(k, b, k) for b in branches for k in range(len(view.out_types))),
+        trips=(1,) * len(branches), alternatives=True)
 
 
 def _edges(a: _Analysis, view: OpView) -> _Edges:
@@ -639,21 +641,6 @@ def _groups(view: OpView) -> _Groups:
 
 def control_rule(view: OpView) -> ShardingRule:
     return _groups(view).rule
-
-
-def region_ops(op: Op, times: int | None = 1) -> Iterator[tuple[Op, int | None]]:
-    """The ops inside a control-flow op's regions, nested ones included, each with how
-    often one run of the op runs it: a scan's region `length` times, a while loop's an
-    unknown number of times (None), each branch of a cond once (as if each were taken)."""
-    if op.name == "scan":
-        times = None if times is None else times * op.params["length"]
-    elif op.name == "while":
-        times = None
-    for region in op.regions:
-        for inner in region.ops:
-            yield inner, times
-            if inner.regions:
-                yield from region_ops(inner, times)
 
 
 def body_factor(view: OpView, value: Value, dim: int) -> int | str:
@@ -970,31 +957,8 @@ def _sliced_factors(op: Op, a: _Analysis, plan: _Plan) -> dict[int, tuple[str, .
     return out
 
 
-def control_flops(view: OpView, rule: ShardingRule | None) -> float:
-    """The regions' FLOPs: a scan's body times its length; a while loop's body once (its
-    trip count is not known); a cond's costliest branch."""
-    flops = [_region_flops(r) for r in view.regions]
-    if view.name == "scan":
-        return view.params["length"] * flops[0]
-    if view.name == "while":
-        return sum(flops)
-    return max(flops)
-
-
-def _region_flops(region: Region) -> float:
-    total = 0.0
-    for op in region.ops:
-        prim = CATALOGUE.get(op.name)
-        if prim is None:
-            continue
-        total += flops_of(prim, OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                                       tuple(v.type for v in op.results),
-                                       regions=tuple(op.regions)))
-    return total
-
-
 _CONTROL = Primitive(
-    Kind.KERNEL, control_flops, control_rule, localize=localize, masks_padding=False,
+    Kind.KERNEL, region_flops, control_rule, localize=localize, masks_padding=False,
     syncs=True,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated")

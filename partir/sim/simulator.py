@@ -31,7 +31,7 @@ from partir.ir import Function
 from partir.ir.dtypes import dtype_name
 from partir.mesh import split_axis_name
 from partir.rules import CATALOGUE
-from partir.rules.control import region_ops
+from partir.rules.catalogue import region_ops
 from partir.sim.collectives import (
     KINDS,
     axis_links,

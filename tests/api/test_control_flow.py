@@ -22,8 +22,8 @@ import partir
 from partir.core.materialize import materialize
 from partir.hlo import interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
 from partir.pipeline import lower
+from partir.rules.catalogue import region_ops
 from partir.rules.collectives import ALL_REDUCE, named_axes
-from partir.rules.control import region_ops
 from partir.spmd import interpret_spmd, lower_core_to_spmd
 from tests.oracles import assert_tree_close
 

@@ -11,7 +11,7 @@ from partir.ir import Op, Value
 from partir.ir.evaluate import evaluate
 from partir.ir.types import TensorType
 from partir.rules import CATALOGUE, OpView
-from partir.rules.catalogue import Slicing
+from partir.rules.catalogue import Slicing, flops_of, region_ops
 from partir.rules.collectives import ALL_REDUCE
 from partir.rules.factors import PASS, REDUCTION, REPLICATION
 
@@ -135,3 +135,25 @@ def test_regions_are_localized_to_local_shapes():
             made.params, list(made.regions))
     out = evaluate(op, [jnp.ones((2, 4)), WS])
     assert out[0].shape == (2, 4) and out[1].shape == (3,)
+
+
+def test_regions_run_as_often_as_the_data_flow_declares():
+    """A scan's body runs `length` times, a while loop's an unknown number of times, one
+    of a cond's branches: the ops inside and the FLOPs follow the declared trips."""
+    def f(x, ws):
+        def layer(c, w):
+            c = lax.while_loop(lambda c: jnp.sum(c) > 1e9, lambda c: c * 2.0, c)
+            return lax.cond(jnp.sum(c) > 0, lambda c: c @ w @ w, lambda c: c @ w, c), None
+        return lax.scan(layer, x, ws)[0]
+
+    (scan,) = [o for o in trace(f, X, WS).function.ops if o.name == "scan"]
+    times = {inner.name: t for inner, t in region_ops(scan)}
+    assert times["while"] == times["cond"] == 3
+    assert times["mul"] is None  # inside the while loop
+    assert times["dot_general"] == 3  # inside a branch: as if it were taken
+    view = OpView(scan.name, scan.params, tuple(v.type for v in scan.operands),
+                  tuple(v.type for v in scan.results), regions=tuple(scan.regions))
+    # per layer: the costlier branch's two [8,4]x[4,4] matmuls, the loop body's once
+    matmul = 2 * 8 * 4 * 4
+    assert flops_of(CATALOGUE["scan"], view) >= 3 * 2 * matmul
+    assert flops_of(CATALOGUE["scan"], view) < 3 * 3 * matmul
