@@ -67,6 +67,7 @@ from partir.ir.collectives import chunk_coordinates
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
 from partir.ir.opnames import CONSTANT
+from partir.rules.catalogue import Edge, data_flow
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -1119,13 +1120,13 @@ def sum_in_loop_bodies(fn: Function) -> Function:
     scan's body slice by slice instead, and the all_reduce dropped: the body's sum
     overlaps with the next iterations' work, where one sum after the scan waits for all
     of them (XLA's scheduler cannot move a collective into a loop)."""
-    stacked = {r: (op, k) for op in fn.ops if op.name == "scan"
-               for k, r in enumerate(op.results) if k >= op.params["num_carry"]}
+    stacked = {op.results[e.value]: (op, e) for op in fn.ops
+               if (flow := data_flow(op)) is not None for e in flow.exits if e.lead}
     if not stacked:
         return fn
     uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
     uses.update(fn.results)
-    sums: dict[Op, dict[int, Op]] = {}  # scan -> its stacked result -> the all_reduce
+    sums: dict[Op, dict[Edge, Op]] = {}  # scan -> its stacked result's exit -> all_reduce
     for op in fn.ops:
         if op.name == ALL_REDUCE and op.params["monoid"] == "add":
             made = stacked.get(op.operands[0])
@@ -1138,27 +1139,33 @@ def sum_in_loop_bodies(fn: Function) -> Function:
     for op in fn.ops:
         ars = sums.get(op)
         if ars is not None:
-            op = Op(op.name, op.operands, [ars[k].results[0] if k in ars else r
+            by_result = {e.value: ar for e, ar in ars.items()}
+            op = Op(op.name, op.operands, [by_result[k].results[0] if k in by_result else r
                                            for k, r in enumerate(op.results)],
-                    op.params, [_sum_in_body(op.regions[0], ars)], op.loc, op.prim)
+                    op.params, _sum_in_regions(op.regions, ars), op.loc, op.prim)
         if op not in dropped:
             ops.append(op)
     return replace(fn, ops=ops)
 
 
-def _sum_in_body(body: Region, sums: Mapping[int, Op]) -> Region:
-    """A scan's body summing each stacked result `k` of `sums` as that all_reduce did, as
-    it makes each slice (at the line of the op making it): a sum of the stacked result is
-    the stack of the slices' sums, one per iteration, as the unrolled loop would sum each
-    layer's gradient where it makes it."""
-    made = {r: op.loc for op in body.ops for r in op.results}
-    ops, yields = list(body.ops), list(body.yields)
-    for k, ar in sums.items():
-        summed = make_all_reduce(yields[k], ar.params["axes"], ar.params["monoid"],
-                                 loc=made.get(yields[k], ar.loc))
-        ops.append(summed)
-        yields[k] = summed.results[0]
-    return Region(body.args, ops, yields)
+def _sum_in_regions(regions: Sequence[Region], sums: Mapping[Edge, Op]) -> list[Region]:
+    """A scan's body summing each stacked result of `sums` (by its exit) as that
+    all_reduce did, as it makes each slice (at the line of the op making it): a sum of the
+    stacked result is the stack of the slices' sums, one per iteration, as the unrolled
+    loop would sum each layer's gradient where it makes it."""
+    out = []
+    for i, region in enumerate(regions):
+        made = {r: op.loc for op in region.ops for r in op.results}
+        ops, yields = list(region.ops), list(region.yields)
+        for e, ar in sums.items():
+            if e.region == i:
+                summed = make_all_reduce(yields[e.position], ar.params["axes"],
+                                         ar.params["monoid"],
+                                         loc=made.get(yields[e.position], ar.loc))
+                ops.append(summed)
+                yields[e.position] = summed.results[0]
+        out.append(Region(region.args, ops, yields))
+    return out
 
 
 def regather_for_backward(fn: Function) -> Function:

@@ -276,6 +276,16 @@ def flops_of(primitive: Primitive, view: OpView) -> float:
     return primitive.flops(view, rule)
 
 
+def data_flow(op: Any) -> DataFlow | None:
+    """The data-flow edges of an op with regions (None: not a control-flow primitive)."""
+    prim = CATALOGUE.get(op.name) if op.regions else None
+    if prim is None or prim.data_flow is None:
+        return None
+    return prim.data_flow(OpView(op.name, op.params, tuple(v.type for v in op.operands),
+                                 tuple(v.type for v in op.results),
+                                 regions=tuple(op.regions)))
+
+
 def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None]]:
     """The ops inside an op's regions, nested ones included, each with how often one run
     of the op runs it (None: unknown; its data-flow declaration's `trips`), each
@@ -283,10 +293,8 @@ def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None
     Core loop, an SPMD execute) run it once per iteration, counted here as once."""
     if not op.regions:
         return
-    prim = CATALOGUE.get(op.name)
-    trips = (prim.data_flow(OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                                   (), regions=tuple(op.regions))).trips
-             if prim is not None and prim.data_flow is not None else (1,) * len(op.regions))
+    flow = data_flow(op)
+    trips = flow.trips if flow is not None else (1,) * len(op.regions)
     for region, n in zip(op.regions, trips, strict=True):
         inner_times = None if times is None or n is None else times * n
         for inner in region.ops:

@@ -71,6 +71,7 @@ from partir.ir import Function, Op, Region, TensorType, Value
 from partir.ir.dtypes import itemsize
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import CONSTANT
+from partir.rules.catalogue import data_flow
 from partir.sim.collectives import Combiner
 from partir.sim.cost import (
     COST_RULES,
@@ -266,12 +267,15 @@ def _region_bytes(op: Op, region: Region, sizes: SizesFn,
     plan = plan_buffers(Function("region", region.args, region.ops, region.yields), sizes,
                         library_reduction_elements=library_reduction_elements,
                         combined_collectives=combined_collectives)
-    if op.name != "scan":
+    flow = data_flow(op)
+    stacked_yields = [region.yields[e.position] for e in (flow.exits if flow else ())
+                      if e.lead and op.regions[e.region] is region]
+    if not stacked_yields:
         return plan.temp_bytes
     writer = {r: i for i, inner in enumerate(region.ops) for r in inner.results}
     read = {u for inner in region.ops for u in inner.operands}
     stacked = 0
-    for y in dict.fromkeys(region.yields[op.params["num_carry"]:]):
+    for y in dict.fromkeys(stacked_yields):
         i = writer.get(y)
         while i is not None and plan.kinds[i] is Kind.FREE:  # a view of its operand
             y = region.ops[i].operands[0]
