@@ -11,9 +11,10 @@ shard_map, or under vmaps naming the mesh axes. A control-flow op runs its regio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.custom_batching import custom_vmap
@@ -36,7 +37,7 @@ def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
     if collective is not None:
         return [collective(*operands, **op.params)]
     if op.regions:
-        return _control_flow(op, operands)
+        return _compiled_control_flow(op)(*operands)
     if op.prim is None:
         raise ProgramError(f"op {op.name!r} is neither an op of its dialect, a tag, a "
                            f"constant nor a JAX primitive, so it cannot be evaluated",
@@ -69,6 +70,23 @@ def run_region(region: Region, args: Sequence[Any]) -> list[Any]:
     for op in region.ops:
         env.update(zip(op.results, evaluate(op, [env[v] for v in op.operands]), strict=True))
     return [env[v] for v in region.yields]
+
+
+# op -> its control flow under jax.jit. Run op by op (the interpreters), a lax.scan of a
+# fresh closure compiles anew at every call: an interpreter running a loop's iterations
+# one by one would compile the same op once per iteration. Ops compare by identity; the
+# table is emptied when it grows past its bound, so it keeps no program alive for long.
+_COMPILED: dict[Op, Callable[..., list[Any]]] = {}
+_COMPILED_BOUND = 1024
+
+
+def _compiled_control_flow(op: Op) -> Callable[..., list[Any]]:
+    fn = _COMPILED.get(op)
+    if fn is None:
+        if len(_COMPILED) >= _COMPILED_BOUND:
+            _COMPILED.clear()
+        fn = _COMPILED[op] = jax.jit(lambda *operands: _control_flow(op, operands))
+    return fn
 
 
 def _control_flow(op: Op, operands: Sequence[Any]) -> list[Any]:
