@@ -38,3 +38,34 @@ def test_an_op_that_is_no_primitive_is_a_program_error_at_its_line():
     op = Op("core.frobnicate", [Value(_t(4))], [Value(_t(4))], loc=Location("model.py", 7))
     with pytest.raises(ProgramError, match=r"'core.frobnicate' is neither .* model.py:7"):
         evaluate(op, [jnp.zeros(4)])
+
+
+def test_a_control_flow_op_evaluated_again_is_not_compiled_again():
+    """The interpreters evaluate a loop's body ops once per iteration of an enclosing
+    loop: a scan op run again on operands of the same types reuses its compilation."""
+    import jax
+    from jax import monitoring
+
+    from partir.frontend import trace
+
+    def f(x):
+        return lax.scan(lambda c, _: (jnp.sin(c) * 2.0, None), x, None, length=4)[0]
+
+    (scan,) = [o for o in trace(f, jnp.ones(3)).function.ops if o.name == "scan"]
+    compiles = []
+
+    def listen(event: str, duration: float, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    ones, twos = jnp.ones(3), jnp.asarray([2.0, 3.0, 4.0], jnp.float32)
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        first = evaluate(scan, [ones])
+        n = len(compiles)
+        again = evaluate(scan, [twos])
+        assert len(compiles) == n, "the same scan op was compiled again"
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    np.testing.assert_allclose(again[0], f(twos), rtol=1e-6)
+    np.testing.assert_allclose(first[0], jax.jit(f)(ones), rtol=1e-6)
