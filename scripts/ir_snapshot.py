@@ -6,8 +6,9 @@ commits can be byte-compared (`cmp`) when a refactoring must not change the outp
 Covers every `examples/**/*.partir.py` file (each tactic's Core text, the final Core,
 SPMD and HLO texts, the StableHLO module, collectives, shardings, conflicts and cost) and
 the transformer's T32 shapes with 2 layers (abstract inputs) under each cumulative prefix
-of BP, MP, Z3, EMB. Wall-clock readings and the checkout's path are masked: two runs of
-one commit, in any checkout, give the same file.
+of BP, MP, Z3, EMB. Wall-clock readings and the paths of the checkout and of the Python
+environment are masked, and automatic searches run without their time budget: two runs
+of one commit, in any checkout and under any load, give the same file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import dataclasses
 import json
+import math
 import pathlib
 import re
 import sys
@@ -46,14 +48,27 @@ def _texts(meta: partir.Metadata) -> dict:
              "stablehlo": meta.stablehlo,
              "tactic_core": [t.core_ir for t in meta.tactics],
              "json": json.dumps(record, default=str, sort_keys=True)}
-    return json.loads(json.dumps(texts).replace(json.dumps(str(ROOT))[1:-1], "<root>"))
+    text = json.dumps(texts)
+    # The environment's path first: it may lie inside the checkout (a .venv there).
+    for path, mask in ((sys.prefix, "<env>"), (str(ROOT), "<root>")):
+        text = text.replace(json.dumps(path)[1:-1], mask)
+    return json.loads(text)
+
+
+def _unbounded(schedule: list) -> list:
+    """The schedule with its automatic searches run to their own end: a time budget cuts
+    a search short where the machine is loaded, and one commit would then snapshot two
+    different searches."""
+    return [dataclasses.replace(t, budget_s=math.inf)
+            if isinstance(t, partir.AutomaticPartition) else t for t in schedule]
 
 
 def snapshot() -> dict[str, dict]:
     out: dict[str, dict] = {}
     for path in sorted((ROOT / "examples").glob("**/*.partir.py")):
         sf = load_schedule_file(path)
-        meta = partir.partition(sf.program.fn, sf.mesh, sf.schedule, *sf.program.args)
+        meta = partir.partition(sf.program.fn, sf.mesh, _unbounded(sf.schedule),
+                                *sf.program.args)
         out[str(path.relative_to(ROOT))] = _texts(meta)
     sys.path.insert(0, str(ROOT / "examples" / "transformer"))
     from examples.transformer import model, schedules
