@@ -6,7 +6,8 @@ A primitive is re-bound with its public parameters: those named with a leading `
 partir's notes on the op (for the passes), which the JAX primitive does not take. A
 collective runs as JAX's named-axis collectives (`partir.ir.lax_collectives`): inside a
 shard_map, or under vmaps naming the mesh axes. A control-flow op runs its regions with
-`lax.scan`, `lax.while_loop` or `lax.switch`, each region's ops evaluated here in turn.
+`lax.scan`, `lax.while_loop` or `lax.switch` (its `REGION_EVALUATORS` entry, declared
+with the primitive), each region's ops evaluated here in turn.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.extend.random import threefry2x32_p
 
@@ -24,6 +24,7 @@ from partir.errors import ProgramError
 from partir.ir.lax_collectives import COLLECTIVES
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.ops import Op, Region
+from partir.registry import Registry
 
 
 def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
@@ -72,6 +73,12 @@ def run_region(region: Region, args: Sequence[Any]) -> list[Any]:
     return [env[v] for v in region.yields]
 
 
+# name -> how an op with regions runs them on operand values, declared beside the
+# primitive's other rules (`partir.rules.control`).
+RegionEvaluator = Callable[[Op, Sequence[Any]], list[Any]]
+REGION_EVALUATORS: Registry[RegionEvaluator] = Registry("region evaluator")
+
+
 # op -> its control flow under jax.jit. Run op by op (the interpreters), a lax.scan of a
 # fresh closure compiles anew at every call: an interpreter running a loop's iterations
 # one by one would compile the same op once per iteration. Ops compare by identity; the
@@ -90,32 +97,8 @@ def _compiled_control_flow(op: Op) -> Callable[..., list[Any]]:
 
 
 def _control_flow(op: Op, operands: Sequence[Any]) -> list[Any]:
-    p = op.params
-    if op.name == "scan":
-        nc, nk = p["num_consts"], p["num_carry"]
-        consts, init, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
-        (body,) = op.regions
-
-        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-            outs = run_region(body, [*consts, *carry, *x])
-            return outs[:nk], outs[nk:]
-
-        carry, ys = lax.scan(step, list(init), list(xs), length=p["length"],
-                             reverse=p["reverse"], unroll=p["unroll"])
-        return [*carry, *ys]
-    if op.name == "while":
-        cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        cond_consts, body_consts = operands[:cn], operands[cn:cn + bn]
-        cond, body = op.regions
-        return list(lax.while_loop(lambda c: run_region(cond, [*cond_consts, *c])[0],
-                                   lambda c: run_region(body, [*body_consts, *c]),
-                                   list(operands[cn + bn:])))
-    if op.name == "cond":
-        index, *args = operands
-        return list(lax.switch(index, [_branch(r) for r in op.regions], *args))
-    raise ProgramError(f"op {op.name!r} has regions but is no control flow partir runs",
-                       loc=op.loc)
-
-
-def _branch(region: Region) -> Any:
-    return lambda *args: run_region(region, args)
+    run = REGION_EVALUATORS.get(op.name)
+    if run is None:
+        raise ProgramError(f"op {op.name!r} has regions but is no control flow partir runs",
+                           loc=op.loc)
+    return run(op, operands)

@@ -27,15 +27,18 @@ them. Dimensions of no group are need-replication factors.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from jax import lax
 
 from partir.ir import UNKNOWN_LOCATION, Location, Op, Region, Value
 from partir.ir.dtypes import canonical
+from partir.ir.evaluate import REGION_EVALUATORS, run_region
 from partir.ir.opnames import CONSTANT
 from partir.ir.types import TensorType
 from partir.ir.verifier import register_type_rule
@@ -398,6 +401,40 @@ def while_flow(view: OpView) -> DataFlow:
         predicate=(0, 0), trips=(None, None))
 
 
+def run_scan(op: Op, operands: Sequence[Any]) -> list[Any]:
+    p = op.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, init, xs = operands[:nc], operands[nc:nc + nk], operands[nc + nk:]
+    (body,) = op.regions
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        outs = run_region(body, [*consts, *carry, *x])
+        return outs[:nk], outs[nk:]
+
+    carry, ys = lax.scan(step, list(init), list(xs), length=p["length"],
+                         reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry, *ys]
+
+
+def run_while(op: Op, operands: Sequence[Any]) -> list[Any]:
+    cn, bn = op.params["cond_nconsts"], op.params["body_nconsts"]
+    cond_consts, body_consts = operands[:cn], operands[cn:cn + bn]
+    cond, body = op.regions
+    return list(lax.while_loop(lambda c: run_region(cond, [*cond_consts, *c])[0],
+                               lambda c: run_region(body, [*body_consts, *c]),
+                               list(operands[cn + bn:])))
+
+
+def run_cond(op: Op, operands: Sequence[Any]) -> list[Any]:
+    index, *args = operands
+    branches = [functools.partial(_run_branch, region) for region in op.regions]
+    return list(lax.switch(index, branches, *args))
+
+
+def _run_branch(region: Region, *args: Any) -> list[Any]:
+    return run_region(region, args)
+
+
 def cond_flow(view: OpView) -> DataFlow:
     """The operands after the branch index enter every branch; every branch makes the
     results."""
@@ -471,7 +508,8 @@ def _zeros(params: Any) -> frozenset[int]:
 
 # The control-flow primitives and their data-flow edges: kept whole by the frontend, their
 # bodies' tags named by tactics (`partir.frontend.BodyTag`).
-_FLOWS = {"scan": scan_flow, "while": while_flow, "cond": cond_flow}
+_FLOWS = {"scan": (scan_flow, run_scan), "while": (while_flow, run_while),
+          "cond": (cond_flow, run_cond)}
 CONTROL_FLOW = tuple(_FLOWS)
 
 
@@ -711,7 +749,7 @@ def _type_error(op: Op) -> str | None:
     return None
 
 
-for _name in ("scan", "while", "cond"):
+for _name in _FLOWS:
     register_type_rule(_name)(_type_error)
 
 
@@ -962,5 +1000,6 @@ _CONTROL = Primitive(
     syncs=True,
     doc="groups of dims the bodies keep apart -> tile; partial sums reaching stacked "
         "outputs -> #sum; the rest replicated")
-for _name, _flow in _FLOWS.items():
+for _name, (_flow, _run) in _FLOWS.items():
     declare(_name, replace(_CONTROL, data_flow=_flow))
+    REGION_EVALUATORS.register(_name, _run)
