@@ -259,10 +259,20 @@ class CoreProgram:
     @functools.cached_property
     def _input_shardings(self) -> dict[str, Sharding]:
         # (the padding report, the metadata and the editor's value shardings all ask)
+        # The uses of the inputs and of the identity ops' results on them, in one pass:
+        # an identity op comes right after the value it is on (its `order`), so before
+        # the uses of its result. One test per op, in C, passes over the others (most).
         uses: dict[Value, list[tuple[CoreOp, int]]] = defaultdict(list)
+        followed = set(self.args)
         for op in self.ops:
-            for i, v in enumerate(op.operands):
-                uses[v].append((op, i))
+            operands = op.operands
+            if followed.isdisjoint(operands):
+                continue
+            for i, v in enumerate(operands):
+                if v in followed:
+                    uses[v].append((op, i))
+            if op.name in IDENTITY_KINDS:
+                followed.update(op.results)
 
         result = {}
         for a in self.args:
