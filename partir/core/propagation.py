@@ -247,8 +247,9 @@ class Propagator:
         self.axes = list(module.mesh.axis_names)
         self.sizes = dict(module.mesh)
         # The worklist holds positions in the program: ints compare faster than the ops'
-        # `order` tuples, and propagation inserts no ops, so positions stay valid.
-        self._position = dict(zip(map(_uid, module.ops), itertools.count()))
+        # `order` tuples, and propagation inserts no ops, so positions stay valid. Made
+        # at the first push: a tactic that changes nothing pushes nothing.
+        self._position: dict[int, int] | None = None
         self._queue: list[int] = []
         self._queued: set[int] = set()
         # request -> the loop to add (Loop) or the conflict to record (kind, choices,
@@ -288,7 +289,11 @@ class Propagator:
     def push(self, uid: int) -> None:
         if uid not in self._queued:
             self._queued.add(uid)
-            heapq.heappush(self._queue, self._position[uid])
+            position = self._position
+            if position is None:
+                position = self._position = dict(zip(map(_uid, self.m.ops),
+                                                     itertools.count()))
+            heapq.heappush(self._queue, position[uid])
 
     def run(self) -> None:
         token = cancel.current()  # checked every 256 visits: cancelled within ~ms
