@@ -260,9 +260,8 @@ def same_program(a: CoreProgram, b: CoreProgram) -> bool:
     """Whether `b` is `a` unchanged: what a tactic leaves when it changes nothing (what it
     names was sharded so already, by propagation from an earlier tactic). Ops are never
     mutated, so identical ops and nests mean an equal program; checked without a walk
-    over the values."""
-    return a.mesh == b.mesh and len(a.ops) == len(b.ops) and \
-        all(x is y for x, y in zip(a.ops, b.ops, strict=True)) and a.nests == b.nests and \
+    over the values, and in C: ops compare by identity (`CoreOp` has no `__eq__`)."""
+    return a.mesh == b.mesh and a.ops == b.ops and a.nests == b.nests and \
         a.results == b.results and a.out_constraints == b.out_constraints
 
 
