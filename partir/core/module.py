@@ -97,6 +97,9 @@ class CoreModule:
         # as much as propagating it, though a tactic rewires few uses.
         self._owned_uses: set[Value] | None = None
         self.conflicts: dict[tuple[int, str], Conflict] = {}
+        # The uids of the ops rewrites inserted, rewired or gave another nest since the
+        # module was made or forked: what a state's program changed from its parent's.
+        self.changed: set[int] = set()
         self.acted: dict[tuple[Value, str], str] = {}  # explicit actions, per value and axis
         self.splits: list[str] = []  # why each axis split into sub-axes was made
         self.notes: list[str] = []  # what propagation chose that a user should know
@@ -148,6 +151,7 @@ class CoreModule:
         memos on the indices' and loops' identities (propagation's, materialize's,
         `add_loop`'s) then serve them all. An op's nest holds its index's very Loops, so
         that a loop of the index is one of the nest (`replace_loop`)."""
+        self.changed.add(op.uid)
         key = (nest, len(op.operands), len(op.results))
         shared = self._shared_nests.get(key)
         if shared is None:
@@ -197,6 +201,7 @@ class CoreModule:
         new._owned_uses = set()
         self._owned_uses = set()  # the fork shares them now
         new.conflicts = dict(self.conflicts)
+        new.changed = set()
         new.acted = dict(self.acted)
         new.splits = list(self.splits)
         new.notes = list(self.notes)
@@ -231,6 +236,7 @@ class CoreModule:
         return dropped
 
     def add_loop(self, uid: int, loop: Loop) -> None:
+        self.changed.add(uid)
         self.nests[uid] = (*self.nests.get(uid, ()), loop)
         info = self.info[uid]
         key = (id(info), id(loop))
@@ -273,6 +279,7 @@ class CoreModule:
         old_op = self.by_uid[uid]
         old = old_op.operands[i]
         op = old_op.with_operand(i, new)
+        self.changed.add(uid)
         pos = bisect.bisect_left(self._orders, old_op.order)
         while self.ops[pos].uid != uid:
             pos += 1

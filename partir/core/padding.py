@@ -20,82 +20,126 @@ splits, whose tactic the padding is), and:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from partir.core.actions import Tile
-from partir.core.program import CoreOp, CoreProgram, divided_type, sharding_of, tile_dims
+from partir.core.program import (
+    CoreOp,
+    CoreProgram,
+    Nest,
+    divided_type,
+    sharding_of,
+    tile_dims,
+)
 from partir.core.tmr import OpView, localized, lookup
 from partir.ir import Value
 from partir.ir.dtypes import itemsize
 from partir.ir.fragments import Fragments
 from partir.ir.types import padded_size, tile_size
+from partir.mesh import Mesh
 from partir.rules import CATALOGUE
 from partir.rules.catalogue import flops_of
 
 
-def padding_report(program: CoreProgram, fragments: Fragments | None = None
-                   ) -> list[dict[str, Any]]:
+@dataclass
+class OpPadding:
+    """The records of a program's ops that pad (each op with its records), in program
+    order: what the report of a program differing in a few ops starts from."""
+
+    mesh: Mesh
+    ops: list[tuple[CoreOp, list[dict[str, Any]]]]
+
+
+def padding_report(program: CoreProgram, fragments: Fragments | None = None,
+                   ops: OpPadding | None = None) -> list[dict[str, Any]]:
     """One record per padded dimension of an input or of an op's result. `fragments`:
     the records of each op (in its loops) of programs reported before, reused (a
-    schedule's states share most ops and loops; `partir.ir.fragments`)."""
-    mesh = program.mesh
-    devices = math.prod(mesh.values())
-    out: list[dict[str, Any]] = []
-
-    # input shardings name the user's axes where sub-axes make them up
-    size = mesh.check_axis
-
-    def record(v: Value, name: str, dims: tuple[tuple[str, ...], ...],
-               flops: float) -> None:
-        for d, axes in enumerate(dims):
-            s = v.type.shape[d]
-            n = math.prod(size(a) for a in axes)
-            if s % n == 0:  # then every axis divides the tiles it splits
-                continue
-            tiling = math.prod(size(a) for dim_axes in dims for a in dim_axes)
-            local = math.prod(tile_size(m, math.prod(size(a) for a in dim_axes))
-                              for m, dim_axes in zip(v.type.shape, dims, strict=True))
-            wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
-            out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
-                        "axes": list(axes), "padded_by": _padding_axis(s, axes, size),
-                        "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
-
+    schedule's states share most ops and loops; `partir.ir.fragments`). `ops`: the
+    program's `op_padding`, when made already."""
+    out = []
     args = {a.name: a for a in reversed(program.args)}  # (the first of a name)
     for name, sharding in program.input_shardings().items():
-        record(args[name], name, sharding.dims, 0.0)
-    sizes = dict(mesh)
-    mesh_items = tuple(sizes.items())
-    nests = program.nests
-    for op in program.ops:
-        nest = nests.get(op.uid)
-        if op.is_identity or not nest:
-            continue
-        if fragments is not None:
-            key = ("padding", mesh_items, id(op), id(nest))
-            found = fragments.get(key)
-            if found is None:
-                start = len(out)
-                _report_op(op, nest, sizes, record)
-                fragments.put(key, (op, nest), out[start:])
-            else:
-                out += found
-            continue
-        _report_op(op, nest, sizes, record)
+        out += _records(program.mesh, args[name], name, sharding.dims, 0.0)
+    for _, found in (ops if ops is not None else op_padding(program, fragments)).ops:
+        out += found
     return out
 
 
-def _report_op(op: CoreOp, nest: tuple, sizes: dict[str, int],
-               record: Callable[[Value, str, tuple[tuple[str, ...], ...], float], None]
-               ) -> None:
+def op_padding(program: CoreProgram, fragments: Fragments | None = None,
+               since: OpPadding | None = None, changed: Sequence[CoreOp] = ()) -> OpPadding:
+    """The records of the program's ops. With `since`, those of a program that differs
+    from this one only in the ops `changed` (this program's, under their uids: ops a
+    tactic inserted, rewired or gave another nest), only those are looked at: a
+    one-leaf tactic changes a few dozen of a transformer's 2,500 ops."""
+    mesh = program.mesh
+    sizes = dict(mesh)
+    mesh_items = tuple(sizes.items())
+    nests = program.nests
+
+    def records(op: CoreOp, nest: Nest) -> list[dict[str, Any]]:
+        if fragments is None:
+            return _op_records(mesh, sizes, op, nest)
+        return fragments.get_or_make(("padding", mesh_items, id(op), id(nest)), (op, nest),
+                                     lambda: _op_records(mesh, sizes, op, nest))
+
+    def padded(ops: Iterable[CoreOp]) -> list[tuple[CoreOp, list[dict[str, Any]]]]:
+        found = []
+        for op in ops:
+            nest = nests.get(op.uid)
+            if not op.is_identity and nest:
+                made = records(op, nest)
+                if made:
+                    found.append((op, made))
+        return found
+
+    if since is None or since.mesh != mesh:
+        return OpPadding(mesh, padded(program.ops))
+    uids = {op.uid for op in changed}
+    kept = [entry for entry in since.ops if entry[0].uid not in uids]
+    return OpPadding(mesh, sorted(kept + padded(changed), key=_order))
+
+
+def _order(entry: tuple[CoreOp, list[dict[str, Any]]]) -> tuple[int, ...]:
+    return entry[0].order
+
+
+def _op_records(mesh: Mesh, sizes: dict[str, int], op: CoreOp, nest: Nest
+                ) -> list[dict[str, Any]]:
     # Most ops tile nothing their axes do not divide: they are passed over at once.
     padded = [k for k, r in enumerate(op.results) if _pads(r.type.shape, nest, k, sizes)]
     if not padded:
-        return
+        return []
     flops = _wasted_flops(op, nest, sizes)
+    out = []
     for k in padded:
         r = op.results[k]
-        record(r, r.name or op.name, sharding_of(nest, k, r.type.rank).dims, flops)
+        out += _records(mesh, r, r.name or op.name, sharding_of(nest, k, r.type.rank).dims,
+                        flops)
+    return out
+
+
+def _records(mesh: Mesh, v: Value, name: str, dims: tuple[tuple[str, ...], ...],
+             flops: float) -> list[dict[str, Any]]:
+    """The records of the dimensions of `v` that its sharding `dims` pads."""
+    # input shardings name the user's axes where sub-axes make them up
+    size = mesh.check_axis
+    devices = math.prod(mesh.values())
+    out = []
+    for d, axes in enumerate(dims):
+        s = v.type.shape[d]
+        n = math.prod(size(a) for a in axes)
+        if s % n == 0:  # then every axis divides the tiles it splits
+            continue
+        tiling = math.prod(size(a) for dim_axes in dims for a in dim_axes)
+        local = math.prod(tile_size(m, math.prod(size(a) for a in dim_axes))
+                          for m, dim_axes in zip(v.type.shape, dims, strict=True))
+        wasted = (local * devices - v.type.size * devices // tiling) * itemsize(v.type.dtype)
+        out.append({"value": name, "dim": d, "size": s, "padded": padded_size(s, n),
+                    "axes": list(axes), "padded_by": _padding_axis(s, axes, size),
+                    "wasted_bytes": int(wasted), "wasted_flops": float(flops)})
+    return out
 
 
 def _padding_axis(size: int, axes: tuple[str, ...], axis_size) -> str:

@@ -68,7 +68,7 @@ from typing import Any
 from partir.api import LOWERED_FIELDS, applied_metadata, tactic_metadata
 from partir.cancel import CancellationToken, Cancelled, Progress, cancellable, reporting
 from partir.core.module import CoreModule
-from partir.core.padding import padding_report
+from partir.core.padding import OpPadding, op_padding, padding_report
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
 from partir.errors import PartitionError, UnknownInputError
@@ -164,6 +164,7 @@ class ProgramFacts:
     trace_key: str
     key: int | None = None  # `program_key`, made when first needed (to lower the program)
     padding: list[dict[str, Any]] | None = None  # `partir.core.padding.padding_report`
+    op_padding: OpPadding | None = None  # its ops' part, which the next program's starts from
     # LOWERED_FIELDS of its TacticMetadata: collectives, executed ones, cost
     lowered: dict[str, Any] | None = None
     attribution: Counter | None = None  # collective signature -> count, for explain
@@ -185,6 +186,9 @@ class State:
     metadata: TacticMetadata | None = None  # complete: lowered and simulated, made once
     applied: TacticMetadata | None = None  # short of lowering, made once
     _initial: CoreProgram | None = None
+    # The facts of the state its module was forked from (whose program differs from this
+    # one's in the ops `module.changed`), None for the traced program's
+    previous: ProgramFacts | None = None
 
     @property
     def program(self) -> CoreProgram:
@@ -206,8 +210,13 @@ class State:
         if self.applied is None:
             facts = self.facts
             if facts.padding is None:
+                # From the previous program's, looking at the ops this one changed only
+                since = self.previous.op_padding if self.previous is not None else None
+                changed = [self.module.by_uid[uid] for uid in self.module.changed] \
+                    if since is not None else []
                 with paused_gc():
-                    facts.padding = padding_report(self.program, fragments)
+                    facts.op_padding = op_padding(self.program, fragments, since, changed)
+                    facts.padding = padding_report(self.program, ops=facts.op_padding)
             # The shardings of every input and output stay deferred: no tool reads them
             # on every edit (`values` has them by value).
             self.applied = applied_metadata(self.record, defer=True).replaced(
@@ -726,7 +735,8 @@ class Session:
                     break
                 self.tactics_applied += 1
                 found = State(key, trace_key, module, record,
-                              self._facts(trace_key, record.program, state))
+                              self._facts(trace_key, record.program, state),
+                              previous=state.facts)
                 self._put_state(found)
             analysis.states.append(found)
             state = found

@@ -7,6 +7,7 @@ import pytest
 from examples.mlp.model import example_args, mlp
 from examples.transformer import model, schedules
 from partir.core.module import CoreModule
+from partir.core.padding import op_padding, padding_report
 from partir.core.printing import print_core
 from partir.frontend import trace
 from partir.mesh import Mesh
@@ -96,3 +97,21 @@ def test_a_fork_copies_only_the_use_lists_a_rewrite_changes():
     forked = _uses(fork)
     apply_tactic(base, MLP_SCHEDULE[2], names)
     assert _uses(base) != before and _uses(fork) == forked
+
+
+def test_a_forks_padding_is_its_parents_with_the_ops_it_changed_looked_at_again():
+    """`CoreModule.changed`: the ops a fork's rewrites changed, from which its program's
+    padding is made from its parent's (`op_padding`), as made whole; on a mesh whose
+    batch axis of 3 pads the transformer's dimensions."""
+    traced = trace(model.train_step, *model.abstract_inputs(model.TINY))
+    module = CoreModule(traced, Mesh({"batch": 3, "model": 2}))
+    names = named_values(module, traced)
+    ops = op_padding(module.snapshot())
+    for tactic in [schedules.BP, schedules.MP, schedules.Z3]:
+        module = module.fork()
+        program = apply_tactic(module, tactic, names).program
+        assert 0 < len(module.changed) < len(program.ops)
+        ops = op_padding(program, since=ops,
+                         changed=[module.by_uid[uid] for uid in module.changed])
+        assert padding_report(program, ops=ops) == padding_report(program)
+    assert ops.ops, "the batch axis of 3 pads"
