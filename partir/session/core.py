@@ -30,7 +30,8 @@ Caches:
   and before a program is lowered its content (`fingerprint.program_key`) finds the
   collectives and cost of an equal program lowered before (an edit that undoes another,
   after its states were evicted), so that a program is lowered once however many
-  states have it;
+  states have it; its padding (which diagnostics need) is its parent state's with the
+  records of the ops its tactic changed (`CoreModule.changed`) made again;
 - a few lowered programs, for `ir` and `explain`, by program;
 - per trace, the fragments lowering made (`partir.ir.fragments`: materialized loop nests
   and their SPMD translations, by op), so that lowering a state's program makes afresh
