@@ -212,3 +212,13 @@ def test_a_reference_xla_compiles_wrongly_is_invalid_not_wrong():
     the op-by-op gradient agrees with partir's, so the case has no one reference."""
     out = execute(generate(7821), "grad", core=False)
     assert (out.cls, out.error) == ("INVALID", "unstable reference"), out
+
+
+def test_a_wrong_result_says_whether_partirs_program_op_by_op_equals_the_reference():
+    """Seed 236: XLA loses a gather's NaN fill in partir's compiled program; the same
+    partitioned program run op by op gives the reference's NaN. The case stays WRONG
+    (users run the compiled program) and the report says where the difference arises."""
+    out = execute(generate(236), "plain", core=False)
+    assert (out.cls, out.error) == ("WRONG", "executed"), out
+    assert out.message.endswith("run op by op it equals the reference: XLA's compilation "
+                                "of it differs"), out.message
