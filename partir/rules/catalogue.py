@@ -71,6 +71,13 @@ class OpView:
     # A control-flow op's bodies (`partir.ir.Region`s, on the op's global types).
     regions: tuple[Any, ...] = field(default=(), compare=False)
 
+    @classmethod
+    def of(cls, op: Any) -> OpView:
+        """The view of an IR op as it stands: its operands' and results' types, its
+        regions."""
+        return cls(op.name, op.params, tuple(v.type for v in op.operands),
+                   tuple(v.type for v in op.results), regions=tuple(op.regions))
+
     @property
     def in_shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(t.shape for t in self.in_types)
@@ -281,9 +288,7 @@ def data_flow(op: Any) -> DataFlow | None:
     prim = CATALOGUE.get(op.name) if op.regions else None
     if prim is None or prim.data_flow is None:
         return None
-    return prim.data_flow(OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                                 tuple(v.type for v in op.results),
-                                 regions=tuple(op.regions)))
+    return prim.data_flow(OpView.of(op))
 
 
 def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None]]:
@@ -313,9 +318,7 @@ def region_flops(view: OpView, rule: ShardingRule | None) -> float:
         for op in region.ops:
             prim = CATALOGUE.get(op.name)
             if prim is not None:
-                total += flops_of(prim, OpView(
-                    op.name, op.params, tuple(v.type for v in op.operands),
-                    tuple(v.type for v in op.results), regions=tuple(op.regions)))
+                total += flops_of(prim, OpView.of(op))
         per_region.append((1 if n is None else n) * total)
     return max(per_region) if flow.alternatives else sum(per_region)
 

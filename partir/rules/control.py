@@ -736,8 +736,7 @@ def _type_error(op: Op) -> str | None:
     scanned operands and stacked results with its length in front)."""
     if not all(isinstance(v.type, TensorType) for v in (*op.operands, *op.results)):
         return None  # on distributed types: its dialect's rules check it
-    given = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                   tuple(v.type for v in op.results), regions=tuple(op.regions))
+    given = OpView.of(op)
     want = _global_view(given)
     for what, got, expected in (("operand", given.in_types, want.in_types),
                                 ("result", given.out_types, want.out_types)):

@@ -19,8 +19,7 @@ from partir.rules.factors import PASS, REDUCTION, REPLICATION
 def _view(fn, *args) -> OpView:
     """The view of the (only) control-flow op of fn's traced program, with its regions."""
     (op,) = [o for o in trace(fn, *args).function.ops if o.name in ("scan", "while", "cond")]
-    return OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results), regions=tuple(op.regions))
+    return OpView.of(op)
 
 
 def _factors(view: OpView) -> list[tuple[str, int, tuple, tuple, tuple]]:
@@ -151,8 +150,7 @@ def test_regions_run_as_often_as_the_data_flow_declares():
     assert times["while"] == times["cond"] == 3
     assert times["mul"] is None  # inside the while loop
     assert times["dot_general"] == 3  # inside a branch: as if it were taken
-    view = OpView(scan.name, scan.params, tuple(v.type for v in scan.operands),
-                  tuple(v.type for v in scan.results), regions=tuple(scan.regions))
+    view = OpView.of(scan)
     # per layer: the costlier branch's two [8,4]x[4,4] matmuls, the loop body's once
     matmul = 2 * 8 * 4 * 4
     assert flops_of(CATALOGUE["scan"], view) >= 3 * 2 * matmul
