@@ -445,6 +445,15 @@ def cond_flow(view: OpView) -> DataFlow:
         trips=(1,) * len(branches), alternatives=True)
 
 
+# Why the scanned dimension stays whole, with what a user can do instead: a loop over
+# microbatches (gradient accumulation) is the common case, whose batch tiling reaches the
+# scanned dimension through the reshape that makes the microbatches.
+_SCANNED_OPERAND = ("it is the scanned dimension: every device runs every iteration, each "
+                    "on one slice of it; to run the loop sliced, tile another of its "
+                    "dimensions (partir.tag the scanned value to name it in a tactic)")
+_STACKED_RESULT = "it is the scanned dimension: each iteration makes one slice of it"
+
+
 def _edges(a: _Analysis, view: OpView) -> _Edges:
     """The op's values in the analysis, its regions walked, joined along its data-flow
     edges."""
@@ -455,7 +464,7 @@ def _edges(a: _Analysis, view: OpView) -> _Edges:
     for e in flow.entries:
         v = ops[e.value]
         if e.lead:  # the region sees one slice of the leading dimensions
-            a.block(a.dims_of[v][:e.lead], "it is the scanned dimension")
+            a.block(a.dims_of[v][:e.lead], _SCANNED_OPERAND)
             sliced = a.value(view.in_types[e.value].shape[e.lead:])
             for x, y in zip(a.dims_of[v][e.lead:], a.dims_of[sliced], strict=True):
                 a.union(x, y)
@@ -478,7 +487,7 @@ def _edges(a: _Analysis, view: OpView) -> _Edges:
         sources[c.result].append(made)
     for e in flow.exits:
         made, r = outs[e.region][e.position], res[e.value]
-        a.block(a.dims_of[r][:e.lead], "it is the scanned dimension")
+        a.block(a.dims_of[r][:e.lead], _STACKED_RESULT)
         for x, y in zip(a.dims_of[made], a.dims_of[r][e.lead:], strict=True):
             a.union(x, y)
         sources[e.value].append(made)

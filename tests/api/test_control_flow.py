@@ -629,3 +629,36 @@ def test_a_scatter_in_a_body_whose_updates_are_sliced_keeps_its_updates_whole():
     x = jnp.asarray(RNG.standard_normal((8, 3)).astype(np.float32))
     u = jnp.asarray(RNG.standard_normal((4, 3)).astype(np.float32))
     _all_oracles(f, {"a": 2}, [partir.ManualPartition({"x": 0, "u": 0}, axis="a")], x, u)
+
+
+def _accumulated_gradient(w, x, tag: bool):
+    """Gradient accumulation over 4 microbatches of x's batch, as users write it."""
+    def accumulate(g, microbatch):
+        return g + jax.grad(lambda v: jnp.sum(jnp.tanh(microbatch @ v) ** 2))(w), None
+
+    microbatches = x.reshape(4, x.shape[0] // 4, x.shape[1])
+    if tag:
+        microbatches = partir.tag(microbatches, "microbatches")
+    return w - 0.1 * lax.scan(accumulate, jnp.zeros_like(w), microbatches)[0]
+
+
+def test_a_batch_tiling_reaching_the_scanned_dimension_says_how_to_run_the_loop_sliced():
+    """Batch parallelism on x tiles the microbatch dimension the loop scans (the reshape
+    keeps x's tiles whole): the loop runs every iteration whole on every device, and the
+    conflict says to tile another dimension. Doing so, on the tagged microbatches' batch,
+    runs the loop sliced after one all_to_all, its gradients summed once after it."""
+    w = jnp.asarray(RNG.normal(size=(16, 4)).astype(np.float32)) * 0.1
+    x = jnp.asarray(RNG.normal(size=(32, 16)).astype(np.float32))
+    bp = partir.ManualPartition({"x": 0}, axis="batch")
+    result, meta = _all_oracles(functools.partial(_accumulated_gradient, tag=False), MESH,
+                                [bp], w, x)
+    (conflict,) = result.tactics[0].conflicts
+    assert conflict.op == "scan" and "tile another of its dimensions" in conflict.detail
+    assert meta.collectives["all_gather"] == 1
+    hinted = [bp, partir.ManualPartition({"microbatches": 1}, axis="batch")]
+    result, meta = _all_oracles(functools.partial(_accumulated_gradient, tag=True), MESH,
+                                hinted, w, x)
+    (scan,) = [op for op in result.program.ops if op.name == "scan"]
+    assert [lp.axis for lp in result.program.nest(scan)] == ["batch"]
+    assert meta.collectives["all_gather"] == 0 and meta.collectives["all_to_all"] == 1
+    assert meta.collectives["all_reduce"] == 1
