@@ -196,6 +196,7 @@ def test_run_as_two_processes_equals_the_single_process_run(capsys):
     assert "cannot share 8 devices evenly" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failing_process_of_a_run_ends_the_others_and_names_their_logs(capsys, tmp_path):
     bad = tmp_path / "bad.partir.py"
     bad.write_text("raise RuntimeError('broken schedule file')\n")

@@ -78,6 +78,7 @@ def test_a_job_as_two_processes_equals_the_single_process_job(shared):
     assert wait_until(lambda: not job_processes(long.id, None), timeout=30)
 
 
+@pytest.mark.slow
 def test_cancel_a_long_job(shared):
     client = shared.connect()
     job = client.run(SCHEDULE, steps=LONG)

@@ -68,6 +68,7 @@ def test_a_path_stays_with_the_process_holding_its_caches(shared):
     assert client.status().worker_pid == stats.worker_pid
 
 
+@pytest.mark.slow
 def test_invalidation_reaches_every_process(shared):
     notes: list[tuple[str, dict]] = []
     client = shared.connect(on_notification=lambda m, p: notes.append((m, p)))

@@ -189,6 +189,7 @@ def test_all_reduces_by_what_they_reduce():
 # --- (c) the edges are sharded -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_es_has_no_conflict_and_shards_only_the_edges():
     res, meta = _full()
     assert res.unsupported == []

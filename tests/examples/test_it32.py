@@ -164,6 +164,7 @@ def test_rows_equal_to_the_paper(name):
     assert _table(lowered.executed_collectives) == PAPER[name]
 
 
+@pytest.mark.slow
 def test_bp_slices_the_decode_loop_by_batch():
     result = _partitioned("BP", IT32.layers, IT32.decode_steps)
     assert [lp.axis for lp in result.program.nest(_scan(result.program))] == ["batch"]

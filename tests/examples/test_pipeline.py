@@ -33,6 +33,7 @@ def test_collectives_are_the_readmes(microbatches):
     assert meta.in_specs[0] == P("stage", None, None, None)  # each device: its stage's
 
 
+@pytest.mark.slow
 def test_the_pipeline_computes_the_sequential_model():
     args = model.example_args()
     assert_tree_close(jax.value_and_grad(model.sequential_loss)(*args), model.step(*args))

@@ -163,6 +163,7 @@ def test_z2_on_the_papers_tensors_gives_the_papers_counts():
     assert _table(_collectives("BP+MP+Z2(weights)", T32)) == PAPER["BP+MP+Z2"]
 
 
+@pytest.mark.slow
 def test_z3_on_the_papers_tensors_gives_its_reduce_scatters_and_all_reduces():
     ours = _table(_collectives("BP+MP+Z3(weights)", T32))
     paper = PAPER["BP+MP+Z3"]

@@ -157,6 +157,7 @@ def test_counts_follow_the_model_structure(name, cfg):
 
 
 @pytest.mark.parametrize("name", sorted(schedules.SCHEDULES))
+@pytest.mark.slow
 def test_no_unsupported_op(name):
     res = _partition(name, model.FULL)
     assert res.unsupported == []

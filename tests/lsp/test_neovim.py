@@ -140,6 +140,7 @@ def workspace() -> Iterator[Workspace]:
     ws.teardown()
 
 
+@pytest.mark.slow
 def test_neovim_lsp_client_gets_diagnostic_and_hover(workspace: Workspace,
                                                      tmp_path: Path) -> None:
     assert NVIM is not None

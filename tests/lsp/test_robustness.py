@@ -163,6 +163,7 @@ async def test_collectives_inside_a_loop_body_are_marked_at_their_model_line(
         session.close(uri)
 
 
+@pytest.mark.slow
 async def test_daemon_that_cannot_start_is_reported() -> None:
     workspace = Workspace.create()
     try:
@@ -186,6 +187,7 @@ async def test_daemon_that_cannot_start_is_reported() -> None:
         workspace.teardown()
 
 
+@pytest.mark.slow
 async def test_partir_lsp_command_is_the_server() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "import sys; from partir.cli import main; sys.exit(main())",

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180
 CHECKS = 6  # `ok` lines each worker prints
@@ -21,6 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_one_mesh(tmp_path):
     coordinator = f"127.0.0.1:{_free_port()}"
     logs = [(tmp_path / f"p{i}.out", tmp_path / f"p{i}.err") for i in range(2)]
