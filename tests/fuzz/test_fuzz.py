@@ -32,6 +32,7 @@ def _check(seeds: range, min_ok: float) -> None:
     assert sum(bool(r.outcome.sharded) for r in ok) >= 0.7 * len(ok), report.format(False)
 
 
+@pytest.mark.slow
 def test_fuzz_fast_seeds():
     _check(FAST_SEEDS, min_ok=0.25)
 

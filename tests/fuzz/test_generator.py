@@ -207,6 +207,7 @@ def test_the_core_oracle_of_a_derivative_interprets_the_derivatives_program():
     assert execute(case, "grad", core=True).cls in ("OK", "REFUSED")
 
 
+@pytest.mark.slow
 def test_a_reference_xla_compiles_wrongly_is_invalid_not_wrong():
     """Seed 7821: XLA gives both jitted gradients of JAX's own function a wrong value;
     the op-by-op gradient agrees with partir's, so the case has no one reference."""
@@ -214,6 +215,7 @@ def test_a_reference_xla_compiles_wrongly_is_invalid_not_wrong():
     assert (out.cls, out.error) == ("INVALID", "unstable reference"), out
 
 
+@pytest.mark.slow
 def test_a_wrong_result_says_whether_partirs_program_op_by_op_equals_the_reference():
     """Seed 236: XLA loses a gather's NaN fill in partir's compiled program; the same
     partitioned program run op by op gives the reference's NaN. The case stays WRONG

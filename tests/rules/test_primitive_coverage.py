@@ -205,6 +205,7 @@ def test_the_reason_is_shown_where_propagation_stops():
     assert shown["kind"] == "unsupported" and shown["detail"] == why_unsupported("cholesky")
 
 
+@pytest.mark.slow
 def test_special_functions_and_total_order_comparisons_are_elementwise():
     def f(x, y):
         return (lax.bessel_i0e(x) + lax.bessel_i1e(x) + lax.zeta(x + 2.0, y + 1.0)
