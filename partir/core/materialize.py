@@ -457,8 +457,7 @@ def apply_in_region(op: Op, params: Mapping[str, Any], operands: Sequence[Value]
     in a loop nest of one loop per axis slicing each of its factors, outermost first, each
     loop's index the device's coordinate on the axis (`axis_index`)."""
     entry = lookup(op.name)
-    rule = entry.rule(OpView(op.name, op.params, tuple([v.type for v in op.operands]),
-                             tuple([v.type for v in op.results])))
+    rule = entry.rule(OpView.of(op))
     mappings = dict(factor_mappings(rule, rule.sizes))
     nest = tuple(Loop(axis, mappings[f].results, mappings[f].operands)
                  for f, axes in factor_axes.items() for axis in axes)

@@ -158,8 +158,7 @@ class _Analysis:
         out_dims = [self.dims_of[o] for o in outs]
         reduced: list[_Reduction] = []
         prim = CATALOGUE.get(name)
-        view = OpView(name, op.params, tuple(v.type for v in op.operands),
-                      tuple(v.type for v in op.results), regions=tuple(op.regions))
+        view = OpView.of(op)
         rule = None if prim is None or prim.rule is None else prim.rule(view)
         if rule is None:
             for dims in [*in_dims, *out_dims]:
@@ -987,8 +986,7 @@ def _local_region(region: Region, top: int, a: _Analysis, size: Callable[[Node],
 
 def _sliced_factors(op: Op, a: _Analysis, plan: _Plan) -> dict[int, tuple[str, ...]]:
     """The factors of a region op's rule that the plan slices, each with its axes."""
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     rule = CATALOGUE[op.name].rule(view)
     out = {}
     for f in range(len(rule.factors)):

@@ -33,8 +33,7 @@ def _conv(dn, strides=(1, 1), padding="SAME", groups=1, batch_groups=1, lhs_dila
 
 def _mappings(fn, *args):
     (op,) = traced_ops(fn, "conv_general_dilated", *args)
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     return [str(m) for m in lookup(op.name).mappings(view)]
 
 
@@ -46,8 +45,7 @@ def test_nhwc_conv_factors():
         "(#tile<0>, ⊥) -> #tile<0>", "(⊥, #tile<3>) -> #tile<3>",
         "(#tile<3>, #tile<2>) -> #sum"]
     (op,) = traced_ops(fn, "conv_general_dilated", x, w)
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     rule = CATALOGUE["conv_general_dilated"].rule(view)
     assert [f.kind for f in rule.factors][2] == REDUCTION
     assert all(f.kind == REPLICATION for f in rule.factors[3:])

@@ -21,8 +21,7 @@ X = rng.permutation(4 * 8 * 16).astype(np.float32).reshape(4, 8, 16)
 
 def _mappings(fn, name, *args):
     (op,) = traced_ops(fn, name, *args)
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     return [str(m) for m in lookup(op.name).mappings(view)]
 
 
@@ -52,8 +51,7 @@ def test_fft_tiles_its_batch_dims(fn, x, lead):
 
 def test_fft_flops():
     (op,) = traced_ops(lambda a: jnp.fft.fft(a), "fft", X.astype(np.complex64))
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     prim = CATALOGUE["fft"]
     assert prim.flops(view, prim.rule(view)) == 5 * 32 * 16 * 4
 

@@ -42,8 +42,7 @@ def _table(name, shape, dtype=np.float32):
 
 def _mappings(fn, *args):
     (op,) = [op for op in traced_ops(fn, fn.name, *args)]
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     return [str(m) for m in lookup(op.name).mappings(view)]
 
 
@@ -123,7 +122,6 @@ def test_scatter_flops_one_per_update_element():
     table, upd = _table("scatter", (32, 8)), _table("scatter", (16, 8))
     fn = _fn("scatter-max", EMBED)
     (op,) = traced_ops(fn, "scatter-max", table, _rows("clip", 16), upd)
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     prim = CATALOGUE[op.name]
     assert prim.flops(view, prim.rule(view)) == 16 * 8

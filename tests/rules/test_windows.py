@@ -33,8 +33,7 @@ def min_pool_nchw(x):
 
 
 def _view(op):
-    return OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    return OpView.of(op)
 
 
 def _mappings(op):

@@ -23,8 +23,7 @@ def _op(fn, *args):
 
 
 def _mappings(op):
-    view = OpView(op.name, op.params, tuple(v.type for v in op.operands),
-                  tuple(v.type for v in op.results))
+    view = OpView.of(op)
     return list(lookup(op.name).mappings(view))
 
 
