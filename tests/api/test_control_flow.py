@@ -658,7 +658,7 @@ def test_a_batch_tiling_reaching_the_scanned_dimension_says_how_to_run_the_loop_
     hinted = [bp, partir.ManualPartition({"microbatches": 1}, axis="batch")]
     result, meta = _all_oracles(functools.partial(_accumulated_gradient, tag=True), MESH,
                                 hinted, w, x)
-    (scan,) = [op for op in result.program.ops if op.name == "scan"]
+    (scan,) = _control_ops(result.program)
     assert [lp.axis for lp in result.program.nest(scan)] == ["batch"]
     assert meta.collectives["all_gather"] == 0 and meta.collectives["all_to_all"] == 1
     assert meta.collectives["all_reduce"] == 1
