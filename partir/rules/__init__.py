@@ -7,6 +7,7 @@ from partir.rules import (  # noqa: F401  (each module declares its family)
     collectives,
     control,
     conv,
+    edges,
     elementwise,
     fft,
     indexing,

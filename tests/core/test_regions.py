@@ -1,0 +1,99 @@
+"""Control-flow ops flattened into the Core module (`partir.core.regions`, the
+`partir.enter`/`partir.exit` edge ops of `partir.rules.edges`): propagation runs through
+a body's ops as through any other code. Stage 1 of issue 28 (propagation only: the
+flattened module is not yet materialized or lowered)."""
+
+from __future__ import annotations
+
+import collections
+
+import jax.numpy as jnp
+from jax import lax
+
+from examples.transformer import model, schedules
+from partir.core.module import CoreModule
+from partir.core.propagation import propagate
+from partir.core.value_actions import tile_value
+from partir.frontend import trace
+from partir.mesh import Mesh
+from partir.rules.edges import ENTER, EXIT
+from partir.tactics.driver import apply_tactic
+
+
+def _flat(f, *args, mesh):
+    traced = trace(f, *args)
+    return traced, CoreModule(traced, Mesh(mesh), flat=True)
+
+
+def _tile(m, traced, name, dim, axis):
+    value = dict(zip(traced.input_names, m.args, strict=True))[name]
+    propagate(m, tile_value(m, value, dim, axis, label=name))
+
+
+def _axes(m, op):
+    return {lp.axis: (tuple(map(str, lp.results)), lp.operands) for lp in m.nest(op.uid)}
+
+
+def test_a_body_is_flattened_between_its_edges_in_program_order():
+    traced, m = _flat(lambda w, x: lax.scan(lambda c, _: (jnp.tanh(c @ w), jnp.sum(c, 1)),
+                                            x, None, length=3),
+                      jnp.ones((4, 4)), jnp.ones((8, 4)), mesh={"batch": 2})
+    assert [op.name for op in m.ops] == [ENTER, ENTER, "dot_general", "tanh", "reduce_sum",
+                                         EXIT, EXIT]
+    assert [op.order for op in m.ops] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1),
+                                          (0, 1, 2), (0, 2, 0), (0, 2, 1)]
+    (scan,) = traced.function.ops
+    body = scan.regions[0]
+    assert m.ops[1].operands == (scan.operands[1], body.yields[0])  # init, fed back
+    assert m.ops[1].results == (body.args[1],)
+    assert m.ops[6].results == (scan.results[1],)  # the stacked result
+
+
+def test_batch_parallelism_goes_through_the_carry_and_the_body():
+    traced, m = _flat(lambda w, x: lax.scan(lambda c, _: (jnp.tanh(c @ w), jnp.sum(c, 1)),
+                                            x, None, length=3),
+                      jnp.ones((4, 4)), jnp.ones((8, 4)), mesh={"batch": 2})
+    _tile(m, traced, "x", 0, "batch")
+    assert m.conflicts == {}
+    by_name = {op.name: op for op in m.ops if op.name != ENTER and op.name != EXIT}
+    assert _axes(m, by_name["dot_general"]) == {"batch": (("#tile<0>",), (0, None))}
+    enter_w, enter_c = (op for op in m.ops if op.name == ENTER)
+    assert m.nest(enter_w.uid) == ()  # the weights stay whole
+    assert _axes(m, enter_c) == {"batch": (("#tile<0>",), (0, 0))}  # init and yield
+    exit_c, exit_ys = m.ops[-2:]
+    assert _axes(m, exit_c) == {"batch": (("#tile<0>",), (0,))}
+    assert _axes(m, exit_ys) == {"batch": (("#tile<1>",), (0,))}  # stacked: dim 1
+
+
+def test_megatron_in_a_scan_over_layers_sums_inside_the_body():
+    def f(ws, wd, x):
+        return lax.scan(lambda c, p: (c + jnp.tanh(c @ p[0]) @ p[1], None), x, (ws, wd))[0]
+
+    traced, m = _flat(f, jnp.ones((3, 4, 16)), jnp.ones((3, 16, 4)), jnp.ones((8, 4)),
+                      mesh={"batch": 2, "model": 2})
+    _tile(m, traced, "x", 0, "batch")
+    _tile(m, traced, "ws", 2, "model")
+    assert m.conflicts == {}
+    dots = [op for op in m.ops if op.name == "dot_general"]
+    assert _axes(m, dots[1])["model"] == (("#sum",), (1, 0))
+    # backward from the body's contraction to the scanned operand: wd's dim 1 (its slice's
+    # dim 0) on "model", its scanned dimension whole
+    enter_wd = next(op for op in m.ops if op.name == ENTER and op.operands[0].type.shape
+                    == (3, 16, 4))
+    assert _axes(m, enter_wd) == {"model": (("#tile<0>",), (1,))}
+
+
+def test_the_scanned_transformer_step_propagates_as_the_unrolled_one():
+    """BP, MP and BP+MP through the layer scans of the training step with no conflict,
+    every body op of the forward and backward scans looped as the schedule asks."""
+    inputs = model.make_scanned_inputs(model.TINY)
+    for name, axes in (("BP", {("batch",)}), ("MP", {("model",)}),
+                       ("BP+MP", {("batch",), ("batch", "model")})):
+        traced, m = _flat(model.train_step_scanned, *inputs, mesh=schedules.MESH)
+        names = {n: [v] for n, v in zip(traced.input_names, m.args, strict=True)}
+        records = [apply_tactic(m, t, names) for t in schedules.SCHEDULES[name]]
+        assert [c for r in records for c in r.conflicts] == []
+        body = [op for op in m.ops if len(op.order) > 1 and op.name not in (ENTER, EXIT)
+                and not op.is_identity]
+        looped = collections.Counter(tuple(lp.axis for lp in m.nest(op.uid)) for op in body)
+        assert axes <= set(looped), (name, looped)
