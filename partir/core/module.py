@@ -114,6 +114,9 @@ class CoreModule:
         self._extended: dict[tuple[int, int], tuple[NestInfo, Loop, NestInfo]] = {}
         self._shared_nests: dict[tuple[Nest, int, int], tuple[Nest, NestInfo]] = {}
         self._output_index: dict[Value, list[int]] = defaultdict(list)
+        # The order a value is available after, where it is not its producer's: a loop's
+        # carried result, made by the carry's edge op before the body, exists after it.
+        self._available: dict[Value, tuple[int, ...]] = {}
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
         if flat:
@@ -122,6 +125,10 @@ class CoreModule:
                              f.prim, order=f.order)
                 self.ops.append(cop)
                 self._index(cop)
+                if f.available:
+                    for r, at in zip(f.results, f.available, strict=True):
+                        if at is not None:
+                            self._available[r] = at
             for tagged in traced.body_tags.values():
                 for t in tagged:
                     self.tags.setdefault(t.name, []).append(t.value)
@@ -221,6 +228,7 @@ class CoreModule:
         new.info = dict(self.info)
         new._extended = {}  # a memo: the fork rebuilds its own, bounded by its own loops
         new._shared_nests = {}  # likewise (see `_set_nest`)
+        new._available = self._available  # never changes after construction
         new._output_index = defaultdict(list, {v: list(r) for v, r in
                                                self._output_index.items()})
         return new
@@ -269,7 +277,8 @@ class CoreModule:
         function outputs read its result instead."""
         p = self.producer.get(value)
         # right after the value's definition: its producer, or the arguments before all ops
-        after = (*self.by_uid[p[0]].order, p[1]) if p else (-1, self._arg_position[value])
+        after = self._available.get(value) or (
+            (*self.by_uid[p[0]].order, p[1]) if p else (-1, self._arg_position[value]))
         result = Value(value.type, name=value.name)
         op = CoreOp(next(_uids), kind, (value,), (result,), {}, loc,
                     order=(*after, self._seq))

@@ -22,7 +22,8 @@ from partir.rules.edges import edge_ops
 
 @dataclass(frozen=True)
 class FlatOp:
-    """One op of the flattened program, with its order."""
+    """One op of the flattened program, with its order and, per result available only
+    later (a carry's after the loop), the order it is available after."""
 
     order: tuple[int, ...]
     name: str
@@ -31,6 +32,7 @@ class FlatOp:
     params: Any
     loc: Location
     prim: Any = None
+    available: tuple[tuple[int, ...] | None, ...] = ()
 
 
 def flat_ops(ops: Sequence[Op], prefix: tuple[int, ...] = ()) -> Iterator[FlatOp]:
@@ -43,9 +45,12 @@ def flat_ops(ops: Sequence[Op], prefix: tuple[int, ...] = ()) -> Iterator[FlatOp
                          op.params, op.loc, op.prim)
             continue
         enters, exits = edge_ops(op, flow)
+        after = (*prefix, j, 1 + len(op.regions), -1)  # past the regions, before the exits
         for q, e in enumerate(enters):
             yield FlatOp((*prefix, j, 0, q), e.name, e.operands, e.results,
-                         {"of": op, "edge": e.edge}, op.loc)
+                         {"of": op, "edge": e.edge}, op.loc,
+                         available=tuple(after if r in op.results else None
+                                         for r in e.results))
         for r, region in enumerate(op.regions):
             yield from flat_ops(region.ops, (*prefix, j, 1 + r))
         for q, e in enumerate(exits):

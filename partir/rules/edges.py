@@ -1,13 +1,15 @@
 """A control-flow op's data-flow edges as ops of the Core program (Shardy's
 `ShardableDataFlowOpInterface`): the op's regions' ops are ops of the program like any
 other, after the op's `partir.enter` ops, which make its regions' arguments from its
-operands (and a loop's carried yields, fed back), and before its `partir.exit` ops, which
-make its results from its regions' yields. One edge op per value that crosses: an operand
-entering one or more regions, a carry, a result. Its sharding rule is what the op's
-declared `DataFlow` says of that value: the dimensions on both sides are the same data,
-sliced alike, and a dimension each iteration takes or makes one slice of (a scan's
-scanned dimension) needs replication. Propagation then runs through a body as through
-any other code, and the control-flow op itself holds no sharding but its edges'.
+operands, and before its `partir.exit` ops, which make its results from its regions'
+yields. One edge op per value that crosses: an operand entering one or more regions; a
+carry, as one enter op (its operand and the yield fed back; its arguments and the op's
+result after the last iteration: all sliced alike, so that the value carried has one
+sharding); a result made anew each iteration, as an exit op. Its sharding rule is what
+the op's declared `DataFlow` says of that value: the dimensions on both sides are the
+same data, sliced alike, and a dimension each iteration takes or makes one slice of (a
+scan's scanned dimension) needs replication. Propagation then runs through a body as
+through any other code, and the control-flow op itself holds no sharding but its edges'.
 
 Each edge op carries the control-flow op it belongs to as parameter `of`, and which of
 its edges it is as `edge`: ("entry", operand), ("carry", carry) or ("exit", result).
@@ -39,7 +41,8 @@ class EdgeOp:
 
 
 def edge_ops(op: Op, flow: DataFlow) -> tuple[list[EdgeOp], list[EdgeOp]]:
-    """The op's enter ops (in operand order) and exit ops (in result order)."""
+    """The op's enter ops (in operand order; a carry's makes the op's result too) and exit
+    ops (in result order)."""
     regions = op.regions
     enters: list[EdgeOp] = []
     carried = {c.operand: (n, c) for n, c in enumerate(flow.carries)}
@@ -49,19 +52,16 @@ def edge_ops(op: Op, flow: DataFlow) -> tuple[list[EdgeOp], list[EdgeOp]]:
             n, c = carried[i]
             r, p = c.made
             enters.append(EdgeOp(ENTER, ("carry", n), (v, regions[r].yields[p]),
-                                 tuple(regions[r2].args[p2] for r2, p2 in c.args)))
+                                 (*(regions[r2].args[p2] for r2, p2 in c.args),
+                                  op.results[c.result])))
         elif i in entries:
             enters.append(EdgeOp(ENTER, ("entry", i), (v,),
                                  tuple(regions[e.region].args[e.position]
                                        for e in entries[i])))
     exits: list[EdgeOp] = []
-    made = {c.result: c for c in flow.carries}
     results = _by_value(flow.exits)
     for k, v in enumerate(op.results):
-        if k in made:
-            r, p = made[k].made
-            exits.append(EdgeOp(EXIT, ("carry", k), (regions[r].yields[p],), (v,)))
-        else:
+        if k in results:
             exits.append(EdgeOp(EXIT, ("exit", k), tuple(
                 regions[e.region].yields[e.position] for e in results[k]), (v,)))
     return enters, exits

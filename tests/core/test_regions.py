@@ -39,14 +39,15 @@ def test_a_body_is_flattened_between_its_edges_in_program_order():
                                             x, None, length=3),
                       jnp.ones((4, 4)), jnp.ones((8, 4)), mesh={"batch": 2})
     assert [op.name for op in m.ops] == [ENTER, ENTER, "dot_general", "tanh", "reduce_sum",
-                                         EXIT, EXIT]
+                                         EXIT]
     assert [op.order for op in m.ops] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1),
-                                          (0, 1, 2), (0, 2, 0), (0, 2, 1)]
+                                          (0, 1, 2), (0, 2, 0)]
     (scan,) = traced.function.ops
     body = scan.regions[0]
-    assert m.ops[1].operands == (scan.operands[1], body.yields[0])  # init, fed back
-    assert m.ops[1].results == (body.args[1],)
-    assert m.ops[6].results == (scan.results[1],)  # the stacked result
+    # the carry: its init and the yield fed back; its argument, and the loop's result
+    assert m.ops[1].operands == (scan.operands[1], body.yields[0])
+    assert m.ops[1].results == (body.args[1], scan.results[0])
+    assert m.ops[5].results == (scan.results[1],)  # the stacked result
 
 
 def test_batch_parallelism_goes_through_the_carry_and_the_body():
@@ -59,9 +60,9 @@ def test_batch_parallelism_goes_through_the_carry_and_the_body():
     assert _axes(m, by_name["dot_general"]) == {"batch": (("#tile<0>",), (0, None))}
     enter_w, enter_c = (op for op in m.ops if op.name == ENTER)
     assert m.nest(enter_w.uid) == ()  # the weights stay whole
-    assert _axes(m, enter_c) == {"batch": (("#tile<0>",), (0, 0))}  # init and yield
-    exit_c, exit_ys = m.ops[-2:]
-    assert _axes(m, exit_c) == {"batch": (("#tile<0>",), (0,))}
+    # init and yield sliced, argument and result tiled alike
+    assert _axes(m, enter_c) == {"batch": (("#tile<0>", "#tile<0>"), (0, 0))}
+    exit_ys = m.ops[-1]
     assert _axes(m, exit_ys) == {"batch": (("#tile<1>",), (0,))}  # stacked: dim 1
 
 
@@ -97,3 +98,18 @@ def test_the_scanned_transformer_step_propagates_as_the_unrolled_one():
                 and not op.is_identity]
         looped = collections.Counter(tuple(lp.axis for lp in m.nest(op.uid)) for op in body)
         assert axes <= set(looped), (name, looped)
+
+
+def test_a_tactic_on_a_loop_result_acts_after_the_loop():
+    """The identity op a tactic puts on a carry's result sorts after the loop's regions
+    (where the result exists), not after the edge op that makes it before the body."""
+    _, m = _flat(lambda x: lax.scan(lambda c, _: (jnp.tanh(c), None), x, None, length=2)[0],
+                 jnp.ones((8, 4)), mesh={"batch": 2})
+    (out,) = m.results
+    propagate(m, tile_value(m, out, 0, "batch", label="out"))
+    tile = next(op for op in m.ops if op.is_identity)
+    tanh = next(op for op in m.ops if op.name == "tanh")
+    assert m.ops.index(tile) > m.ops.index(tanh)
+    assert m.results == [tile.results[0]]
+    assert m.conflicts == {}
+    assert "batch" in _axes(m, tanh)  # backward through the carry into the body
