@@ -211,6 +211,11 @@ class _Materializer:
                 None if c is None else
                 tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
                 for c in prog.out_constraints)
+        if any(c is not None for c in prog.in_constraints):
+            fn.attributes["in_constraints"] = tuple(
+                None if c is None else
+                tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
+                for c in prog.in_constraints)
         return fn
 
     def _unlooped(self, op: CoreOp) -> Op:

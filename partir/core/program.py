@@ -204,6 +204,9 @@ class CoreProgram:
     result_names: tuple[str, ...]
     # Per output, the sharding `out_shardings` asks for exactly (`CoreModule`), or None.
     out_constraints: tuple[tuple[tuple[str, ...], ...] | None, ...] = ()
+    # Per argument, the sharding it arrives with (a region's argument, as its edge lays it
+    # out: `partir.core.regions`), or None: whole on every device, sliced where used.
+    in_constraints: tuple[tuple[tuple[str, ...], ...] | None, ...] = ()
 
     @functools.cached_property
     def producers(self) -> dict[Value, tuple[CoreOp, int]]:

@@ -11,13 +11,23 @@ value's producer: an identity on an argument sorts after the enter and before th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
+from partir.core.program import CoreOp, CoreProgram, Nest
 from partir.ir import Location, Op, Value
+from partir.mesh import Mesh
 from partir.rules.catalogue import data_flow
-from partir.rules.edges import edge_ops
+from partir.rules.edges import ENTER, EXIT, edge_ops
+
+_uids = itertools.count(1 << 40)  # restructured ops: apart from the module's uids
+
+
+def next_uid() -> int:
+    return next(_uids)
 
 
 @dataclass(frozen=True)
@@ -56,3 +66,190 @@ def flat_ops(ops: Sequence[Op], prefix: tuple[int, ...] = ()) -> Iterator[FlatOp
         for q, e in enumerate(exits):
             yield FlatOp((*prefix, j, 1 + len(op.regions), q), e.name, e.operands,
                          e.results, {"of": op, "edge": e.edge}, op.loc)
+
+
+# --- back to structured control flow, after propagation --------------------------------
+
+
+def restructure(program: CoreProgram) -> CoreProgram:
+    """The structured program of a flattened one: each control-flow op again one op, its
+    regions programs of their own (parameter `_bodies`: a `CoreProgram` per region, its
+    arguments arriving as the op's enter edges lay them out (`in_constraints`) and its
+    results leaving as its edges take them (`out_constraints`)), the op looped over every
+    axis its edges slice: each operand as its edge slices it, each result as its edge
+    tiles it, `any` where the edge leaves it whole (the region makes it alike on every
+    device). Its regions are lowered as programs of their own (`partir.pipeline`)."""
+    nests = dict(program.nests)
+    ops = _level(list(program.ops), nests, program.mesh)
+    return replace(program, ops=tuple(ops), nests=nests)
+
+
+def _level(ops: list[CoreOp], nests: dict[int, Nest], mesh: Mesh) -> list[CoreOp]:
+    """The ops of one level (a program's or a region's), each control-flow op's group of
+    edges, body ops and identities made one op."""
+    out: list[CoreOp] = []
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op.name != ENTER:
+            out.append(op)
+            i += 1
+            continue
+        prefix = op.order[:-2]  # (P, j) of the control-flow op
+        j = i
+        while j < len(ops) and ops[j].order[:len(prefix)] == prefix:
+            j += 1
+        control, after = _control(op.params["of"], prefix, ops[i:j], nests, mesh)
+        out.append(control)
+        out += after
+        i = j
+    return out
+
+
+def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[int, Nest],
+             mesh: Mesh) -> tuple[CoreOp, list[CoreOp]]:
+    """The control-flow op `of` from its group of flattened ops, and the ops that follow
+    it at its level (identities on its results)."""
+    n_regions = len(of.regions)
+    at = len(prefix)
+    enters = [op for op in group if op.name == ENTER and op.params["of"] is of
+              and op.order[at] == 0]
+    exits = [op for op in group if op.name == EXIT and op.params["of"] is of]
+    region_of = {a: r for r, region in enumerate(of.regions) for a in region.args}
+    bodies: list[list[CoreOp]] = [[] for _ in range(n_regions)]
+    after: list[CoreOp] = []
+    for op in group:
+        if op in enters or op in exits:
+            continue
+        place = op.order[at]
+        if place == 0:  # an identity on an argument: the start of its region
+            bodies[region_of[op.operands[0]]].append(op)
+        elif place <= n_regions:
+            bodies[place - 1].append(op)
+        else:  # an identity on a result
+            after.append(op)
+    flow = data_flow(of)
+    # Per operand: its enter op; per result: (edge op, its result position there).
+    by_operand: dict[int, CoreOp] = {}
+    by_result: dict[int, tuple[CoreOp, int]] = {}
+    # Per region and yield position: (edge op, its operand position there).
+    by_yield: dict[tuple[int, int], tuple[CoreOp, int]] = {}
+    exits_of = {e.value: [] for e in flow.exits}
+    for e in flow.exits:
+        exits_of[e.value].append(e)
+    for op in enters:
+        kind, n = op.params["edge"]
+        if kind == "carry":
+            carry = flow.carries[n]
+            by_operand[carry.operand] = op
+            by_result[carry.result] = (op, len(op.results) - 1)
+            by_yield[carry.made] = (op, 1)
+        else:
+            by_operand[n] = op
+    for op in exits:
+        _, k = op.params["edge"]
+        by_result[k] = (op, 0)
+        for position, e in enumerate(exits_of[k]):
+            by_yield[(e.region, e.position)] = (op, position)
+    axes = _axes_of([*enters, *exits], nests)
+    operands = [by_operand[i].operands[0] if i in by_operand else v
+                for i, v in enumerate(of.operands)]
+    loops = []
+    for axis in axes:
+        dims = tuple(_sliced(nests, by_operand[i], 0, axis) if i in by_operand else None
+                     for i in range(len(of.operands)))
+        actions = tuple(_action(nests, *by_result[k], axis) for k in range(len(of.results)))
+        loops.append(Loop(axis, actions, dims))
+    programs = []
+    for r, region in enumerate(of.regions):
+        args_in = tuple(_tiling(nests, *_producer_of(a, enters), a.type.rank)
+                        for a in region.args)
+        results, outs = [], []
+        for p, y in enumerate(region.yields):
+            edge = by_yield.get((r, p))
+            if edge is None:  # a while loop's predicate: every device decides alike
+                results.append(y)
+                outs.append(((),) * y.type.rank)
+                continue
+            op, position = edge
+            results.append(op.operands[position])
+            outs.append(_slicing(nests, op, position, y.type.rank))
+        body = _level(bodies[r], nests, mesh)
+        programs.append(CoreProgram(
+            f"{of.name}_region{r}", mesh, tuple(region.args), tuple(body),
+            {op.uid: nests[op.uid] for op in body if op.uid in nests}, tuple(results),
+            tuple(f"yield/{p}" for p in range(len(results))), tuple(outs), args_in))
+    control = CoreOp(next_uid(), of.name, tuple(operands), tuple(of.results),
+                     {**of.params, BODIES: tuple(programs)}, of.loc, of.prim, order=prefix,
+                     regions=tuple(of.regions))
+    if loops:
+        nests[control.uid] = tuple(loops)
+    return control, after
+
+
+BODIES = "_bodies"  # a restructured control-flow op's regions, as programs
+
+
+def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
+    """The axes the edges loop over, outermost first (the order each edge nests them)."""
+    axes: list[str] = []
+    for op in edges:
+        for lp in nests.get(op.uid, ()):
+            if lp.axis not in axes:
+                axes.append(lp.axis)
+    for op in edges:
+        mine = [lp.axis for lp in nests.get(op.uid, ())]
+        if mine != [a for a in axes if a in mine]:
+            raise NotImplementedError(f"the edges of {op.params['of'].name} at {op.loc} "
+                                      f"nest their axes in different orders")
+    return axes
+
+
+def _loop_on(nests: dict[int, Nest], op: CoreOp, axis: str) -> Loop | None:
+    return next((lp for lp in nests.get(op.uid, ()) if lp.axis == axis), None)
+
+
+def _sliced(nests: dict[int, Nest], op: CoreOp, i: int, axis: str) -> int | None:
+    lp = _loop_on(nests, op, axis)
+    return None if lp is None else lp.operands[i]
+
+
+def _action(nests: dict[int, Nest], op: CoreOp, k: int, axis: str) -> AnyAction | Tile:
+    lp = _loop_on(nests, op, axis)
+    if lp is None:
+        return ANY
+    action = lp.results[k]
+    if isinstance(action, Sum):
+        raise NotImplementedError(f"a partial sum across an edge of "
+                                  f"{op.params['of'].name} at {op.loc}")
+    return action
+
+
+def _producer_of(arg: Value, enters: list[CoreOp]) -> tuple[CoreOp, int]:
+    for op in enters:
+        for k, r in enumerate(op.results):
+            if r is arg:
+                return op, k
+    raise ValueError(f"no edge makes region argument %{arg.name or arg.id}")
+
+
+def _tiling(nests: dict[int, Nest], op: CoreOp, k: int, rank: int
+            ) -> tuple[tuple[str, ...], ...]:
+    """Per dimension, the axes tiling result k of op, outermost first."""
+    dims: list[list[str]] = [[] for _ in range(rank)]
+    for lp in nests.get(op.uid, ()):
+        a = lp.results[k]
+        if isinstance(a, Tile):
+            dims[a.dim].append(lp.axis)
+    return tuple(tuple(d) for d in dims)
+
+
+def _slicing(nests: dict[int, Nest], op: CoreOp, i: int, rank: int
+             ) -> tuple[tuple[str, ...], ...]:
+    """Per dimension, the axes slicing operand i of op, outermost first."""
+    dims: list[list[str]] = [[] for _ in range(rank)]
+    for lp in nests.get(op.uid, ()):
+        d = lp.operands[i]
+        if d is not None:
+            dims[d].append(lp.axis)
+    return tuple(tuple(d) for d in dims)

@@ -1012,14 +1012,16 @@ def localize_arguments(fn: Function) -> Function:
                 users[v].append(op)
     rw = _Rewriter(fn, count_uses=False)  # no patterns: nothing reads the use counts
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
+    constrained = fn.attributes.get("in_constraints") or (None,) * len(fn.args)
     narrowed: dict[Op, AxesPerDim] = {}
     # A set: `in` on the results list would compare each argument with every result
     # (a model's parameters and optimizer state are both, by the thousand).
     results = set(fn.results)
     for i, a in enumerate(fn.args):
         uses = users[a]
-        if not uses or a in results or any(op.name != ALL_SLICE for op in uses):
-            continue
+        if (not uses or a in results or constrained[i] is not None
+                or any(op.name != ALL_SLICE for op in uses)):
+            continue  # (an argument laid out as asked keeps its layout)
         prefix = _common_prefixes([op.params["axes"] for op in uses])
         if not any(prefix):
             continue

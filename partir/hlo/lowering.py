@@ -109,12 +109,25 @@ class _Lowering:
 
     def run(self) -> Function:
         args = []
-        for a in self.fn.args:
+        constraints = (self.fn.attributes.get("in_constraints")
+                       or (None,) * len(self.fn.args))
+        in_shardings = []
+        for a, asked in zip(self.fn.args, constraints, strict=True):
             t = _dtensor(a.type)
             if t.axes:
                 raise HloLoweringError(f"argument %{a.name} of type {t} is not a global tensor")
-            args.append(Value(t.local_type(self.mesh), a.name))
-        self.env.update(zip(self.fn.args, args, strict=True))
+            if asked is None:
+                args.append(Value(t.local_type(self.mesh), a.name))
+                self.env[a] = args[-1]
+                in_shardings.append(((),) * t.rank)
+                continue
+            # It arrives sliced as asked: gathered where a use needs it whole (a use
+            # slicing it alike reads it as it is: `defer_gathers`).
+            laid = DTensorType((), tuple((axes, n) for axes, (_, n)
+                                         in zip(asked, t.dims, strict=True)), t.dtype)
+            args.append(Value(laid.local_type(self.mesh), a.name))
+            self.env[a] = self.redistribute(args[-1], laid, t, a.name, UNKNOWN_LOCATION)
+            in_shardings.append(tuple(asked))
         token = cancel.current()
         for op in self.fn.ops:
             if token is not None and token.cancelled:
@@ -141,7 +154,7 @@ class _Lowering:
         for r in results:
             self.need(r)
         attributes = {**self.fn.attributes, "mesh": self.mesh,
-                      "in_shardings": tuple(((),) * a.type.rank for a in args),
+                      "in_shardings": tuple(in_shardings),
                       "out_shardings": tuple(((),) * r.type.rank for r in results)}
         return Function(self.fn.name, args, self.out, results, list(self.fn.result_names),
                         attributes)
