@@ -187,22 +187,36 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
     return control, after
 
 
-BODIES = "_bodies"  # a restructured control-flow op's regions, as programs
+BODIES = "_region_programs"  # a restructured control-flow op's regions, as programs
 
 
 def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
-    """The axes the edges loop over, outermost first (the order each edge nests them)."""
+    """The axes the edges loop over, outermost first: where an edge slices or tiles one
+    dimension over several, in its order (major to minor), else in order of appearance."""
     axes: list[str] = []
+    before: set[tuple[str, str]] = set()  # (a, b): a must be outside b
     for op in edges:
-        for lp in nests.get(op.uid, ()):
+        nest = nests.get(op.uid, ())
+        for lp in nest:
             if lp.axis not in axes:
                 axes.append(lp.axis)
-    for op in edges:
-        mine = [lp.axis for lp in nests.get(op.uid, ())]
-        if mine != [a for a in axes if a in mine]:
-            raise NotImplementedError(f"the edges of {op.params['of'].name} at {op.loc} "
-                                      f"nest their axes in different orders")
-    return axes
+        for outer, inner in itertools.combinations(nest, 2):
+            if (any(a is not None and a == b for a, b in zip(outer.operands, inner.operands,
+                                                              strict=True))
+                    or any(isinstance(a, Tile) and a == b
+                           for a, b in zip(outer.results, inner.results, strict=True))):
+                before.add((outer.axis, inner.axis))
+    ordered: list[str] = []
+    while axes:
+        free = next((a for a in axes if not any((b, a) in before for b in axes if b != a)),
+                    None)
+        if free is None:
+            raise NotImplementedError(f"the edges of {edges[0].params['of'].name} at "
+                                      f"{edges[0].loc} split one dimension over axes in "
+                                      f"different orders")
+        ordered.append(free)
+        axes.remove(free)
+    return ordered
 
 
 def _loop_on(nests: dict[int, Nest], op: CoreOp, axis: str) -> Loop | None:
