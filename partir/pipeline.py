@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from partir.cancel import checkpoint
 from partir.core.materialize import materialize
-from partir.core.program import CoreOp, CoreProgram
-from partir.core.regions import BODIES
+from partir.core.program import CoreProgram
+from partir.core.regions import set_region_lowering
 from partir.gcpause import paused_gc
 from partir.hlo import count_collectives, locate_by_users, lower_spmd_to_hlo, optimize
 from partir.hlo.ops import COLLECTIVES, collectives_by_axes
@@ -18,7 +18,6 @@ from partir.ir import Function, Region, print_function
 from partir.ir.fragments import Fragments
 from partir.rules.catalogue import region_ops
 from partir.rules.collectives import named_axes
-from partir.rules.edges import LOCAL_REGIONS
 from partir.spmd import lower_core_to_spmd
 
 
@@ -79,7 +78,7 @@ def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
     would, and the fusion passes and the simulator see the whole program.)"""
     with paused_gc():
         checkpoint()
-        core = materialize(with_local_regions(program), fragments=fragments)
+        core = materialize(program, fragments=fragments)
         checkpoint()
         spmd = lower_core_to_spmd(core, program.mesh, fragments)
         checkpoint()
@@ -90,26 +89,12 @@ def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
         return Lowered(core, spmd, locate_by_users(optimized))
 
 
-def with_local_regions(program: CoreProgram) -> CoreProgram:
-    """The program with the regions of each restructured control-flow op
-    (`partir.core.regions.restructure`) lowered as programs of their own, through the same
-    stages: the op's local regions (`LOCAL_REGIONS`), which its localization takes."""
-    if not any(BODIES in op.params for op in program.ops):
-        return program
-    ops = []
-    for op in program.ops:
-        bodies = op.params.get(BODIES)
-        if bodies is not None:
-            local = tuple(_as_region(lower(body).hlo) for body in bodies)
-            params = {k: v for k, v in op.params.items() if k != BODIES}
-            op = CoreOp(op.uid, op.name, op.operands, op.results,
-                        {**params, LOCAL_REGIONS: local}, op.loc, op.prim, order=op.order,
-                        regions=op.regions)
-        ops.append(op)
-    return CoreProgram(program.name, program.mesh, program.args, tuple(ops), program.nests,
-                       program.results, program.result_names, program.out_constraints,
-                       program.in_constraints)
 
-
-def _as_region(fn: Function) -> Region:
+def _lower_region(program: CoreProgram) -> Region:
+    """A region of a control-flow op, lowered as a program of its own: the device-local
+    region its op's localization takes (`partir.core.regions`)."""
+    fn = lower(program).hlo
     return Region(list(fn.args), list(fn.ops), list(fn.results))
+
+
+set_region_lowering(_lower_region)

@@ -39,6 +39,7 @@ from partir.core.program import (
     result_local_type,
     tile_dims,
 )
+from partir.core.regions import BODIES, lower_region, structured
 from partir.core.tmr import Entry, LocalContext, OpView, factor_mappings, localized, lookup
 from partir.frontend import inline_jaxpr
 from partir.ir import Function, Op, RangeType, Region, TensorType, Value
@@ -222,6 +223,11 @@ class _Materializer:
         operands = [self.resolve(v) for v in op.operands]
 
         def make() -> Op:
+            programs = op.params.get(BODIES)
+            if programs is not None:  # its regions lower as programs of their own
+                return Op(op.name, operands, list(op.results),
+                          {k: v for k, v in op.params.items() if k != BODIES},
+                          [lower_region(p) for p in programs], op.loc, op.prim)
             return Op(op.name, operands, list(op.results), op.params, list(op.regions),
                       op.loc, op.prim)
 
@@ -315,7 +321,11 @@ class _Materializer:
             operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
                                           indices, body)
         regions: tuple[Region, ...] = ()
-        if entry.localize is None:
+        programs = op.params.get(BODIES)
+        if programs is not None:  # its regions lower as programs of their own
+            params = {k: v for k, v in op.params.items() if k != BODIES}
+            regions = tuple(lower_region(p) for p in programs)
+        elif entry.localize is None:
             # What `localized` returns then, without building the view it would not read
             # (most primitives keep their parameters), and shared: IR is never mutated.
             params = op.params
@@ -564,4 +574,4 @@ def materialize(prog: CoreProgram, fuse: bool = True, elide_identities: bool = T
                 fragments: Fragments | None = None) -> Function:
     """`fragments`: the loop nests (and unlooped ops) of programs materialized before,
     reused where this program has the same (`partir.ir.fragments`)."""
-    return _Materializer(prog, fuse, elide_identities, fragments).run()
+    return _Materializer(structured(prog), fuse, elide_identities, fragments).run()

@@ -67,7 +67,7 @@ def _unlooped(n_operands: int, n_results: int) -> NestInfo:
 
 
 class CoreModule:
-    def __init__(self, traced: TracedProgram, mesh: Mesh, flat: bool = False) -> None:
+    def __init__(self, traced: TracedProgram, mesh: Mesh, flat: bool = True) -> None:
         fn = traced.function
         self.mesh = mesh
         self.name = fn.name

@@ -12,13 +12,13 @@ value's producer: an identity on an argument sorts after the enter and before th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
 from partir.core.program import CoreOp, CoreProgram, Nest
-from partir.ir import Location, Op, Value
+from partir.ir import Location, Op, Region, Value
 from partir.mesh import Mesh
 from partir.rules.catalogue import data_flow
 from partir.rules.edges import ENTER, EXIT, edge_ops
@@ -69,6 +69,29 @@ def flat_ops(ops: Sequence[Op], prefix: tuple[int, ...] = ()) -> Iterator[FlatOp
 
 
 # --- back to structured control flow, after propagation --------------------------------
+
+
+def structured(program: CoreProgram) -> CoreProgram:
+    """The program with its control-flow ops restructured (`restructure`), if flattened."""
+    if not any(op.name == ENTER for op in program.ops):
+        return program
+    return restructure(program)
+
+
+# How a region's program becomes the device-local region of its op (`lower_region`):
+# lowering it through every stage, which live after this one (`partir.pipeline` sets it).
+_region_lowering: list[Callable[[CoreProgram], Region]] = []
+
+
+def set_region_lowering(lowering: Callable[[CoreProgram], Region]) -> None:
+    _region_lowering[:] = [lowering]
+
+
+def lower_region(program: CoreProgram) -> Region:
+    """The device-local region a region's program lowers to."""
+    if not _region_lowering:
+        raise RuntimeError("no region lowering is set: import partir.pipeline")
+    return _region_lowering[0](program)
 
 
 def restructure(program: CoreProgram) -> CoreProgram:

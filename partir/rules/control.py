@@ -57,7 +57,6 @@ from partir.rules.catalogue import (
     region_flops,
 )
 from partir.rules.collectives import ALL_GATHER, ALL_REDUCE, ALL_SLICE, REDUCE_SCATTER
-from partir.rules.edges import LOCAL_REGIONS
 from partir.rules.factors import PASS, REDUCTION, REPLICATION, RuleBuilder, ShardingRule
 
 Node = int  # a dimension of a body value or of the op's operands/results
@@ -767,9 +766,6 @@ def localize(view: OpView) -> Localized:
     partial sums all-reduced over the axes slicing it where a region needs them whole, a
     sliced operand a region needs whole all-gathered where it takes it, and a stacked
     sum reduce-scattered where a region makes it (`view.slicing` names the axes)."""
-    local = view.params.get(LOCAL_REGIONS)
-    if local is not None:
-        return Localized({k: v for k, v in view.params.items() if k != LOCAL_REGIONS}, local)
     whole = _global_view(view)
     groups = _groups(whole)
     a, rule = groups.analysis, groups.rule

@@ -26,9 +26,7 @@ from partir.rules.factors import RuleBuilder, ShardingRule
 
 ENTER = "partir.enter"
 EXIT = "partir.exit"
-# A restructured control-flow op's regions, device-local: each region lowered as a
-# program of its own (`partir.pipeline.with_local_regions`), which its localization takes.
-LOCAL_REGIONS = "_local_regions"
+
 
 _SCANNED = "it is the scanned dimension: each iteration takes or makes one slice of it"
 

@@ -47,8 +47,6 @@ def named_values(module: CoreModule, traced: TracedProgram
     names.update((n, [v]) for n, v in zip(traced.output_names, module.results, strict=True))
     for tag, values in module.tags.items():
         names.setdefault(tag, []).extend(values)
-    for tag, tagged in traced.body_tags.items():
-        names.setdefault(tag, []).extend(BodyValue.of(module, t) for t in tagged)
     return names
 
 
