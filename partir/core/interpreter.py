@@ -13,6 +13,7 @@ name, so each iteration's collective sees the others.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -111,6 +112,7 @@ class Interpreter:
     def __init__(self, fn: Function) -> None:
         self.fn = fn
         self._named: dict[int, frozenset[str]] = {}  # id(region) -> axes its ops name
+        self._bound: tuple[str, ...] = ()  # the axes of the lockstep loops around
 
     def __call__(self, *args: Any) -> list[Any]:
         if len(args) != len(self.fn.args):
@@ -131,7 +133,33 @@ class Interpreter:
                 env[r] = o
 
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
-        return self._loop(op, env) if op.name == LOOP else eval_op(op, env)
+        if op.name == LOOP:
+            return self._loop(op, env)
+        unbound = sorted(lockstep_axes(op) - set(self._bound)) if op.regions else ()
+        if not unbound:
+            return eval_op(op, env)
+        # Collectives in its regions over axes no loop around it runs in lockstep: every
+        # device of those axes runs it alike (its operands and results do not differ
+        # along them), as one vmapped instance per coordinate; the first is the result.
+        sizes = self._mesh()
+        operands = [env[v] for v in op.operands]
+
+        def run(*_: Any) -> list[Any]:
+            return evaluate(op, operands)
+
+        coords = [jnp.arange(sizes[a], dtype=jnp.int32) for a in unbound]
+        outs = in_lockstep(lambda *c: run(), unbound, *_grid(coords))
+        return [o.reshape((-1, *o.shape[len(unbound):]))[0] for o in outs]
+
+    def _mesh(self) -> dict[str, int]:
+        """The axes' sizes (the function's `mesh` attribute, as materialize writes it)."""
+        mesh = self.fn.attributes.get("mesh")
+        if isinstance(mesh, str):
+            mesh = json.loads(mesh)
+        if not isinstance(mesh, Mapping):
+            raise InterpreterError(f"@{self.fn.name} has no mesh attribute to run its "
+                                   f"collectives' axes with")
+        return dict(mesh)
 
     def _axes(self, region: Region) -> frozenset[str]:
         """The axes the collectives inside the region's ops name, nested loops included."""
@@ -155,7 +183,13 @@ class Interpreter:
             return [inner[v] for v in region.yields]
 
         if op.params["axis"] in self._axes(region):
-            stacked = in_lockstep(body, [op.params["axis"]], jnp.arange(size, dtype=jnp.int32))
+            bound = self._bound
+            self._bound = (*bound, op.params["axis"])
+            try:
+                stacked = in_lockstep(body, [op.params["axis"]],
+                                      jnp.arange(size, dtype=jnp.int32))
+            finally:
+                self._bound = bound
             per_iter = [[s[i] for s in stacked] for i in range(size)]
         else:
             per_iter = [body(i) for i in range(size)]
@@ -163,6 +197,11 @@ class Interpreter:
                         res.type.shape[a.dim] if isinstance(a, Tile) else None)
                 for k, (a, res) in enumerate(zip(op.params["actions"], op.results,
                                                  strict=True))]
+
+
+def _grid(coords: list[Any]) -> list[Any]:
+    """One array per axis, of every coordinate combination (axis-major)."""
+    return list(jnp.meshgrid(*coords, indexing="ij"))
 
 
 def interpret(fn: Function, *args: Any) -> list[Any]:
