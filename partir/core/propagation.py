@@ -217,6 +217,9 @@ def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str
     earlier axes tiled may pad: the loop pads each of their tiles, and a `#sum` level
     masks the padding of the tiles it splits (`materialize._mask_padding`)."""
     factor = rule.factors[f]
+    if not entry.primitive.pads:
+        return (f"the {op.name} at {op.loc} carries the factor of size {factor.size} into "
+                f"or out of a control-flow op's regions, which do not take padded tiles")
     if factor.summed_inside:
         return (f"{op.name} sums over the factor of size {factor.size} inside its body, "
                 f"where a tile's padding would enter the sums")

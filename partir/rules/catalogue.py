@@ -220,6 +220,9 @@ class Primitive:
     # the padding out of the partial sums: true of ops that reduce what they are given,
     # not of loops whose bodies compute non-linearly before they reduce.
     masks_padding: bool = True
+    # Whether a factor an axis does not divide may be padded: not a control-flow op's
+    # edges (`partir.rules.edges`), whose padded tiles would cross into its regions.
+    pads: bool = True
     linear: Linearity | None = None  # None: a partial sum must be summed before it
     data_flow: DataFlowFn | None = None  # an op with regions: how its values meet theirs
     # Its local op may hold collectives over the axes slicing it (a loop body summing a

@@ -120,9 +120,9 @@ def _no_flops(view: OpView, rule: ShardingRule | None) -> float:
     return 0.0
 
 
-declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
                          doc="a control-flow op's operand -> its regions' arguments"),
         jax=False)
-declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
                         doc="a control-flow op's regions' yields -> its result"),
         jax=False)

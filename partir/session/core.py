@@ -974,7 +974,7 @@ def _shardings_of_values(program: CoreProgram, traced: TracedProgram
             out[("tag", tag)] = [[list(a) for a in program.sharding(v).dims] for v in tagged]
         for body in (b for bs in traced.body_tags.values() for b in bs):
             out.setdefault(("tag", body.name), []).append(
-                [list(a) for a in program.body_sharding(body).dims])
+                [list(a) for a in program.sharding(body.value).dims])
     return out
 
 
