@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import collections
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+import partir
 from examples.transformer import model, schedules
 from partir.core.module import CoreModule
 from partir.core.propagation import propagate
 from partir.core.value_actions import tile_value
 from partir.frontend import trace
 from partir.mesh import Mesh
+from partir.pipeline import lower
+from partir.rules.catalogue import region_ops
 from partir.rules.edges import ENTER, EXIT
 from partir.tactics.driver import apply_tactic
+from tests.oracles import assert_tree_close
 
 
 def _flat(f, *args, mesh):
@@ -113,3 +119,48 @@ def test_a_tactic_on_a_loop_result_acts_after_the_loop():
     assert m.results == [tile.results[0]]
     assert m.conflicts == {}
     assert "batch" in _axes(m, tanh)  # backward through the carry into the body
+
+
+def _mqa_decode(wq, wkv, wo, x0):
+    """A multi-query decode loop: one key/value head, its caches carried, written at each
+    step's position."""
+    b = x0.shape[0]
+    t, dh = 6, wkv.shape[-1]
+    caches = (partir.tag(jnp.zeros((b, t, dh)), "cache_k"),
+              partir.tag(jnp.zeros((b, t, dh)), "cache_v"))
+
+    def step(carry, pos):
+        x, kc, vc = carry
+        x = partir.tag(x, "resid")
+        q = jnp.einsum("bd,dhk->bhk", x, wq)
+        kv = jnp.einsum("bd,dtk->tbk", x, wkv)
+        kc = lax.dynamic_update_slice(kc, kv[0][:, None], (0, pos, 0))
+        vc = lax.dynamic_update_slice(vc, kv[1][:, None], (0, pos, 0))
+        p = jax.nn.softmax(jnp.einsum("bhk,btk->bht", q, kc), axis=-1)
+        x = x + jnp.einsum("bhk,hkd->bd", jnp.einsum("bht,btk->bhk", p, vc), wo)
+        return (jnp.tanh(x), kc, vc), None
+
+    return lax.scan(step, (x0, *caches), jnp.arange(t, dtype=jnp.int32))[0][0]
+
+
+def test_multi_query_caches_split_by_batch_move_the_queries_with_an_all_to_all_per_step():
+    """Issue 28 item 6's capability: the caches carried split by batch over "model"
+    (the residual stream kept whole on it), Megatron's query heads over "model" too; the
+    body's ops take each layout where propagation put it, and the queries cross from
+    heads to batch with an all_to_all inside the loop, each step. Both oracles."""
+    rng = np.random.default_rng(0)
+    wq, wkv, wo, x0 = (jnp.asarray(rng.normal(size=s).astype(np.float32)) * 0.3
+                       for s in ((16, 4, 4), (16, 2, 4), (4, 4, 16), (8, 16)))
+    schedule = [partir.ManualPartition({"x0": 0}, axis="batch"),
+                partir.ManualPartition({"cache_k": 0, "cache_v": 0,
+                                        "resid": partir.REPLICATED}, axis="model"),
+                partir.ManualPartition({"wq": 1, "wo": 0}, axis="model")]
+    mesh = {"batch": 2, "model": 2}
+    expected = _mqa_decode(wq, wkv, wo, x0)
+    result = partir.core_partition(_mqa_decode, mesh, schedule, wq, wkv, wo, x0)
+    assert_tree_close(result.interpret(wq, wkv, wo, x0), expected)
+    fn, meta = partir.jit(_mqa_decode, mesh, schedule)
+    assert_tree_close(fn(wq, wkv, wo, x0), expected)
+    (scan,) = [op for op in lower(result.program).hlo.ops if op.name == "scan"]
+    assert "hlo.all_to_all" in {inner.name for inner, _ in region_ops(scan)}
+    assert meta.executed_collectives["all_to_all"] == 6  # one per step
