@@ -20,6 +20,7 @@ from jax import lax
 
 import partir
 from partir.core.materialize import materialize
+from partir.core.regions import structured
 from partir.hlo import interpret_hlo, lower_spmd_to_hlo, optimize, verify_hlo
 from partir.pipeline import lower
 from partir.rules.catalogue import region_ops
@@ -75,7 +76,8 @@ CASES = {
 
 
 def _control_ops(program):
-    return [op for op in program.ops if op.name in ("scan", "while", "cond")]
+    """The control-flow ops of a program, each one op again (`structured`)."""
+    return [op for op in structured(program).ops if op.name in ("scan", "while", "cond")]
 
 
 # JAX cannot reverse-differentiate a while_loop
@@ -93,7 +95,7 @@ def test_batch_parallelism_goes_through_the_bodies(name, grad):
     result = partir.core_partition(fn, MESH, BP, X, w)
     assert result.tactics[0].conflicts == []
     loops = _control_ops(result.program)
-    assert loops and all(result.program.nest(op) for op in loops), name
+    assert loops and all(structured(result.program).nest(op) for op in loops), name
     assert_tree_close(result.interpret(X, w), expected)
     jitted, meta = partir.jit(fn, MESH, BP)
     assert_tree_close(jitted(X, w), expected)
@@ -105,7 +107,7 @@ def test_weight_gradients_of_a_scan_over_layers_are_partial_sums():
     result = partir.core_partition(jax.grad(scan_layers, argnums=1), MESH, BP, X, WS)
     backward = _control_ops(result.program)[-1]
     # the transposed scan's stacked weight gradients sum over the batch: a #sum
-    actions = {str(a) for lp in result.program.nest(backward) for a in lp.results}
+    actions = {str(a) for lp in structured(result.program).nest(backward) for a in lp.results}
     assert "#sum" in actions
 
 
@@ -143,7 +145,7 @@ def test_a_while_predicate_summing_sharded_data_sums_it_on_every_device():
     result, _ = _all_oracles(f, MESH, BP, X)
     assert result.tactics[0].conflicts == []
     (loop,) = _control_ops(result.program)
-    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(loop)] == ["batch"]
 
 
 def test_a_while_predicate_taking_the_max_of_sharded_data_takes_it_on_every_device():
@@ -153,7 +155,7 @@ def test_a_while_predicate_taking_the_max_of_sharded_data_takes_it_on_every_devi
     result, meta = _all_oracles(f, MESH, BP, X)
     assert meta.collectives["all_gather"] == 0
     (loop,) = _control_ops(result.program)
-    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(loop)] == ["batch"]
 
 
 def test_a_while_predicate_that_reads_sharded_data_otherwise_is_not_sharded_through():
@@ -165,7 +167,7 @@ def test_a_while_predicate_that_reads_sharded_data_otherwise_is_not_sharded_thro
     assert conflict.op == "while" and conflict.kind == "needs_replication"
     assert conflict.detail.endswith("in the body needs it whole")
     (loop,) = _control_ops(result.program)
-    assert result.program.nest(loop) == ()
+    assert structured(result.program).nest(loop) == ()
     assert_tree_close(result.interpret(X), f(X))
 
 
@@ -195,7 +197,7 @@ def test_megatron_through_a_scan_over_layers_sums_inside_the_body(grad):
     result, meta = _all_oracles(fn, {"batch": 2, "model": 2}, BP_MP, X, W1, W2)
     assert result.tactics[-1].conflicts == []
     for loop in _control_ops(result.program):
-        assert {lp.axis for lp in result.program.nest(loop)} == {"batch", "model"}
+        assert {lp.axis for lp in structured(result.program).nest(loop)} == {"batch", "model"}
     shardings = result.program.input_shardings()
     assert shardings["w1"].dims[2] == ("model",) and shardings["w2"].dims[1] == ("model",)
     # the weights are never gathered for the layers (the weight gradients are, for the
@@ -228,7 +230,7 @@ def test_a_carry_ending_as_a_partial_sum_is_summed_before_the_next_iteration():
     result, _ = _all_oracles(f, MESH, [partir.ManualPartition({"ws": 1}, axis="batch")],
                              jnp.float32(0.5), ws)
     (loop,) = _control_ops(result.program)
-    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(loop)] == ["batch"]
 
 
 def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():
@@ -250,7 +252,7 @@ def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():
     expected = step(params, opt, X, count)
     result = partir.core_partition(step, MESH, z3, params, opt, X, count)
     (cond,) = _control_ops(result.program)
-    assert result.program.nest(cond), "the update runs on each device's shard"
+    assert structured(result.program).nest(cond), "the update runs on each device's shard"
     shardings = result.program.output_shardings()
     assert all(s.dims[0] == ("batch",) for s in shardings.values()), shardings
     assert_tree_close(result.interpret(params, opt, X, count), expected)
@@ -417,7 +419,7 @@ def test_independent_groups_of_a_body_are_sliced_by_one_loop(tactics):
     result, meta = _all_oracles(two_blocks, {"model": 2}, schedule, X, A, B, A, B)
     assert all(t.conflicts == [] for t in result.tactics)
     (loop,) = _control_ops(result.program)
-    (lp,) = result.program.nest(loop)
+    (lp,) = structured(result.program).nest(loop)
     # the scan takes the weights as consts, then the carry
     assert lp.axis == "model" and lp.operands == (1, 0, 1, 0, None)
     assert meta.collectives["all_gather"] == 0
@@ -439,7 +441,7 @@ def test_an_inner_call_at_two_sites_of_a_body_is_localized_at_each_sites_shapes(
 
     result, _ = _all_oracles(f, MESH, BP, X, X * 0.5)
     (loop,) = _control_ops(result.program)
-    assert [lp.axis for lp in result.program.nest(loop)] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(loop)] == ["batch"]
 
 
 def test_a_python_scalar_passed_to_an_inner_call_in_a_body_is_typed():
@@ -659,6 +661,6 @@ def test_a_batch_tiling_reaching_the_scanned_dimension_says_how_to_run_the_loop_
     result, meta = _all_oracles(functools.partial(_accumulated_gradient, tag=True), MESH,
                                 hinted, w, x)
     (scan,) = _control_ops(result.program)
-    assert [lp.axis for lp in result.program.nest(scan)] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(scan)] == ["batch"]
     assert meta.collectives["all_gather"] == 0 and meta.collectives["all_to_all"] == 1
     assert meta.collectives["all_reduce"] == 1
