@@ -72,10 +72,14 @@ def flat_ops(ops: Sequence[Op], prefix: tuple[int, ...] = ()) -> Iterator[FlatOp
 
 
 def structured(program: CoreProgram) -> CoreProgram:
-    """The program with its control-flow ops restructured (`restructure`), if flattened."""
-    if not any(op.name == ENTER for op in program.ops):
-        return program
-    return restructure(program)
+    """The program with its control-flow ops restructured (`restructure`), if flattened;
+    once per program (kept beside it, as its cached properties are)."""
+    found = program.__dict__.get("_structured")
+    if found is None:
+        found = (restructure(program) if any(op.name == ENTER for op in program.ops)
+                 else program)
+        program.__dict__["_structured"] = found
+    return found
 
 
 # How a region's program becomes the device-local region of its op (`lower_region`):
