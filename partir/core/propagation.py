@@ -49,6 +49,7 @@ from partir.gcpause import paused_gc
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
 from partir.rules import REPLICATION, ShardingRule
+from partir.rules.edges import EDGE_OPS
 from partir.rules.unsupported import why_unsupported
 
 
@@ -693,8 +694,10 @@ class Propagator:
     def _conflict(self, op: CoreOp, axis: str, kind: str, choices: tuple[str, ...],
                   detail: str = "") -> None:
         self._conflicts_made += 1
+        # An edge of a control-flow op is reported as the op the user wrote.
+        name = op.params["of"].name if op.name in EDGE_OPS else op.name
         self.m.conflicts.setdefault((op.uid, axis),
-                                    Conflict(kind, op.name, op.loc, axis, choices, detail))
+                                    Conflict(kind, name, op.loc, axis, choices, detail))
 
     def _apply(self, op: CoreOp, loop: Loop,
                woken: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None = None) -> None:

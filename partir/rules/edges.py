@@ -26,9 +26,15 @@ from partir.rules.factors import RuleBuilder, ShardingRule
 
 ENTER = "partir.enter"
 EXIT = "partir.exit"
+EDGE_OPS = (ENTER, EXIT)
 
 
-_SCANNED = "it is the scanned dimension: each iteration takes or makes one slice of it"
+# Why the scanned dimension stays whole, with what a user can do instead: a loop over
+# microbatches (gradient accumulation) is the common case, whose batch tiling reaches the
+# scanned dimension through the reshape that makes the microbatches.
+_SCANNED = ("it is the scanned dimension: every device runs every iteration, each on one "
+            "slice of it; to run the loop sliced, tile another of its dimensions "
+            "(partir.tag the scanned value to name it in a tactic)")
 
 
 @dataclass(frozen=True)
