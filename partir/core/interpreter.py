@@ -135,21 +135,11 @@ class Interpreter:
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
         if op.name == LOOP:
             return self._loop(op, env)
-        unbound = sorted(lockstep_axes(op) - set(self._bound)) if op.regions else ()
+        unbound = lockstep_axes(op) - set(self._bound) if op.regions else ()
         if not unbound:
             return eval_op(op, env)
-        # Collectives in its regions over axes no loop around it runs in lockstep: every
-        # device of those axes runs it alike (its operands and results do not differ
-        # along them), as one vmapped instance per coordinate; the first is the result.
-        sizes = self._mesh()
-        operands = [env[v] for v in op.operands]
-
-        def run(*_: Any) -> list[Any]:
-            return evaluate(op, operands)
-
-        coords = [jnp.arange(sizes[a], dtype=jnp.int32) for a in unbound]
-        outs = in_lockstep(lambda *c: run(), unbound, *_grid(coords))
-        return [o.reshape((-1, *o.shape[len(unbound):]))[0] for o in outs]
+        return alike_on(sorted(unbound), self._mesh(),
+                        lambda: eval_op(op, env))
 
     def _mesh(self) -> dict[str, int]:
         """The axes' sizes (the function's `mesh` attribute, as materialize writes it)."""
@@ -199,9 +189,16 @@ class Interpreter:
                                                  strict=True))]
 
 
-def _grid(coords: list[Any]) -> list[Any]:
-    """One array per axis, of every coordinate combination (axis-major)."""
-    return list(jnp.meshgrid(*coords, indexing="ij"))
+def alike_on(axes: Sequence[str], sizes: Mapping[str, int],
+             run: Callable[[], list[Any]]) -> list[Any]:
+    """`run()` for an op whose regions hold collectives over `axes`, which no loop (or
+    execute) around it runs in lockstep: every device of those axes runs it alike (its
+    operands and results do not differ along them), one vmapped instance per coordinate,
+    and the first instance's results are its results."""
+    coords = jnp.meshgrid(*[jnp.arange(sizes[a], dtype=jnp.int32) for a in axes],
+                          indexing="ij")
+    outs = in_lockstep(lambda *_: run(), axes, *coords)
+    return [o.reshape((-1, *o.shape[len(axes):]))[0] for o in outs]
 
 
 def interpret(fn: Function, *args: Any) -> list[Any]:

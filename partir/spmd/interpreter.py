@@ -31,6 +31,7 @@ import numpy as np
 from partir.core.actions import Tile
 from partir.core.interpreter import (
     InterpreterError,
+    alike_on,
     combine,
     eval_op,
     in_lockstep,
@@ -168,7 +169,7 @@ class SpmdInterpreter:
                 raise SpmdInterpreterError(f"{op.name} outside an execute reads {v.type}, "
                                            "which is not the same on every device")
             operands[v] = env[v][()]
-        return [{(): out} for out in eval_op(op, operands)]
+        return [{(): out} for out in self._eval_alike(op, operands, ())]
 
     def _execute(self, op: Op, env: dict[Value, Tiles]) -> list[Tiles]:
         axes = op.params["axes"]
@@ -187,7 +188,8 @@ class SpmdInterpreter:
                 self._lockstep(body_op, axes, inners)
                 continue
             for inner in inners:
-                inner.update(zip(body_op.results, eval_op(body_op, inner), strict=True))
+                inner.update(zip(body_op.results, self._eval_alike(body_op, inner, axes),
+                                 strict=True))
         outs: list[Tiles] = [{} for _ in op.results]
         for at, inner in zip(coords, inners, strict=True):
             for out, r, y in zip(outs, op.results, region.yields, strict=True):
@@ -199,11 +201,20 @@ class SpmdInterpreter:
         grid = tuple(self.layout.mesh[a] for a in axes)
         stacked = [jnp.stack([inner[v] for inner in inners]).reshape(grid + v.type.shape)
                    for v in op.operands]
-        outs = in_lockstep(lambda *xs: eval_op(op, dict(zip(op.operands, xs, strict=True))),
-                           axes, *stacked)
+        outs = in_lockstep(lambda *xs: self._eval_alike(
+            op, dict(zip(op.operands, xs, strict=True)), axes), axes, *stacked)
         for n, inner in enumerate(inners):
             at = np.unravel_index(n, grid)
             inner.update((r, out[at]) for r, out in zip(op.results, outs, strict=True))
+
+    def _eval_alike(self, op: Op, env: Mapping[Value, Any], bound: Sequence[str]
+                    ) -> list[Any]:
+        """eval_op, run alike on every device of the axes its regions' collectives name
+        beyond `bound` (those of the executes around it)."""
+        unbound = sorted(lockstep_axes(op) - set(bound)) if op.regions else ()
+        if not unbound:
+            return eval_op(op, env)
+        return alike_on(unbound, self.layout.mesh, lambda: eval_op(op, env))
 
     def _tile_reduce(self, op: Op, tiles: Tiles) -> Tiles:
         axis, action = op.params["axis"], op.params["action"]
