@@ -23,6 +23,7 @@ import pytest
 
 import partir
 from examples.it32 import model, schedules
+from partir.core.regions import structured
 from partir.pipeline import lower
 from partir.schedule_file import load_schedule_file
 from tests.examples import counts
@@ -97,7 +98,7 @@ def _table(c: dict[str, int]) -> tuple[int, int, int, int]:
 
 
 def _scan(program):
-    (scan,) = [op for op in program.ops if op.name == "scan"]
+    (scan,) = [op for op in structured(program).ops if op.name == "scan"]
     return scan
 
 
@@ -167,7 +168,7 @@ def test_rows_equal_to_the_paper(name):
 @pytest.mark.slow
 def test_bp_slices_the_decode_loop_by_batch():
     result = _partitioned("BP", IT32.layers, IT32.decode_steps)
-    assert [lp.axis for lp in result.program.nest(_scan(result.program))] == ["batch"]
+    assert [lp.axis for lp in structured(result.program).nest(_scan(result.program))] == ["batch"]
 
 
 @pytest.mark.parametrize("name", ["MP", "BP+MP"])
@@ -177,7 +178,7 @@ def test_megatron_sums_inside_the_decode_loop(name):
     step, the prefill 2 per block."""
     result = _partitioned(name, 2, 2)
     assert all(t.conflicts == [] for t in result.tactics)
-    nest = result.program.nest(_scan(result.program))
+    nest = structured(result.program).nest(_scan(result.program))
     assert sorted(lp.axis for lp in nest) == sorted(["model", *(["batch"] if "BP" in name
                                                                  else [])])
     lowered = _lowered(name, 2, 2)
