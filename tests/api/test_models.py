@@ -27,6 +27,7 @@ from jax import lax
 
 import partir
 from partir import FIRST_DIVISIBLE_DIM, UNKNOWN, ManualPartition
+from partir.core.regions import structured
 from tests.oracles import assert_tree_close
 
 MESH = {"batch": 4, "model": 2}
@@ -468,7 +469,7 @@ def test_batch_parallelism_splits_each_primitive(model_name):
     args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), model.inputs())
     result = partir.core_partition(model.step, MESH, schedule(model, "BP"), *args)
     assert result.conflicts == [], [str(c) for c in result.conflicts]
-    program = result.program
+    program = structured(result.program)
     ops = [op for op in program.ops if op.name in PRIMITIVES[model_name]]
     assert {op.name for op in ops} == PRIMITIVES[model_name]
     unsplit = [op.name for op in ops if not any(lp.axis == "batch" for lp in program.nest(op))]
