@@ -275,11 +275,11 @@ def program_key(program: CoreProgram) -> int:
     parameters and types (`CoreOp.signature`)."""
     number = {v: i for i, v in enumerate(program.args)}
     nests = program.nests
-    parts = []
+    # Every value numbered first: a loop's carry edge reads the yield its body makes later.
     for op in program.ops:
         for r in op.results:
             number[r] = len(number)
-        parts.append((op.order, op.name, op.signature,
-                      tuple([number[v] for v in op.operands]), nests.get(op.uid, ())))
+    parts = [(op.order, op.name, op.signature, tuple([number[v] for v in op.operands]),
+              nests.get(op.uid, ())) for op in program.ops]
     return hash((program.mesh, tuple(parts), tuple([number[v] for v in program.results]),
                  program.out_constraints))
