@@ -12,6 +12,7 @@ import pytest
 from jax import lax
 
 import partir
+from partir.core.regions import structured
 from tests.oracles import assert_tree_close
 
 B, T, V, E, H = 8, 6, 16, 8, 8
@@ -76,5 +77,5 @@ def test_lstm_training_step(name):
     assert_tree_close(result.interpret(*args), expected)
     if name == "BP":
         assert meta.collectives["all_gather"] == 0, meta.hlo_ir
-        scans = [op for op in result.program.ops if op.name == "scan"]
-        assert scans and all(result.program.nest(op) for op in scans)
+        scans = [op for op in structured(result.program).ops if op.name == "scan"]
+        assert scans and all(structured(result.program).nest(op) for op in scans)

@@ -12,6 +12,7 @@ import pytest
 
 import partir
 from examples.transformer import model, schedules
+from partir.core.regions import structured
 from partir.pipeline import lower
 from tests.oracles import assert_tree_close
 
@@ -46,8 +47,8 @@ def test_batch_parallelism_goes_through_the_layer_scan(inputs):
 def test_the_scanned_step_interprets_equal_to_the_unpartitioned_step(inputs):
     result = partir.core_partition(model.train_step_scanned, schedules.MESH, [schedules.BP],
                                    *inputs)
-    scans = [op for op in result.program.ops if op.name == "scan"]
-    assert len(scans) == 2 and all(result.program.nest(op) for op in scans)
+    scans = [op for op in structured(result.program).ops if op.name == "scan"]
+    assert len(scans) == 2 and all(structured(result.program).nest(op) for op in scans)
     assert_tree_close(result.interpret(*inputs), model.train_step_scanned(*inputs))
 
 
@@ -174,8 +175,8 @@ def test_dropout_in_the_layer_scan_keeps_the_batch_partitioned(inputs):
     assert meta.tactics[0].conflicts == []
     assert meta.collectives["all_gather"] == 0
     result = partir.core_partition(_step_with_dropout, schedules.MESH, [schedules.BP], *args)
-    scans = [op for op in result.program.ops if op.name == "scan"]
-    assert scans and all("batch" in [lp.axis for lp in result.program.nest(op)]
+    scans = [op for op in structured(result.program).ops if op.name == "scan"]
+    assert scans and all("batch" in [lp.axis for lp in structured(result.program).nest(op)]
                              for op in scans)
     assert_tree_close(result.interpret(*args), _step_with_dropout(*args))
     whole = partir.partition(_step_with_dropout, schedules.MESH, [], *args)
