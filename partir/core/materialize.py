@@ -19,7 +19,7 @@ the single op is emitted as for any other primitive.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jcore
 
 import partir.cancel as cancel
-from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.core.actions import AnyAction, Sum, Tile
 from partir.core.dialect import INDEX_TYPE, make_index, make_loop, make_slice, sliced_type
 from partir.core.program import (
     CoreOp,
@@ -40,16 +40,14 @@ from partir.core.program import (
     tile_dims,
 )
 from partir.core.regions import BODIES, lower_region, structured
-from partir.core.tmr import Entry, LocalContext, OpView, factor_mappings, localized, lookup
+from partir.core.tmr import Entry, LocalContext, OpView, localized, lookup
 from partir.frontend import inline_jaxpr
-from partir.ir import Function, Op, RangeType, Region, TensorType, Value
+from partir.ir import Function, Op, RangeType, TensorType, Value
 from partir.ir.dtypes import canonical
 from partir.ir.fragments import Fragments
 from partir.ir.monoids import MONOIDS
 from partir.ir.opnames import ATOMIC, NAMESPACE, SHARDING_CONSTRAINT, TILE
 from partir.ir.types import tile_size
-from partir.rules.catalogue import Slicing
-from partir.rules.collectives import AXIS_INDEX
 
 # Identities that compute nothing: where every use slices away the tiles their loops make
 # (a model's sharding annotation outside any loop, say), the uses read the operand.
@@ -224,12 +222,9 @@ class _Materializer:
 
         def make() -> Op:
             programs = op.params.get(BODIES)
-            if programs is not None:  # its regions lower as programs of their own
-                return Op(op.name, operands, list(op.results),
-                          {k: v for k, v in op.params.items() if k != BODIES},
-                          [lower_region(p) for p in programs], op.loc, op.prim)
-            return Op(op.name, operands, list(op.results), op.params, list(op.regions),
-                      op.loc, op.prim)
+            if programs is not None:
+                return _control_op(op, operands, list(op.results), programs)
+            return Op(op.name, operands, list(op.results), op.params, [], op.loc, op.prim)
 
         if self.fragments is None:
             return make()
@@ -314,43 +309,32 @@ class _Materializer:
                   body: list[Op]) -> list[Value]:
         """Append op's local computation to `body`; its results."""
         operand_dims, out_types, sums = local
+        programs = op.params.get(BODIES)
+        if programs is not None:  # its regions lower as programs of their own
+            results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
+            body.append(_control_op(op, operands, results, programs))
+            return results
         entry = self.entries.get(op.name)
         if entry is None:
             entry = self.entries[op.name] = lookup(op.name)
         if sums:
             operands = self._mask_padding(op, nest, operand_dims, sizes, operands, ranges,
                                           indices, body)
-        regions: tuple[Region, ...] = ()
-        programs = op.params.get(BODIES)
-        if programs is not None:  # its regions lower as programs of their own
-            params = {k: v for k, v in op.params.items() if k != BODIES}
-            regions = tuple(lower_region(p) for p in programs)
-        elif entry.localize is None:
+        if entry.localize is None:
             # What `localized` returns then, without building the view it would not read
             # (most primitives keep their parameters), and shared: IR is never mutated.
             params = op.params
         else:
             in_types = tuple([divided_type(v.type, dims, sizes)
                               for v, dims in zip(op.operands, operand_dims, strict=True)])
-            slicing = None
-            if entry.primitive.syncs:
-                slicing = Slicing(tuple([tuple([tuple([lp.axis for lp, at in zip(
-                    nest, dims, strict=True) if at == d]) for d in range(v.type.rank)])
-                    for v, dims in zip(op.operands, operand_dims, strict=True)]),
-                    self.sizes, tuple([tuple([tuple([lp.axis for lp in nest
-                                                     if lp.results[k] == Tile(d)])
-                                              for d in range(r.type.rank)])
-                                       for k, r in enumerate(op.results)]), apply_in_region)
-            made = localized(entry, OpView(op.name, op.params, in_types, out_types, slicing,
-                                           op.regions))
-            params, regions = made.params, made.regions
+            params = localized(entry, OpView(op.name, op.params, in_types, out_types))
         traced = None
         if entry.apply is not None:
             traced = self._traced(op, entry, params, nest, tuple([v.type for v in operands]),
                                   out_types)
         if traced is None:
             results = [Value(t, name=r.name) for t, r in zip(out_types, op.results, strict=True)]
-            body.append(Op(op.name, operands, results, params, list(regions), op.loc, op.prim))
+            body.append(Op(op.name, operands, results, params, [], op.loc, op.prim))
             return results
         closed, levels = traced
         for lvl in levels:
@@ -464,31 +448,6 @@ def _inline_tile(op: Op, closed: Any, args: list[Value], out_types: Sequence[Ten
     return ops, results
 
 
-def apply_in_region(op: Op, params: Mapping[str, Any], operands: Sequence[Value],
-                    out_types: Sequence[TensorType], factor_axes: Mapping[int, tuple[str, ...]],
-                    sizes: Mapping[str, int]) -> tuple[list[Op], list[Value]]:
-    """The ops computing the tile of an op inside a control-flow op's regions whose
-    tile depends on its position (`Slicing.apply`): its declaration's `apply`, traced as
-    in a loop nest of one loop per axis slicing each of its factors, outermost first, each
-    loop's index the device's coordinate on the axis (`axis_index`)."""
-    entry = lookup(op.name)
-    rule = entry.rule(OpView.of(op))
-    mappings = dict(factor_mappings(rule, rule.sizes))
-    nest = tuple(Loop(axis, mappings[f].results, mappings[f].operands)
-                 for f, axes in factor_axes.items() for axis in axes)
-    traced = _trace_apply(op, entry, dict(params), nest, tuple([v.type for v in operands]),
-                          tuple(out_types), dict(sizes))
-    if traced is None:
-        results = [Value(t, r.name) for t, r in zip(out_types, op.results, strict=True)]
-        return [Op(op.name, list(operands), results, dict(params), [], op.loc, op.prim)], results
-    closed, levels = traced
-    coordinates = [Op(AXIS_INDEX, [], [Value(INDEX_TYPE, f"i{nest[lvl].axis}")],
-                      {"axis": nest[lvl].axis}, loc=op.loc) for lvl in levels]
-    ops, results = _inline_tile(op, closed, [*operands, *[c.results[0] for c in coordinates]],
-                                out_types)
-    return [*coordinates, *ops], results
-
-
 # Per operand, the dimension each loop level slices (None: whole); the results' tile types
 # (result_local_type, from those of each level); whether a loop sums.
 _LocalTypes = tuple[tuple[tuple[int | None, ...], ...], tuple[TensorType, ...], bool]
@@ -568,6 +527,13 @@ def _is_primitive(op: CoreOp, jaxpr: Any, n: int) -> bool:
     (eqn,) = jaxpr.eqns
     return (eqn.primitive is op.prim and list(eqn.invars) == list(jaxpr.invars)
             and list(eqn.outvars) == list(jaxpr.outvars))
+
+
+def _control_op(op: CoreOp, operands: list[Value], results: list[Value],
+                programs: Sequence[CoreProgram]) -> Op:
+    """A restructured control-flow op, its regions its region programs lowered."""
+    return Op(op.name, operands, results, {k: v for k, v in op.params.items() if k != BODIES},
+              [lower_region(p) for p in programs], op.loc, op.prim)
 
 
 def materialize(prog: CoreProgram, fuse: bool = True, elide_identities: bool = True,

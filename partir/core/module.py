@@ -67,7 +67,7 @@ def _unlooped(n_operands: int, n_results: int) -> NestInfo:
 
 
 class CoreModule:
-    def __init__(self, traced: TracedProgram, mesh: Mesh, flat: bool = True) -> None:
+    def __init__(self, traced: TracedProgram, mesh: Mesh) -> None:
         fn = traced.function
         self.mesh = mesh
         self.name = fn.name
@@ -119,26 +119,15 @@ class CoreModule:
         self._available: dict[Value, tuple[int, ...]] = {}
         for r, v in enumerate(self.results):
             self._output_index[v].append(r)
-        if flat:
-            for f in flat_ops(fn.ops):
-                cop = CoreOp(next(_uids), f.name, f.operands, f.results, f.params, f.loc,
-                             f.prim, order=f.order)
-                self.ops.append(cop)
-                self._index(cop)
-                if f.available:
-                    for r, at in zip(f.results, f.available, strict=True):
-                        if at is not None:
-                            self._available[r] = at
-            for tagged in traced.body_tags.values():
-                for t in tagged:
-                    self.tags.setdefault(t.name, []).append(t.value)
-        else:
-            for idx, op in enumerate(fn.ops):
-                cop = CoreOp(next(_uids), op.name, tuple(op.operands), tuple(op.results),
-                             op.params, op.loc, op.prim, order=(idx,),
-                             regions=tuple(op.regions))
-                self.ops.append(cop)
-                self._index(cop)
+        for f in flat_ops(fn.ops):
+            cop = CoreOp(next(_uids), f.name, f.operands, f.results, f.params, f.loc, f.prim,
+                         order=f.order)
+            self.ops.append(cop)
+            self._index(cop)
+            if f.available:
+                for r, at in zip(f.results, f.available, strict=True):
+                    if at is not None:
+                        self._available[r] = at
         # The ops' `order`s, in the same order: bisected for each inserted op and rewired
         # use as plain tuples, without a key call per step (reading `order` from ops
         # spread over the heap cost ~8 us per bisection of a model's ops).

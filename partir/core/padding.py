@@ -175,9 +175,8 @@ def _wasted_flops(op: CoreOp, nest: tuple, sizes: dict[str, int]) -> float:
                       for k, r in enumerate(op.results))
     whole = op.view()
     try:
-        made = localized(entry, OpView(op.name, op.params, in_types, out_types,
-                                       regions=op.regions))
-        local = OpView(op.name, made.params, in_types, out_types, regions=made.regions)
+        params = localized(entry, OpView(op.name, op.params, in_types, out_types))
+        local = OpView(op.name, params, in_types, out_types, regions=op.regions)
         flops = [flops_of(primitive, view) for view in (local, whole)]
     except Exception:  # a report, not a check: an op it cannot cost counts 0
         return 0.0

@@ -12,7 +12,6 @@ and `atomic` (keep replicated), and `tag` from `partir.tag`.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 import operator
@@ -22,13 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
-from partir.frontend import BodyTag
 from partir.ir import Location, Region, TensorType, Value
 from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import tensor_type, tile_size
 from partir.mesh import Mesh
-from partir.rules import CATALOGUE, OpView
-from partir.rules.control import body_factor
+from partir.rules import OpView
 
 IDENTITY_KINDS = (TILE, ATOMIC)
 _UNSET = object()  # a CoreOp's signature not computed yet (None: it has none)
@@ -57,7 +54,7 @@ class CoreOp:
     # program position: (index,) for traced ops; an identity op on a value extends the
     # position of the value's definition, so it sorts after it and before the next op
     order: tuple[int, ...] = (0,)
-    # A control-flow op's bodies, on its global types (`partir.rules.control`).
+    # A restructured control-flow op's regions, on global types (`partir.core.regions`).
     regions: tuple[Region, ...] = ()
     # The memoized `signature`, set once computed.
     _signature: Any = field(default=_UNSET, init=False, repr=False)
@@ -221,25 +218,6 @@ class CoreProgram:
             return Sharding(tuple(() for _ in v.type.shape))
         op, k = p
         return self._users(sharding_of(self.nest(op), k, v.type.rank))
-
-    def body_sharding(self, tag: BodyTag) -> Sharding:
-        """The sharding of a value tagged inside the bodies of a control-flow op (in a
-        scan's step function): per dimension, the axes of the op's loops slicing the
-        factor of the op's rule it belongs to."""
-        # Traced ops keep their position as `order`, whatever tactics inserted.
-        op = self.ops[bisect.bisect_left(self.ops, (tag.op,), key=_order)]
-        view = op.view()
-        rule = CATALOGUE[op.name].rule(view)
-        dims = []
-        for d in range(tag.type.rank):
-            f = body_factor(view, tag.value, d)
-            if isinstance(f, str):  # a dimension the op keeps whole
-                dims.append(())
-                continue
-            sliced = rule.operand_dims[f]
-            dims.append(tuple(lp.axis for lp in self.nest(op) if any(
-                at is not None and at == sliced[j] for j, at in enumerate(lp.operands))))
-        return self._users(Sharding(tuple(dims)))
 
     def _users(self, s: Sharding) -> Sharding:
         """The sharding in the user's axes: sub-axes an axis was split into are named by

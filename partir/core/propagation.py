@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import partir.cancel as cancel
-from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
+from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.conflicts import (
     AXIS_IN_SCOPE,
     INDIVISIBLE,
@@ -221,9 +221,6 @@ def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str
     if not entry.primitive.pads:
         return (f"the {op.name} at {op.loc} carries the factor of size {factor.size} into "
                 f"or out of a control-flow op's regions, which do not take padded tiles")
-    if factor.summed_inside:
-        return (f"{op.name} sums over the factor of size {factor.size} inside its body, "
-                f"where a tile's padding would enter the sums")
     for what, dims_of in (("operand", rule.operands), ("result", rule.results)):
         for i, dims in enumerate(dims_of):
             for d, factors in enumerate(dims):
@@ -386,8 +383,6 @@ class Propagator:
                     deeper = deeper or ex.deeper
                     in_scope = in_scope or bool(ex.in_scope)
         if in_scope:
-            if self._widen(op, operand_ex, result_ex):
-                return None
             self._record_in_scope(op, operand_ex, result_ex)
         for axis in self.axes:
             if axis in candidates and (self._forward(op, axis, operand_ex)
@@ -549,10 +544,6 @@ class Propagator:
             return Loop(axis, candidates[0].results, candidates[0].operands)
         if gathering and not (candidates or contested or held or indivisible):
             return _DEFER
-        if len(candidates) + len(contested) > 1 and rule.together:
-            together = _together(rule, sizes, axis, n, operand_dims, pinned, result_dims)
-            if together is not None:
-                return together
         if held and not candidates and not contested:
             return (REPLICATED_OPERAND, tuple(str(m) for m in held),
                     "the mapping would slice an operand kept replicated (atomic) on this axis")
@@ -572,12 +563,6 @@ class Propagator:
                 if why:
                     detail += "; cannot pad: " + "; ".join(sorted(why))
             return INDIVISIBLE, tuple(str(m) for m in indivisible), detail
-        requested = [(i, d) for i, d in enumerate(operand_dims) if d is not None]
-        if requested and not any(d is not None for d in result_dims) and all(
-                (i, d) in rule.gatherable and in_shapes[i][d] % n == 0 and i not in pinned
-                for i, d in requested):
-            # The op takes the operands sliced and gathers them where it needs them.
-            return Loop(axis, (ANY,) * len(out_shapes), tuple(operand_dims))
         return _unsliceable(rule, sizes, operand_dims, result_dims)
 
     def _forward(self, op: CoreOp, axis: str,
@@ -619,51 +604,6 @@ class Propagator:
         self._by_nest.clear()
         self._steps.clear()
         self._refined = True
-
-    def _widen(self, op: CoreOp, operand_ex: list[_Excess | None],
-               result_ex: list[list[_Excess]]) -> bool:
-        """Slice one more factor in a loop the op already has over the axis an operand is
-        tiled on, where the op's rule lets one loop slice both (`ShardingRule.together`):
-        each iteration then takes a slice of both factors. Or slice the operand for the
-        op to gather where it needs it whole (`gatherable`), or tile a result the loop
-        sums, on the dimension its uses slice, for the op to reduce-scatter it where it
-        makes it (`scatterable`)."""
-        entry = lookup(op.name)
-        # Only ops whose local op holds collectives (loops) slice more in one loop: the
-        # rules of the others, which the tactics' conflicts would build here, need not be.
-        if entry is None or not entry.primitive.syncs:
-            return False
-        rule = entry.rule(op.view())
-        info = self.m.info[op.uid]
-        in_shapes, out_shapes = self._local_shapes(op, info)
-        sizes = rule.local_sizes(in_shapes, out_shapes)
-        mappings = dict(factor_mappings(rule, sizes))
-        for i, ex in enumerate(operand_ex):
-            for axis, d in ex.in_scope if ex else ():
-                lp = info.loops[axis]
-                pinned = self._pinned(operand_ex, axis)
-                new = _widened(rule, sizes, mappings, lp, i, d, self.sizes[axis], pinned)
-                if new is None and _gathers(rule, in_shapes, lp, i, d, self.sizes[axis],
-                                            pinned):
-                    new = Loop(axis, lp.results, tuple(
-                        d if j == i else at for j, at in enumerate(lp.operands)))
-                if new is not None:
-                    return self._replace(op, lp, new)
-        for k, uses in enumerate(result_ex):
-            for axis, d in (at for ex in uses for at in ex.in_scope):
-                lp = info.loops[axis]
-                if ((k, d) in rule.scatterable and lp.results[k] == Sum("add")
-                        and out_shapes[k][d] % self.sizes[axis] == 0):
-                    return self._replace(op, lp, Loop(axis, tuple(
-                        Tile(d) if j == k else a for j, a in enumerate(lp.results)),
-                        lp.operands))
-        return False
-
-    def _replace(self, op: CoreOp, old: Loop, new: Loop) -> bool:
-        self.m.replace_loop(op.uid, old, new)
-        self.m.conflicts.pop((op.uid, new.axis), None)
-        self._wake(op, new)
-        return True
 
     def _record_in_scope(self, op: CoreOp, operand_ex: list[_Excess | None],
                          result_ex: list[list[_Excess]]) -> None:
@@ -760,93 +700,6 @@ def _remembered(memo: dict, excess: Callable[[NestInfo, int, NestInfo, int], _Ex
     ex = excess(pinfo, k, info, i)
     memo[key] = (pinfo, info, ex)
     return ex
-
-
-def _together(rule: ShardingRule, sizes: tuple[int, ...], axis: str, n: int,
-              operand_dims: list[int | None], pinned: set[int],
-              result_dims: list[int | None]) -> Loop | None:
-    """One loop slicing every factor the request names, where the rule lets one loop
-    slice them all (`ShardingRule.together`) and no operand or result is sliced twice;
-    None otherwise."""
-    mappings = dict(factor_mappings(rule, sizes))
-    factors = set()
-    for dims_of, wanted in ((rule.operands, operand_dims), (rule.results, result_dims)):
-        for i, d in enumerate(wanted):
-            if d is None:
-                continue
-            f = _sliceable(dims_of[i][d], sizes, mappings, n)
-            if f is None:
-                return None
-            factors.add(f)
-    if not all(_slice_together(rule, f, g) for f in factors for g in factors if f < g):
-        return None
-    merged: tuple[tuple, tuple] | None = ((None,) * len(operand_dims),
-                                          (ANY,) * len(result_dims))
-    for f in factors:
-        merged = _merged(*merged, mappings[f], pinned)
-        if merged is None:
-            return None
-    operands, results = merged
-    if any(d is not None and operands[i] != d for i, d in enumerate(operand_dims)) or any(
-            d is not None and results[k] != Tile(d) for k, d in enumerate(result_dims)):
-        return None
-    return Loop(axis, results, operands)
-
-
-def _sliceable(dims: tuple[int, ...], sizes: tuple[int, ...],
-               mappings: dict[int, TileMapping], n: int) -> int | None:
-    """The one factor of a dimension (made of the factors `dims`) that a loop over an
-    axis of size n can slice, or None."""
-    live = [f for f in dims if sizes[f] != 1]
-    if len(live) != 1 or live[0] not in mappings or sizes[live[0]] % n:
-        return None
-    return live[0]
-
-
-def _slice_together(rule: ShardingRule, f: int, g: int) -> bool:
-    return (min(f, g), max(f, g)) in rule.together
-
-
-def _merged(operands: tuple, results: tuple, m: TileMapping, pinned: set[int]
-            ) -> tuple[tuple, tuple] | None:
-    """A loop's operand dims and result actions, also slicing what mapping m slices; None
-    where an operand or a result would be sliced twice, or an operand kept replicated
-    would be sliced."""
-    out_operands = []
-    for j, (a, b) in enumerate(zip(operands, m.operands, strict=True)):
-        if b is not None and (a is not None or j in pinned):
-            return None
-        out_operands.append(a if b is None else b)
-    out_results = []
-    for a, b in zip(results, m.results, strict=True):
-        if type(a) is not AnyAction and type(b) is not AnyAction:
-            return None
-        out_results.append(b if type(a) is AnyAction else a)
-    return tuple(out_operands), tuple(out_results)
-
-
-def _gathers(rule: ShardingRule, in_shapes: tuple, lp: Loop, i: int, d: int, n: int,
-             pinned: set[int]) -> bool:
-    """Whether loop lp may also slice dimension d of operand i for the op to gather it
-    where it needs it whole (`ShardingRule.gatherable`)."""
-    return ((i, d) in rule.gatherable and lp.operands[i] is None and i not in pinned
-            and in_shapes[i][d] % n == 0)
-
-
-def _widened(rule: ShardingRule, sizes: tuple[int, ...], mappings: dict[int, TileMapping],
-             lp: Loop, i: int, d: int, n: int, pinned: set[int]) -> Loop | None:
-    """Loop lp also slicing the factor of dimension d of operand i, when the rule lets it
-    slice that factor with those it slices, the axis size n divides it, and no operand or
-    result would be sliced twice (or an operand kept replicated be sliced)."""
-    g = _sliceable(rule.operands[i][d], sizes, mappings, n)
-    if g is None:
-        return None
-    sliced = {f for j, dj in enumerate(lp.operands) if dj is not None
-              for f in rule.operands[j][dj]}
-    if not sliced or not all(_slice_together(rule, f, g) for f in sliced):
-        return None
-    merged = _merged(lp.operands, lp.results, mappings[g], pinned)
-    return None if merged is None else Loop(lp.axis, merged[1], merged[0])
 
 
 def propagate(module: CoreModule, seeds, pad: bool = False) -> None:

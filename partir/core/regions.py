@@ -21,7 +21,7 @@ from partir.core.program import CoreOp, CoreProgram, Nest
 from partir.ir import Location, Op, Region, Value
 from partir.mesh import Mesh
 from partir.rules.catalogue import data_flow
-from partir.rules.edges import ENTER, EXIT, edge_ops
+from partir.rules.edges import EDGE_OPS, ENTER, EXIT, edge_ops
 
 _uids = itertools.count(1 << 40)  # restructured ops: apart from the module's uids
 
@@ -76,7 +76,7 @@ def structured(program: CoreProgram) -> CoreProgram:
     once per program (kept beside it, as its cached properties are)."""
     found = program.__dict__.get("_structured")
     if found is None:
-        found = (restructure(program) if any(op.name == ENTER for op in program.ops)
+        found = (restructure(program) if any(op.name in EDGE_OPS for op in program.ops)
                  else program)
         program.__dict__["_structured"] = found
     return found
@@ -114,19 +114,25 @@ def restructure(program: CoreProgram) -> CoreProgram:
 def _level(ops: list[CoreOp], nests: dict[int, Nest], mesh: Mesh) -> list[CoreOp]:
     """The ops of one level (a program's or a region's), each control-flow op's group of
     edges, body ops and identities made one op."""
+    # Every control-flow op has an edge (one without operands, a cond of constants, has
+    # its exits): its prefix (P, j) is its edges' orders but their last two places.
+    edges = {op.order[:-2]: op.params["of"] for op in ops if op.name in EDGE_OPS}
+    controls = {p: of for p, of in edges.items()
+                if not any(p[:n] in edges for n in range(1, len(p)))}  # this level's
+    lengths = sorted({len(p) for p in controls})
     out: list[CoreOp] = []
     i = 0
     while i < len(ops):
         op = ops[i]
-        if op.name != ENTER:
+        prefix = next((op.order[:n] for n in lengths if op.order[:n] in controls), None)
+        if prefix is None:
             out.append(op)
             i += 1
             continue
-        prefix = op.order[:-2]  # (P, j) of the control-flow op
         j = i
         while j < len(ops) and ops[j].order[:len(prefix)] == prefix:
             j += 1
-        control, after = _control(op.params["of"], prefix, ops[i:j], nests, mesh)
+        control, after = _control(controls[prefix], prefix, ops[i:j], nests, mesh)
         out.append(control)
         out += after
         i = j

@@ -13,27 +13,19 @@ staying replicated) reaches those ops directly.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 
 from partir.core.actions import ANY, Loop, Tile
 from partir.core.module import CoreModule
-from partir.core.program import operand_local_type, result_local_type
-from partir.core.propagation import padding_refusal
-from partir.core.tmr import factor_mappings, lookup
 from partir.errors import (
     AlreadyTiledError,
     DimensionOutOfRangeError,
     IndivisibleDimensionError,
-    NotShardableError,
 )
-from partir.frontend import BodyTag
 from partir.ir import Location, TensorType, Value
 from partir.ir.opnames import ATOMIC, TILE
 from partir.ir.types import padded_size, tile_size
-from partir.rules.control import body_factor
 
 
 def _use_contexts(m: CoreModule, value: Value
@@ -136,79 +128,6 @@ def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
         op = m.insert_identity(ATOMIC, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     return seeds
-
-
-@dataclass(frozen=True, eq=False)
-class BodyValue:
-    """A value tagged inside the bodies of a control-flow op (`partir.frontend.BodyTag`),
-    found in a Core module: the op's uid. Tiling it slices the factor of the op's rule
-    its dimension belongs to, on the op itself."""
-
-    name: str
-    uid: int
-    value: Value  # in the op's regions
-
-    @property
-    def type(self) -> TensorType:
-        return self.value.type
-
-    @classmethod
-    def of(cls, m: CoreModule, tag: BodyTag) -> BodyValue:
-        # Traced ops keep their position as `order`: found whatever tactics inserted.
-        at = bisect.bisect_left(m.ops, (tag.op,), key=lambda o: o.order)
-        return cls(tag.name, m.ops[at].uid, tag.value)
-
-
-def tile_body_value(m: CoreModule, value: BodyValue, dim: int, axis: str, *, label: str,
-                    tactic: str | None = None, loc: Location | None = None,
-                    pad: bool = False) -> list[int]:
-    """Apply tile<value, dim, axis> to a value inside a loop's (or cond's) bodies: loop
-    the op over the axis on the factor that dimension belongs to, so the body runs on
-    its slices; returns the uids to propagate from (the op, its operands' producers and
-    its results' users). With `pad`, a factor the axis does not divide is padded as
-    propagation pads it when the loop's operand is tiled, where it may (the body must not
-    sum over it: there the padding would enter the sums)."""
-    dim = _checked_dim(value.type, dim, label, tactic, loc)
-    op = m.by_uid[value.uid]
-    axes = _parts(m, axis, tactic, loc)
-    _claim(m, value, axes, f"tiled on dimension {dim}", label, tactic, loc)
-    view = op.view()
-    factor = body_factor(view, value.value, dim)
-    if isinstance(factor, str):
-        raise NotShardableError(
-            f"cannot tile {label} dimension {dim} on axis {axis!r}: the {op.name} at "
-            f"{op.loc} keeps it whole, as {factor}", tactic=tactic, loc=loc)
-    rule = lookup(op.name).rule(view)
-    for a in axes:
-        if a in m.info[value.uid].loops:
-            raise AlreadyTiledError(
-                f"{label}: the {op.name} at {op.loc} is already sharded on axis {a!r}",
-                tactic=tactic, loc=loc)
-        in_types = [operand_local_type(op, m.nest(op.uid), i, m.mesh)
-                    for i in range(len(op.operands))]
-        out_types = [result_local_type(op, m.nest(op.uid), k, m.mesh)
-                     for k in range(len(op.results))]
-        sizes = rule.local_sizes([t.shape for t in in_types], [t.shape for t in out_types])
-        if sizes[factor] % m.mesh[a]:
-            why = "the tactic has pad=False"
-            if pad:
-                refusal = padding_refusal(lookup(op.name), rule, factor, op)
-                why = refusal and f"it cannot be padded: {refusal}"
-            if why:
-                raise IndivisibleDimensionError(
-                    f"cannot tile {label} dimension {dim} of size {sizes[factor]} on axis "
-                    f"{a!r} of size {m.mesh[a]}: {m.mesh[a]} does not divide "
-                    f"{sizes[factor]}, and {why}", tactic=tactic, loc=loc)
-        mapping = dict(factor_mappings(rule, sizes)).get(factor)
-        if mapping is None:
-            raise NotShardableError(
-                f"cannot tile {label} dimension {dim} on axis {a!r}: the {op.name} at "
-                f"{op.loc} cannot be sliced on it after the earlier tactics", tactic=tactic,
-                loc=loc)
-        m.add_loop(op.uid, Loop(a, mapping.results, mapping.operands))
-    producers = [p[0] for v in op.operands if (p := m.producer.get(v)) is not None]
-    users = [uid for r in op.results for uid, _ in m.uses.get(r, ())]
-    return [op.uid, *producers, *users]
 
 
 def _checked_dim(t: TensorType, dim: int, label: str, tactic: str | None,

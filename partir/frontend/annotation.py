@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
@@ -24,9 +24,6 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from partir.ir import Location, Value
 from partir.ir.opnames import SHARDING_CONSTRAINT
 from partir.rules.elementwise import ANNOTATIONS
-
-if TYPE_CHECKING:
-    from partir.frontend.jaxpr_to_ir import BodyTag
 
 annotation_p = Primitive(SHARDING_CONSTRAINT)
 annotation_p.def_impl(lambda x, **_: x)
@@ -40,11 +37,11 @@ batching.primitive_batchers[annotation_p] = lambda args, dims, **params: (
 @dataclass(frozen=True)
 class Annotation:
     """A sharding annotation of the traced program: the value it annotates (the op's
-    result, or a value inside the bodies of a control-flow op, as a `BodyTag`), its
+    result, inside a control-flow op's regions or not), its
     PartitionSpec (None for a sharding that has none), the axes of the mesh its sharding
     names, the JAX primitive it was (`source`) and where the model makes it."""
 
-    value: Value | BodyTag
+    value: Value
     loc: Location
     spec: PartitionSpec | None
     mesh_axes: tuple[str, ...]

@@ -27,7 +27,7 @@ from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Region, TensorTy
 from partir.ir.dtypes import is_extended
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
-from partir.rules.control import CONTROL_FLOW, carry_inits
+from partir.rules.control import CONTROL_FLOW
 from partir.rules.elementwise import ANNOTATIONS
 
 # Call-like primitives whose body is inlined, and the parameter that holds the body.
@@ -68,31 +68,14 @@ class TracedProgram:
     input_names: list[str]
     output_names: list[str]
     static_argnums: tuple[int, ...] = ()
+    # Each tag's values, in program order, those inside control-flow ops' regions too.
     tags: dict[str, list[Value]] = field(default_factory=dict)
-    body_tags: dict[str, list[BodyTag]] = field(default_factory=dict)
     # The model's sharding annotations, in program order (`partir.frontend.annotation`).
     annotations: list[Annotation] = field(default_factory=list)
 
     @property
     def in_types(self) -> list[TensorType]:
         return [a.type for a in self.function.args]
-
-
-@dataclass(frozen=True, eq=False)
-class BodyTag:
-    """A value tagged (`partir.tag`) inside the regions of a control-flow op (scan,
-    while, cond), nested ones included: tactics name it as they name values of the
-    program, and shard it through the op. `op` is the op's position in the traced
-    function; `value` the value in its regions, made at `loc`."""
-
-    name: str
-    op: int
-    value: Value
-    loc: Location = UNKNOWN_LOCATION
-
-    @property
-    def type(self) -> TensorType:
-        return self.value.type
 
 
 def _tensor_type(aval: Any) -> TensorType:
@@ -116,22 +99,12 @@ class _Builder:
     def __init__(self, outer: _Builder | None = None) -> None:
         self.ops: list[Op] = []
         self.scalar_consts: dict[tuple, Value] = {}
-        self.tags: dict[str, list[Value]] = {}
-        self.body_tags: dict[str, list[BodyTag]] = {} if outer is None else outer.body_tags
+        self.tags: dict[str, list[Value]] = {} if outer is None else outer.tags
         self.annotations: list[Annotation] = [] if outer is None else outer.annotations
-        # The constants and broadcasts, by result: all `is_zero` looks at.
-        self.producers: dict[Value, Op] = {}
-        # In a region: the position of the top-level control-flow op it belongs to.
-        self.top: int | None = None if outer is None else outer.op_position()
         # The bodies seen, by their objects' ids -> (their key, the objects, kept alive so
         # that their ids stay theirs): shared by the builders of one trace.
         self.body_keys: dict[tuple[int, ...], tuple[int, tuple]] = (
             {} if outer is None else outer.body_keys)
-
-    def op_position(self) -> int:
-        """The position in the traced function of the op being built (the top-level
-        control-flow op around it, in a region)."""
-        return len(self.ops) if self.top is None else self.top
 
     def region(self, body: Any, loc: Location, user_frames: bool) -> Region:
         """A control-flow op's body (a closed jaxpr) as a region of IR ops, calls
@@ -151,18 +124,9 @@ class _Builder:
                 return self.scalar_consts[key]
         v = Value(tensor_type(arr.shape, arr.dtype))
         self.ops.append(Op(CONSTANT, [], [v], {"value": arr}, loc=loc))
-        self.producers[v] = self.ops[-1]
         if key is not None:
             self.scalar_consts[key] = v
         return v
-
-    def is_zero(self, v: Value) -> bool:
-        """Whether v is a constant zero, or one broadcast: how JAX starts the gradient
-        accumulators of a loop's transpose."""
-        op = self.producers.get(v)
-        if op is not None and op.name == "broadcast_in_dim":
-            op = self.producers.get(op.operands[0])
-        return op is not None and op.name == CONSTANT and not np.any(op.params["value"])
 
     def inline(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Value],
                call_loc: Location = UNKNOWN_LOCATION, user_frames: bool = True) -> list[Value]:
@@ -203,14 +167,9 @@ class _Builder:
                     name, prim = annotation_p.name, annotation_p
                     if loc is not UNKNOWN_LOCATION:  # else JAX's own: a gradient's seed
                         loc = model_location(eqn.source_info) if user_frames else loc
-                        value = outs[0] if self.top is None else BodyTag(
-                            f"sharding annotation at {loc}", self.top, outs[0], loc)
-                        self.annotations.append(Annotation(value, loc, **params))
+                        self.annotations.append(Annotation(outs[0], loc, **params))
                 else:
                     params = untyped(params)
-                inits = carry_inits(name, params, operands)
-                if inits is not None:
-                    params = {**params, "_zero_init": tuple(self.is_zero(v) for v in inits)}
                 regions = []
                 if name in CONTROL_FLOW:
                     bodies = tuple(_bodies(params))
@@ -223,14 +182,8 @@ class _Builder:
                               BODIES_KEY: key}
                 if name == TAG:
                     outs[0].name = params["name"]
-                    if self.top is None:
-                        self.tags.setdefault(params["name"], []).append(outs[0])
-                    else:
-                        self.body_tags.setdefault(params["name"], []).append(
-                            BodyTag(params["name"], self.top, outs[0], loc))
+                    self.tags.setdefault(params["name"], []).append(outs[0])
                 self.ops.append(Op(name, operands, outs, params, regions, loc=loc, prim=prim))
-                if name == "broadcast_in_dim":
-                    self.producers[outs[0]] = self.ops[-1]
             for var, v in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(var, jcore.DropVar):
                     env[var] = v
@@ -297,10 +250,10 @@ def trace(fn: Callable, *args: Any, static_argnums: Sequence[int] = (),
 
     out_tree = jax.tree_util.tree_structure(out_shape)
     output_names = leaf_names(out_shape, output_root(
-        [*input_names, *builder.tags, *builder.body_tags]))
+        [*input_names, *builder.tags]))
     fn_name = name or getattr(fn, "__name__", "main")
     function = Function(fn_name if fn_name.isidentifier() else "main", arg_values,
                         builder.ops, results, output_names)
     return TracedProgram(function, in_tree, out_tree, input_names, output_names,
-                         static_argnums, builder.tags, builder.body_tags,
+                         static_argnums, builder.tags,
                          annotations=builder.annotations)

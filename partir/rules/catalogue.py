@@ -42,32 +42,15 @@ class Kind(IntEnum):
 
 
 @dataclass(frozen=True)
-class Slicing:
-    """Where a local op runs inside a loop nest: per operand and dimension, the mesh axes
-    slicing it (outermost first), and the axes' sizes."""
-
-    operand_axes: tuple[tuple[tuple[str, ...], ...], ...]
-    sizes: Mapping[str, int]
-    # per result and dimension, the mesh axes tiling it
-    result_axes: tuple[tuple[tuple[str, ...], ...], ...] = ()
-    # How an op inside the regions computes its tile where that depends on the tile's
-    # position (its declaration's `apply`, at the device's coordinates): given by the
-    # materializer, which turns JAX computations into ops (this layer cannot).
-    apply: RegionApplyFn | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
 class OpView:
     """What a declaration sees of an op: its name, parameters and operand/result types.
     The types are global in a Core program and device-local in PartIR:HLO; a rule built
-    from either describes that op. A local view of a primitive declared `syncs` also says
-    which axes slice it (for the collectives its local op holds)."""
+    from either describes that op."""
 
     name: str
     params: Mapping[str, Any]
     in_types: tuple[TensorType, ...]
     out_types: tuple[TensorType, ...]
-    slicing: Slicing | None = field(default=None, compare=False)
     # A control-flow op's bodies (`partir.ir.Region`s, on the op's global types).
     regions: tuple[Any, ...] = field(default=(), compare=False)
 
@@ -90,18 +73,8 @@ class OpView:
 RuleFn = Callable[[OpView], ShardingRule]
 # flops(view, rule): the op's FLOPs, from its rule's factor sizes where it has one.
 FlopsFn = Callable[[OpView, "ShardingRule | None"], float]
-@dataclass(frozen=True)
-class Localized:
-    """What `localize` gives for an op with regions (control flow): its local parameters
-    and regions."""
-
-    params: dict[str, Any]
-    regions: tuple[Any, ...]
-
-
-# localize(view on local types, global params) -> the local op's parameters (and
-# regions, for an op that has them).
-LocalizeFn = Callable[[OpView], "dict[str, Any] | Localized"]
+# localize(view on local types, global params) -> the local op's parameters.
+LocalizeFn = Callable[[OpView], dict[str, Any]]
 
 
 class TileContext(Protocol):
@@ -140,12 +113,7 @@ class TileContext(Protocol):
 # where the tile lies) -> the local results.
 ApplyFn = Callable[[OpView, Any, Sequence[Any], TileContext], list[Any]]
 
-# apply_in_region(op on global types, its local params, local operands, local result
-# types, the axes slicing each of its rule's sliced factors, the axes' sizes) -> (the ops
-# computing the tile, reading the device's coordinates, and its results).
-RegionApplyFn = Callable[[Any, Mapping[str, Any], Sequence[Any], Sequence[TensorType],
-                          Mapping[int, tuple[str, ...]], Mapping[str, int]],
-                         tuple[list[Any], list[Any]]]
+
 
 
 @dataclass(frozen=True)
@@ -225,9 +193,6 @@ class Primitive:
     pads: bool = True
     linear: Linearity | None = None  # None: a partial sum must be summed before it
     data_flow: DataFlowFn | None = None  # an op with regions: how its values meet theirs
-    # Its local op may hold collectives over the axes slicing it (a loop body summing a
-    # partial result over the slices before using it): `localize` reads `view.slicing`.
-    syncs: bool = False
     doc: str = field(default="", compare=False)
 
     @property
@@ -282,7 +247,7 @@ def declare(names: str | Iterable[str], primitive: Primitive, *, jax: bool = Tru
 def flops_of(primitive: Primitive, view: OpView) -> float:
     """The op's FLOPs. A control-flow op's are its regions' ops', which need no rule of
     the op itself."""
-    rule = None if primitive.rule is None or primitive.syncs else primitive.rule(view)
+    rule = None if primitive.rule is None else primitive.rule(view)
     return primitive.flops(view, rule)
 
 

@@ -44,13 +44,7 @@ class Factor:
     size: int
     kind: str = PASS
     monoid: str | None = None  # how partial results combine, for a reduction factor
-    # Results that do not depend on the factor at all (a loop's step counter): each
-    # slice computes them whole, alike (the loop's `any` action).
-    unrelated: tuple[int, ...] = ()
     why: str = field(default="", compare=False)  # why a need-replication factor is one
-    # The op sums over the factor's slices inside (a loop body's sync points): a tile
-    # holding padding would add it into the sums, so an axis must divide the factor.
-    summed_inside: bool = False
     # (operand, dim) pairs that hold the factor's elements but that every tile of the
     # result reads whole, cutting its chunk out at its offset (a concatenate's operands
     # along the concatenated dim, whose chunk boundaries are not the result's): an
@@ -73,18 +67,6 @@ class ShardingRule:
     factors: tuple[Factor, ...]
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
-    # Pairs of factors (f < g) one loop may slice at once, each slice of the loop taking
-    # a slice of both: no value of the op depends on both (independent groups of a loop's
-    # body, such as a layer's attention heads and its MLP's hidden units).
-    together: frozenset[tuple[int, int]] = frozenset()
-    # (operand, dim) pairs the op may take sliced whatever their factors are: it gathers
-    # them where it needs them whole, and no result depends on the slicing (a loop's
-    # body taking a parameter: ZeRO-3 through a scan over layers).
-    gatherable: frozenset[tuple[int, int]] = frozenset()
-    # (result, dim) pairs of results that are sums over a factor which the op may instead
-    # reduce-scatter along that dim where it makes them (a scan's stacked gradients,
-    # reduce-scattered one layer at a time for ZeRO).
-    scatterable: frozenset[tuple[int, int]] = frozenset()
     # Per factor: the dimension of each operand (result) it is part of, None where absent.
     operand_dims: tuple[tuple[int | None, ...], ...] = field(init=False, repr=False,
                                                               compare=False)
@@ -174,21 +156,16 @@ class RuleBuilder:
 
     def __init__(self, in_ranks: Sequence[int], out_ranks: Sequence[int]) -> None:
         self.factors: list[Factor] = []
-        self.together: set[tuple[int, int]] = set()
-        self.gatherable: set[tuple[int, int]] = set()
-        self.scatterable: set[tuple[int, int]] = set()
         self.operands = [[[] for _ in range(r)] for r in in_ranks]
         self.results = [[[] for _ in range(r)] for r in out_ranks]
 
     def factor(self, size: int, operands: Mapping[int, int] | None = None,
                results: Mapping[int, int] | None = None, kind: str = PASS,
-               monoid: str | None = None, unrelated: Sequence[int] = (),
-               summed_inside: bool = False, whole: Mapping[int, int] | None = None) -> int:
+               monoid: str | None = None, whole: Mapping[int, int] | None = None) -> int:
         """`whole={i: d}`: operand i's dim d holds the factor's elements but is read
         whole (`Factor.whole`); the dim is not made of this factor."""
         f = len(self.factors)
-        self.factors.append(Factor(size, kind, monoid, tuple(unrelated),
-                                   summed_inside=summed_inside,
+        self.factors.append(Factor(size, kind, monoid,
                                    whole=tuple(sorted((whole or {}).items()))))
         for i, d in (operands or {}).items():
             self.operands[i][d].append(f)
@@ -203,13 +180,7 @@ class RuleBuilder:
             self.factors[f] = Factor(size, REPLICATION, why=why)
         return f
 
-    def slice_together(self, f: int, g: int) -> None:
-        """Factors f and g may be sliced by one loop (see `ShardingRule.together`)."""
-        self.together.add((min(f, g), max(f, g)))
-
     def build(self) -> ShardingRule:
         return ShardingRule(tuple(self.factors),
                             tuple(tuple(tuple(d) for d in t) for t in self.operands),
-                            tuple(tuple(tuple(d) for d in t) for t in self.results),
-                            frozenset(self.together), frozenset(self.gatherable),
-                            frozenset(self.scatterable))
+                            tuple(tuple(tuple(d) for d in t) for t in self.results))

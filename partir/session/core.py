@@ -972,9 +972,6 @@ def _shardings_of_values(program: CoreProgram, traced: TracedProgram
                 out[(kind, name)] = [[list(a) for a in s.dims]]
         for tag, tagged in traced.tags.items():
             out[("tag", tag)] = [[list(a) for a in program.sharding(v).dims] for v in tagged]
-        for body in (b for bs in traced.body_tags.values() for b in bs):
-            out.setdefault(("tag", body.name), []).append(
-                [list(a) for a in program.sharding(body.value).dims])
     return out
 
 
@@ -994,10 +991,7 @@ def _values(traced: TracedProgram, states: list[State],
         values.append(R.ExplainedValue(name, kind, list(t.shape), str(t.dtype),
                                        _history(dims, states, t.shape),
                                        found.get((kind, name), [])))
-    # A tag's values: those of the program, then those inside loop bodies.
     tagged = {tag: [v.type for v in values] for tag, values in traced.tags.items()}
-    for body in (b for bs in traced.body_tags.values() for b in bs):
-        tagged.setdefault(body.name, []).append(body.type)
     for tag, types in tagged.items():
         for k, t in enumerate(types):
             dims = [s[("tag", tag)][k] for s in per_state]

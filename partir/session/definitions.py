@@ -14,9 +14,10 @@ import functools
 import inspect
 import os
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from partir.frontend import TracedProgram
+from partir.ir import Op
 from partir.session import results as P
 
 # Leaf-creation sites listed per input, after its parameter.
@@ -37,7 +38,7 @@ def definitions(traced: TracedProgram, fn: Callable,
         if "/" in name and leaf.isidentifier():
             found += [site for f in files for site in _sites(f, leaf)]
         out[("input", name)] = _unique(found)[:MAX_SITES + 1]
-    producer = {r: op for op in traced.function.ops for r in op.results}
+    producer = {r: op for op in _all_ops(traced.function.ops) for r in op.results}
     for tag, values in traced.tags.items():
         locs = []
         for v in values:
@@ -45,14 +46,15 @@ def definitions(traced: TracedProgram, fn: Callable,
             if op is not None and op.loc.line:
                 locs.append(P.SourceLocation(op.loc.file, op.loc.line, op.loc.function))
         out[("tag", tag)] = _unique(locs)
-    # Tagged inside a loop's body: where the tag is.
-    for body in (b for bs in traced.body_tags.values() for b in bs):
-        loc = body.loc
-        if loc.line:
-            out[("tag", body.name)] = _unique([*out.get(("tag", body.name), []),
-                                               P.SourceLocation(loc.file, loc.line,
-                                                                loc.function)])
     return out
+
+
+def _all_ops(ops: Iterable[Op]) -> Iterator[Op]:
+    """The ops, and those of their regions (a tag in a loop's body), in program order."""
+    for op in ops:
+        yield op
+        for region in op.regions:
+            yield from _all_ops(region.ops)
 
 
 def _unique(locations: list[P.SourceLocation]) -> list[P.SourceLocation]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from partir.errors import AxisNotInMeshError, InvalidTacticError
-from partir.frontend import Annotation, BodyTag, TracedProgram
+from partir.frontend import Annotation, TracedProgram
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
 from partir.tactics.manual import (
@@ -67,27 +67,12 @@ class ShardingConstraints(Tactic):
         return []
 
     def run(self, module: CoreModule, names: Mapping[str, list[Value]]) -> TacticResult:
-        from partir.core.value_actions import BodyValue
-
-        ranked: list[tuple[int, ActionSpec]] = []
-        body_axes: set[tuple[int, str]] = set()  # (loop op, axis) sliced for a body value
-        for ann in module.traced.annotations:
-            in_body = isinstance(ann.value, BodyTag)
-            value = BodyValue.of(module, ann.value) if in_body else ann.value
-            for k, action in self.actions(module, ann, value):
-                if in_body:
-                    # Two values of one loop's bodies tiled on an axis: one slicing of the
-                    # loop serves both (or the second is a conflict propagation reports).
-                    key = (value.uid, action.axis)
-                    if action.kind != "tile" or key in body_axes or \
-                            action.axis in module.info[value.uid].loops:
-                        continue
-                    body_axes.add(key)
-                ranked.append((k, action))
+        ranked = [(k, action) for ann in module.traced.annotations
+                  for k, action in self.actions(module, ann, ann.value)]
         actions, prop_s = issue_rounds(module, ranked, self.label, self.loc, pad=True)
         return TacticResult(actions, [], prop_s)
 
-    def actions(self, module: CoreModule, ann: Annotation, value: Any
+    def actions(self, module: CoreModule, ann: Annotation, value: Value
                 ) -> list[tuple[int, ActionSpec]]:
         """What one annotation asks of its value, on the schedule's mesh, each action
         with its round (`issue_rounds`)."""

@@ -11,7 +11,6 @@ from typing import Any
 from partir.core.conflicts import Conflict
 from partir.core.module import CoreModule
 from partir.core.program import CoreProgram
-from partir.core.value_actions import BodyValue
 from partir.errors import InvalidTacticError
 from partir.frontend import TracedProgram
 from partir.gcpause import paused_gc
@@ -39,10 +38,10 @@ class TacticRecord:
 
 
 def named_values(module: CoreModule, traced: TracedProgram
-                 ) -> dict[str, list[Value | BodyValue]]:
+                 ) -> dict[str, list[Value]]:
     """What tactics may name: inputs, outputs (the values returned, under the output root
-    of `partir.frontend.names`), tags, and tags inside loop bodies."""
-    names: dict[str, list[Value | BodyValue]] = {
+    of `partir.frontend.names`) and tags, those inside control-flow ops' regions too."""
+    names: dict[str, list[Value]] = {
         n: [v] for n, v in zip(traced.input_names, module.args, strict=True)}
     names.update((n, [v]) for n, v in zip(traced.output_names, module.results, strict=True))
     for tag, values in module.tags.items():

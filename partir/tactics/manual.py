@@ -305,26 +305,14 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
     (negative dims made positive, then `propagate`) and the propagation's time. With
     `pad`, dimensions an axis does not divide are padded (`ManualPartition.pad`)."""
     from partir.core.propagation import propagate
-    from partir.core.value_actions import BodyValue, atomic_value, tile_body_value, tile_value
+    from partir.core.value_actions import atomic_value, tile_value
 
     seeds: list[int] = []
     actions: list[str] = []
     for spec in specs:
-        in_body = isinstance(spec.value, BodyValue)
-        if in_body and spec.kind != "tile":
-            raise InvalidTacticError(
-                f"{spec.name!r} is a value inside a loop's body: it can be tiled, not kept "
-                f"replicated (keep the loop's operand replicated instead)",
-                tactic=tactic, loc=loc)
         if spec.kind == "tile":
-            if in_body:
-                seeds += tile_body_value(module, spec.value, spec.dim, spec.axis,
-                                         label=f"body value {spec.name!r}", tactic=tactic,
-                                         loc=loc, pad=pad)
-            else:
-                seeds += tile_value(module, spec.value, spec.dim, spec.axis,
-                                    label=f"input {spec.name!r}", tactic=tactic, loc=loc,
-                                    pad=pad)
+            seeds += tile_value(module, spec.value, spec.dim, spec.axis,
+                                label=f"input {spec.name!r}", tactic=tactic, loc=loc, pad=pad)
             spec = ActionSpec("tile", spec.name, spec.value, spec.axis,
                               spec.dim % spec.value.type.rank)
         else:

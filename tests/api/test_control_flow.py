@@ -313,8 +313,8 @@ def test_a_tag_inside_a_loop_nested_in_a_body_is_named_by_tactics(grad):
     by_input = partir.core_partition(fn, MESH, BP, X, WSS)
     assert result.program.input_shardings() == by_input.program.input_shardings()
     assert meta.collectives["all_gather"] == 0, meta.hlo_ir
-    (tag,) = result.traced.body_tags["hidden"]
-    assert result.program.sharding(tag.value).dims == (("batch",), ())
+    (tag,) = result.traced.tags["hidden"]
+    assert result.program.sharding(tag).dims == (("batch",), ())
 
 
 def test_a_nested_body_value_tiled_where_its_loops_cannot_carry_it_runs_sliced_inside():

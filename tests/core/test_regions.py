@@ -28,7 +28,7 @@ from tests.oracles import assert_tree_close
 
 def _flat(f, *args, mesh):
     traced = trace(f, *args)
-    return traced, CoreModule(traced, Mesh(mesh), flat=True)
+    return traced, CoreModule(traced, Mesh(mesh))
 
 
 def _tile(m, traced, name, dim, axis):
@@ -164,3 +164,22 @@ def test_multi_query_caches_split_by_batch_move_the_queries_with_an_all_to_all_p
     (scan,) = [op for op in lower(result.program).hlo.ops if op.name == "scan"]
     assert "hlo.all_to_all" in {inner.name for inner, _ in region_ops(scan)}
     assert meta.executed_collectives["all_to_all"] == 6  # one per step
+
+
+def test_control_flow_ops_whose_only_edges_are_results_are_restructured():
+    """A cond of constants and a scan of no operands have exit edges only: each is one op
+    again after the tactics, and the program equals the function on both oracles."""
+    def f(x, p):
+        c = lax.cond(p > 0, lambda: jnp.float32(1.), lambda: jnp.float32(2.))
+        ys = lax.scan(lambda c, _: (c, jnp.arange(3.)), None, None, length=4)[1]
+        return x * c + jnp.sum(ys)
+
+    x, p = jnp.arange(8.), jnp.int32(1)
+    schedule = [partir.ManualPartition({"x": 0}, axis="a")]
+    result = partir.core_partition(f, {"a": 4}, schedule, x, p)
+    assert_tree_close(result.interpret(x, p), f(x, p))
+    fn, _ = partir.jit(f, {"a": 4}, schedule)
+    assert_tree_close(fn(x, p), f(x, p))
+    ops = lower(result.program).hlo.ops
+    assert {"cond", "scan"} <= {op.name for op in ops}
+    assert not {ENTER, EXIT} & {op.name for op in ops}

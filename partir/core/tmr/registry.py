@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from partir.core.actions import ANY, Action, Sum, Tile
+from partir.core.actions import Action, Sum, Tile
 from partir.registry import Registry
 from partir.rules import CATALOGUE, REPLICATION, OpView, Primitive, ShardingRule
-from partir.rules.catalogue import ApplyFn, Localized
+from partir.rules.catalogue import ApplyFn
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,9 @@ def factor_mappings(rule: ShardingRule, sizes: Sequence[int]
         if factor.kind == REPLICATION or f not in majors:
             continue
         results: list[Action] = []
-        for k, d in enumerate(rule.result_dims[f]):
+        for d in rule.result_dims[f]:
             if d is not None:
                 results.append(Tile(d))
-            elif k in factor.unrelated:
-                results.append(ANY)
             elif factor.monoid is not None:
                 results.append(Sum(factor.monoid))
             else:
@@ -96,9 +95,6 @@ def lookup(name: str) -> Entry | None:
     return REGISTRY.get(name)
 
 
-def localized(entry: Entry, view: OpView) -> Localized:
-    """The local op's parameters and regions (a control-flow op's; none for the others)."""
-    if entry.localize is None:
-        return Localized(dict(view.params), view.regions)
-    local = entry.localize(view)
-    return local if isinstance(local, Localized) else Localized(local, ())
+def localized(entry: Entry, view: OpView) -> dict[str, Any]:
+    """The local op's parameters."""
+    return dict(view.params) if entry.localize is None else entry.localize(view)

@@ -68,7 +68,7 @@ def _run_nest(op, entry, operands, nest, index):
                 x = x[(slice(None),) * d + (slice(start, start + chunk),)]
         local_operands.append(x)
     view = OpView(op.name, op.params, local_in, local_out)
-    params = localized(entry, view).params
+    params = localized(entry, view)
     local_view = OpView(op.name, params, local_in, local_out)
     if entry.apply is not None:
         ctx = LocalContext([lp for lp, _ in nest], in_global, out_global,

@@ -137,7 +137,7 @@ def test_iota_tiles_along_its_dimension_count_globally():
     entry = lookup("iota")
     nest = [Loop("a", (Tile(1),), ())]
     local = _view("iota", op.params, [], [(2, 2)])
-    local = OpView("iota", localized(entry, local).params, (), local.out_types)
+    local = OpView("iota", localized(entry, local), (), local.out_types)
     expected = np.arange(8).reshape(4, 2)
 
     def tile(k):
