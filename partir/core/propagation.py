@@ -46,10 +46,11 @@ from partir.core.module import CoreModule, NestInfo
 from partir.core.program import CoreOp
 from partir.core.tmr import Entry, TileMapping, factor_mappings, lookup
 from partir.gcpause import paused_gc
+from partir.ir import Value
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
 from partir.rules import REPLICATION, ShardingRule
-from partir.rules.edges import EDGE_OPS
+from partir.rules.edges import EDGE_OPS, EXIT
 from partir.rules.unsupported import why_unsupported
 
 
@@ -341,7 +342,7 @@ class Propagator:
         index and its neighbours' (each operand's producer and result, each result's uses
         and their operand), by position. None without a signature."""
         sig = op.signature
-        if sig is None:
+        if sig is None or op.name == EXIT:  # an exit's look reads its yield's other uses
             return None
         producers, infos, uses = self.m.producer, self.m.info, self.m.uses
         # Flat (a tuple of tuples hashes each of them): per operand its producer's index
@@ -408,9 +409,28 @@ class Propagator:
                 continue
             # `_operand_excess` with its memo hit inlined: once per operand per visit.
             seen = memo.get((id(pinfo), p[1], id(info), i))
-            out.append(seen[2] if seen is not None
-                       else self._operand_excess(pinfo, p[1], info, i))
+            ex = seen[2] if seen is not None else self._operand_excess(pinfo, p[1], info, i)
+            if ex.adopt and op.name == EXIT:
+                ex = self._kept_whole(op, v, ex)
+            out.append(ex)
         return out
+
+    def _kept_whole(self, op: CoreOp, value: Value, ex: _Excess) -> _Excess:
+        """The excess of a yield at its exit edge less the axes along which another use
+        in the body reads it whole: the body gathers it there anyway, so it leaves the
+        region gathered, and the regions reading the op's result read it whole too,
+        rather than each gathering it again (as one value's uses share its gather in
+        unrolled code: a scan's residual of a ZeRO-sharded weight, read by its backward)."""
+        infos = self.m.info
+        whole = set()
+        for cuid, j in self.m.uses.get(value, ()):
+            if cuid == op.uid:
+                continue
+            loops = infos[cuid].loops
+            whole.update(a for a in ex.adopt if a in loops and loops[a].operands[j] is None)
+        if not whole:
+            return ex
+        return ex._replace(adopt={a: d for a, d in ex.adopt.items() if a not in whole})
 
     def _operand_excess(self, pinfo: NestInfo, k: int, info: NestInfo, i: int) -> _Excess:
         """`operand_excess`, remembered (see `_operand_ex`)."""

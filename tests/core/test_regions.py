@@ -183,3 +183,35 @@ def test_control_flow_ops_whose_only_edges_are_results_are_restructured():
     ops = lower(result.program).hlo.ops
     assert {"cond", "scan"} <= {op.name for op in ops}
     assert not {ENTER, EXIT} & {op.name for op in ops}
+
+
+def _scaled_twice(x, scales):
+    """Two scans over layers, the second reading the first one's per-layer residual of a
+    weight (as a backward scan reads the broadcast layer-norm scale its forward saved)."""
+    def forward(c, s):
+        b = jnp.broadcast_to(s, (1, s.shape[0]))
+        return jnp.tanh(c * b), b
+
+    c, bs = lax.scan(forward, x, scales)
+    return lax.scan(lambda c, b: (c * b, None), c, bs)[0]
+
+
+def test_a_residual_the_body_gathers_anyway_leaves_it_gathered():
+    """ZeRO-3 after batch parallelism: the first body gathers each layer's scale slice for
+    its product with the batch-sliced carry, and yields that gathered residual, so the
+    second body reads it whole instead of gathering it again: one all_gather per layer,
+    as the unrolled layers (one value, one gather for both uses) run. Both oracles."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(8, 4)).astype(np.float32))
+    scales = jnp.asarray(rng.normal(size=(3, 4)).astype(np.float32))
+    schedule = [partir.ManualPartition({"x": 0}, axis="batch"),
+                partir.ManualPartition({"scales": 1}, axis="batch")]
+    expected = _scaled_twice(x, scales)
+    result = partir.core_partition(_scaled_twice, {"batch": 4}, schedule, x, scales)
+    assert_tree_close(result.interpret(x, scales), expected)
+    fn, meta = partir.jit(_scaled_twice, {"batch": 4}, schedule)
+    assert_tree_close(fn(x, scales), expected)
+    assert meta.executed_collectives["all_gather"] == 3
+    first, second = [op for op in lower(result.program).hlo.ops if op.name == "scan"]
+    assert [inner.name for inner, _ in region_ops(first)].count("hlo.all_gather") == 1
+    assert "hlo.all_gather" not in {inner.name for inner, _ in region_ops(second)}
