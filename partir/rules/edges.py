@@ -126,9 +126,11 @@ def _no_flops(view: OpView, rule: ShardingRule | None) -> float:
     return 0.0
 
 
-declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
+declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+                         pads_tiles=False,
                          doc="a control-flow op's operand -> its regions' arguments"),
         jax=False)
-declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
+declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+                        pads_tiles=False,
                         doc="a control-flow op's regions' yields -> its result"),
         jax=False)
