@@ -218,8 +218,9 @@ def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp,
     or splitting a padded dimension would mix the padding into the data). A factor
     earlier axes tiled (`size`: its local size, if not whole) may pad: the loop pads each
     of their tiles, and a `#sum` level masks the padding of the tiles it splits
-    (`materialize._mask_padding`); not at a control-flow op's edge, whose padded
-    dimension is its regions' argument or yield laid out on the axis major to those."""
+    (`materialize._mask_padding`); not at a control-flow op's edge (`pads_tiles`), whose
+    regions' arguments and yields are laid out as SPMD types, padded on a dimension's
+    major axis only."""
     factor = rule.factors[f]
     if not entry.primitive.pads_tiles and size is not None and size != factor.size:
         name = op.params["of"].name if op.name in EDGE_OPS else op.name
