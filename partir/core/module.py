@@ -152,13 +152,12 @@ class CoreModule:
         return own
 
     def _set_nest(self, op: CoreOp, nest: Nest) -> None:
-        """Give op a nest made whole (by an action, a widened loop or an axis split) and
+        """Give op a nest made whole (by an action or an axis split) and
         its index, both shared by every op given an equal nest (Loops compare by value)
         with as many operands and results, as `add_loop` shares those it extends: the
         values of repeated layers get equal actions, each made of new Loops, and the
         memos on the indices' and loops' identities (propagation's, materialize's,
-        `add_loop`'s) then serve them all. An op's nest holds its index's very Loops, so
-        that a loop of the index is one of the nest (`replace_loop`)."""
+        `add_loop`'s) then serve them all."""
         self.changed.add(op.uid)
         key = (nest, len(op.operands), len(op.results))
         shared = self._shared_nests.get(key)
@@ -253,11 +252,6 @@ class CoreModule:
         if hit is None:
             hit = self._extended[key] = (info, loop, info.extended(loop))
         self.info[uid] = hit[2]
-
-    def replace_loop(self, uid: int, old: Loop, new: Loop) -> None:
-        """Make the op's loop `old` the loop `new` over the same axis, in its place."""
-        self._set_nest(self.by_uid[uid],
-                       tuple(new if lp is old else lp for lp in self.nests[uid]))
 
     def insert_identity(self, kind: str, value: Value, nest: Nest,
                         uses: list[tuple[int, int]], outputs: list[int],

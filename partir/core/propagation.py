@@ -212,16 +212,22 @@ def _sub_axes(rule: ShardingRule, sizes: tuple[int, ...], n: int,
     return tuple(parts) if len(parts) > 1 else None
 
 
-def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp) -> str:
+def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp,
+                    size: int | None = None) -> str:
     """Why factor f, which the axis does not divide, cannot be padded ("" if it can):
     every dimension holding it must hold no other factor of size > 1 (a reshape merging
     or splitting a padded dimension would mix the padding into the data). A factor
-    earlier axes tiled may pad: the loop pads each of their tiles, and a `#sum` level
-    masks the padding of the tiles it splits (`materialize._mask_padding`)."""
+    earlier axes tiled (`size`: its local size, if not whole) may pad: the loop pads each
+    of their tiles, and a `#sum` level masks the padding of the tiles it splits
+    (`materialize._mask_padding`); not at a control-flow op's edge (`pads_tiles`), whose
+    regions' arguments and yields are laid out as SPMD types, padded on a dimension's
+    major axis only."""
     factor = rule.factors[f]
-    if not entry.primitive.pads:
-        return (f"the {op.name} at {op.loc} carries the factor of size {factor.size} into "
-                f"or out of a control-flow op's regions, which do not take padded tiles")
+    if not entry.primitive.pads_tiles and size is not None and size != factor.size:
+        name = op.params["of"].name if op.name in EDGE_OPS else op.name
+        return (f"the {name} at {op.loc} carries the factor of size {factor.size} into "
+                f"or out of its regions already tiled by other axes (tiles of {size}), "
+                f"where only the first axis tiling it may pad it")
     for what, dims_of in (("operand", rule.operands), ("result", rule.results)):
         for i, dims in enumerate(dims_of):
             for d, factors in enumerate(dims):
@@ -552,7 +558,7 @@ class Propagator:
                     gathering = True
                 continue
             if sizes[f] % n and (not self.pad or
-                                 padding_refusal(entry, rule, f, op)):
+                                 padding_refusal(entry, rule, f, op, sizes[f])):
                 indivisible.append(m)
             elif contra:
                 contested.append(m)
@@ -577,7 +583,7 @@ class Propagator:
                       f"{out_shapes}, and no split of the axis into sub-axes (each dividing "
                       f"the factor it would tile, major to minor) exists")
             if self.pad:
-                why = {padding_refusal(entry, rule, f, op)
+                why = {padding_refusal(entry, rule, f, op, sizes[f])
                        for f, m in factor_mappings(rule, sizes) if m in indivisible}
                 why.discard("")
                 if why:

@@ -19,6 +19,7 @@ from typing import Any
 from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
 from partir.core.program import CoreOp, CoreProgram, Nest
 from partir.ir import Location, Op, Region, Value
+from partir.ir.types import tile_size
 from partir.mesh import Mesh
 from partir.rules.catalogue import data_flow
 from partir.rules.edges import EDGE_OPS, ENTER, EXIT, edge_ops
@@ -148,6 +149,9 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
     enters = [op for op in group if op.name == ENTER and op.params["of"] is of
               and op.order[at] == 0]
     exits = [op for op in group if op.name == EXIT and op.params["of"] is of]
+    for op in (*enters, *exits):
+        if op.uid in nests:
+            nests[op.uid] = _laid_out(nests[op.uid], op, mesh)
     region_of = {a: r for r, region in enumerate(of.regions) for a in region.args}
     bodies: list[list[CoreOp]] = [[] for _ in range(n_regions)]
     after: list[CoreOp] = []
@@ -250,6 +254,39 @@ def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
         ordered.append(free)
         axes.remove(free)
     return ordered
+
+
+def _laid_out(nest: Nest, op: CoreOp, mesh: Mesh) -> Nest:
+    """The edge's loops, less the tiling its values cannot arrive in or leave its regions
+    with: a region's arguments and yields are laid out as SPMD types, where only the major
+    axis tiling a dimension may pad it (`DTensorType.check`), and an axis split after the
+    edge padded its factor (`CoreModule.refine_axis`) can leave a minor sub-axis padding
+    it. Those values cross whole on the axes from that one on: the op reads the operand
+    whole on them, the region makes the yield whole on them (alike on their devices)."""
+    dropped: set[tuple[bool, int, str]] = set()  # (a result, its position, the axis)
+    for made, values in ((False, op.operands), (True, op.results)):
+        for k, v in enumerate(values):
+            axes_of: dict[int, list[str]] = {}
+            for lp in nest:
+                a = lp.results[k] if made else lp.operands[k]
+                d = (a.dim if isinstance(a, Tile) else None) if made else a
+                if d is not None:
+                    axes_of.setdefault(d, []).append(lp.axis)
+            for d, axes in axes_of.items():
+                first, rest = tile_size(v.type.shape[d], mesh[axes[0]]), 1
+                for j, a in enumerate(axes[1:], 1):
+                    rest *= mesh[a]
+                    if first % rest:
+                        dropped.update((made, k, b) for b in axes[j:])
+                        break
+    if not dropped:
+        return nest
+    return tuple(Loop(lp.axis,
+                      tuple(ANY if (True, k, lp.axis) in dropped else a
+                            for k, a in enumerate(lp.results)),
+                      tuple(None if (False, i, lp.axis) in dropped else d
+                            for i, d in enumerate(lp.operands)))
+                 for lp in nest)
 
 
 def _loop_on(nests: dict[int, Nest], op: CoreOp, axis: str) -> Loop | None:

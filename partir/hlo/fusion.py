@@ -59,6 +59,7 @@ from partir.hlo.ops import (
     make_all_slice,
     make_all_to_all,
     make_collective_permute,
+    make_padding,
     make_reduce_scatter,
     sliced_type,
 )
@@ -1047,17 +1048,14 @@ def localize_results(fn: Function) -> Function:
         if constrained[i] is not None:  # laid out as asked: `constrain_results`
             continue
         op = producer.get(v)
-        if (op is not None and op.name == "slice" and not any(shardings[i])
-                and sizes[i] is None and not any(op.params["start_indices"])
-                and not any(s != 1 for s in op.params.get("strides") or ())):
+        gather = _unpadded_gather(op, producer)
+        if gather is not None and not any(shardings[i]) and sizes[i] is None:
             # A gathered dimension cut back to its size (its axes padded it): the gather's
             # operand is returned, and the runtime cuts the global result (`out_sizes`).
-            gather = producer.get(op.operands[0])
-            if gather is not None and gather.name == ALL_GATHER:
-                results[i] = gather.operands[0]
-                shardings[i] = _concat(shardings[i], gather.params["axes"])
-                sizes[i] = v.type.shape
-                continue
+            results[i] = gather.operands[0]
+            shardings[i] = _concat(shardings[i], gather.params["axes"])
+            sizes[i] = v.type.shape
+            continue
         if op is not None and op.name == ALL_GATHER:
             results[i] = op.operands[0]
             shardings[i] = _concat(shardings[i], op.params["axes"])
@@ -1067,6 +1065,16 @@ def localize_results(fn: Function) -> Function:
     if any(s is not None for s in sizes):
         attributes["out_sizes"] = tuple(sizes)
     return replace(fn, results=results, attributes=attributes)
+
+
+def _unpadded_gather(op: Op | None, producer: Mapping[Value, Op]) -> Op | None:
+    """The all_gather whose padded result `op` cuts back to the value's size (the lowering
+    does so where the gathered axes padded a dimension: `_Lowering.unpad`), or None."""
+    if (op is None or op.name != "slice" or any(op.params["start_indices"])
+            or any(s != 1 for s in op.params.get("strides") or ())):
+        return None
+    gather = producer.get(op.operands[0])
+    return gather if gather is not None and gather.name == ALL_GATHER else None
 
 
 def constrain_results(fn: Function) -> Function:
@@ -1086,7 +1094,11 @@ def constrain_results(fn: Function) -> Function:
         if asked is None or shardings[i] == asked or any(shardings[i]):
             continue  # unconstrained, or laid out already
         op = producer.get(v)
-        if op is not None and op.name == ALL_GATHER and all(
+        cut = _unpadded_gather(op, producer)
+        if cut is not None and cut.params["axes"] == asked:
+            # a gather of padded tiles cut to the value's size: its tiles are those asked
+            results[i] = cut.operands[0]
+        elif op is not None and op.name == ALL_GATHER and all(
                 g[:len(a)] == a for g, a in zip(op.params["axes"], asked, strict=True)):
             rest = _drop(op.params["axes"], asked)
             if any(rest):
@@ -1095,7 +1107,12 @@ def constrain_results(fn: Function) -> Function:
             else:
                 results[i] = op.operands[0]
         else:
-            ops.append(make_all_slice(v, asked, mesh, v.name))
+            # sliced as the lowering's `redistribute` slices: padded where the axes do not
+            # divide a dimension
+            padding = make_padding(v, asked, mesh)
+            ops += padding
+            ops.append(make_all_slice(padding[-1].results[0] if padding else v, asked, mesh,
+                                      v.name))
             results[i] = ops[-1].results[0]
         shardings[i] = asked
     if results == fn.results:

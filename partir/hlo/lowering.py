@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-import numpy as np
 from jax import lax
 
 import partir.cancel as cancel
@@ -40,10 +39,9 @@ from partir.hlo.ops import (
     make_all_reduce,
     make_all_slice,
     make_axis_index,
+    make_padding,
 )
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Type, Value
-from partir.ir.opnames import CONSTANT
-from partir.ir.types import padded_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
 from partir.spmd.types import DTensorType
@@ -303,21 +301,10 @@ class _Lowering:
 
     def pad_to(self, x: Value, axes: AxesPerDim, loc: Location) -> Value:
         """x padded at the end of each dimension to a multiple of its axes' size, for an
-        all_slice over them: the tiles of a dimension they do not divide are those of
-        the dimension padded (the padding holds zeros, which nothing reads)."""
-        shape = x.type.shape
-        padded = tuple(padded_size(n, axes_size(a, self.sizes)) if a else n
-                       for n, a in zip(shape, axes, strict=True))
-        if padded == shape:
-            return x
-        zero = Value(TensorType((), x.type.dtype))
-        self.out.append(Op(CONSTANT, [], [zero], {"value": np.zeros((), x.type.dtype)},
-                           loc=loc))
-        r = Value(x.type.with_shape(padded), x.name)
-        config = tuple((0, p - n, 0) for n, p in zip(shape, padded, strict=True))
-        self.out.append(Op("pad", [x, zero], [r], {"padding_config": config}, loc=loc,
-                           prim=lax.pad_p))
-        return r
+        all_slice over them (`make_padding`)."""
+        ops = make_padding(x, axes, self.sizes, loc)
+        self.out += ops
+        return ops[-1].results[0] if ops else x
 
     def unpad(self, x: Value, want: TensorType, name: str | None, loc: Location) -> Value:
         """The leading `want.shape` of x: a gathered padded dimension cut to its size."""

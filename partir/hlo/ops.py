@@ -25,11 +25,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from jax import lax
 
 from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, TensorType, Value, verify
 from partir.ir.monoids import NAMES as MONOIDS
+from partir.ir.opnames import CONSTANT
 from partir.ir.printer import Printer, register_op_printer
-from partir.ir.types import tensor_type
+from partir.ir.types import padded_size, tensor_type
 from partir.ir.verifier import VerificationError, register_type_rule
 from partir.rules.catalogue import region_ops
 from partir.rules.collectives import (
@@ -90,6 +92,24 @@ def make_all_slice(x: Value, axes: Sequence[Sequence[str]], mesh: Mapping[str, i
     axes = _freeze(axes)
     return Op(ALL_SLICE, [x], [Value(sliced_type(x.type, axes, mesh), name)], {"axes": axes},
               loc=loc)
+
+
+def make_padding(x: Value, axes: Sequence[Sequence[str]], mesh: Mapping[str, int],
+                 loc: Location = UNKNOWN_LOCATION) -> list[Op]:
+    """The ops padding x at the end of each dimension to a multiple of its axes' size, for
+    an all_slice over them (none where they divide it): the tiles of a dimension they do
+    not divide are those of the dimension padded (the padding holds zeros, which nothing
+    reads)."""
+    shape = x.type.shape
+    padded = tuple(padded_size(n, axes_size(a, mesh)) if a else n
+                   for n, a in zip(shape, axes, strict=True))
+    if padded == shape:
+        return []
+    zero = Value(TensorType((), x.type.dtype))
+    config = tuple((0, p - n, 0) for n, p in zip(shape, padded, strict=True))
+    return [Op(CONSTANT, [], [zero], {"value": np.zeros((), x.type.dtype)}, loc=loc),
+            Op("pad", [x, zero], [Value(x.type.with_shape(padded), x.name)],
+               {"padding_config": config}, loc=loc, prim=lax.pad_p)]
 
 
 def make_all_gather(x: Value, axes: Sequence[Sequence[str]], mesh: Mapping[str, int],

@@ -72,8 +72,11 @@ def all_gather(x: Any, *, axes: AxesPerDim) -> Any:
     """Concatenates the devices' chunks of every dimension along its axes (inverse of
     `all_slice`)."""
     for dim, dim_axes in enumerate(_spanning_per_dim(axes)):
-        if dim_axes:
-            x = lax.all_gather(x, tuple(dim_axes), axis=dim, tiled=True)
+        # One axis at a time, minor first (the chunks of each major coordinate, then
+        # those blocks): JAX's vmap of an all_gather over several axis names fails ("axis
+        # size doesn't match"), and the interpreters run a region's collectives so.
+        for axis in reversed(dim_axes):
+            x = lax.all_gather(x, axis, axis=dim, tiled=True)
     return x
 
 

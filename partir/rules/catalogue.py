@@ -188,9 +188,10 @@ class Primitive:
     # the padding out of the partial sums: true of ops that reduce what they are given,
     # not of loops whose bodies compute non-linearly before they reduce.
     masks_padding: bool = True
-    # Whether a factor an axis does not divide may be padded: not a control-flow op's
-    # edges (`partir.rules.edges`), whose padded tiles would cross into its regions.
-    pads: bool = True
+    # Whether a factor earlier axes tiled may be padded (each of their tiles padded): not
+    # a control-flow op's edges (`partir.rules.edges`), which lay out its regions'
+    # arguments and yields as SPMD types, where only a dimension's major axis may pad.
+    pads_tiles: bool = True
     linear: Linearity | None = None  # None: a partial sum must be summed before it
     data_flow: DataFlowFn | None = None  # an op with regions: how its values meet theirs
     doc: str = field(default="", compare=False)

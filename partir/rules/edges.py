@@ -11,6 +11,11 @@ same data, sliced alike, and a dimension each iteration takes or makes one slice
 scan's scanned dimension) needs replication. Propagation then runs through a body as
 through any other code, and the control-flow op itself holds no sharding but its edges'.
 
+A factor an axis does not divide pads at an edge as at any op: the regions' arguments
+arrive padded and their yields leave padded, and the body's ops pad (and mask their
+reductions) as ordinary ops do; only a dimension's first axis may pad it at an edge
+(`Primitive.pads_tiles`).
+
 Each edge op carries the control-flow op it belongs to as parameter `of`, and which of
 its edges it is as `edge`: ("entry", operand), ("carry", carry) or ("exit", result).
 """
@@ -126,9 +131,11 @@ def _no_flops(view: OpView, rule: ShardingRule | None) -> float:
     return 0.0
 
 
-declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
+declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+                         pads_tiles=False,
                          doc="a control-flow op's operand -> its regions' arguments"),
         jax=False)
-declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False, pads=False,
+declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
+                        pads_tiles=False,
                         doc="a control-flow op's regions' yields -> its result"),
         jax=False)

@@ -360,16 +360,26 @@ def _fori_layers(x, w):
     return jnp.max(jax.lax.fori_loop(0, 3, body, x), axis=0)
 
 
-@pytest.mark.parametrize("case", ["scan", "scan_gradient", "fori_loop"])
+def _stacked_step_sums(x, ws):
+    def layer(c, w):
+        h = partir.tag(jnp.tanh(c @ w), "h")
+        return h, c.T @ h  # each step's sum over the batch, stacked
+    return jax.lax.scan(layer, x, ws)
+
+
+@pytest.mark.parametrize("case", ["scan", "scan_gradient", "fori_loop", "stacked_sums"])
 def test_a_body_value_on_a_dimension_the_axis_does_not_divide_is_padded(case):
     """Issue 26, item 7: tiling a value tagged in a loop body (a batch of 6 on 4 devices)
-    pads the loop's factor, as tiling the loop's input does."""
+    pads the loop's factor, as tiling the loop's input does: the loop's edges carry the
+    padded tiles into its body, whose reductions over them mask the padding as any
+    reduction does (`stacked_sums`: each step's sum over the batch)."""
     rng = np.random.default_rng(13)
     x = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
     ws = jnp.asarray(rng.normal(size=(3, 4, 4)) / 2, jnp.float32)
     fn, args = {"scan": (_tagged_layers, (x, ws)),
                 "scan_gradient": (jax.grad(_tagged_layers, argnums=(0, 1)), (x, ws)),
-                "fori_loop": (_fori_layers, (x, ws[0]))}[case]
+                "fori_loop": (_fori_layers, (x, ws[0])),
+                "stacked_sums": (_stacked_step_sums, (x, ws))}[case]
     mesh = partir.Mesh({"a": 4, "b": 2})
     by_tag = [partir.ManualPartition({"h": 0}, axis="a")]
     meta = _check(fn, mesh, by_tag, *args)
@@ -382,20 +392,32 @@ def test_a_body_value_on_a_dimension_the_axis_does_not_divide_is_padded(case):
 
 
 def test_a_body_value_that_cannot_be_padded_says_why():
-    def f(x, ws):
+    """Tiling a body value pads it, as any value. Where a body op cannot carry the padding
+    (a reshape merging the padded rows) or an edge of the loop cannot (a factor another
+    axis tiled first: its region's arguments are laid out with the padding on their major
+    axis only), propagation stops there and the conflict says why; the program is still
+    exact (a yield made whole is padded before it is sliced as the loop carries it)."""
+    def merged(x, ws):
         def layer(c, w):
-            h = partir.tag(jnp.tanh(c @ w), "h")
-            return h, c.T @ h  # each step's sum over the batch, stacked
-        return jax.lax.scan(layer, x, ws)
+            h = jnp.tanh(partir.tag(c @ w, "h"))
+            return jnp.reshape(jnp.reshape(h, (-1,)) * 0.5, c.shape), jnp.sum(h, axis=1)
+        c, sums = jax.lax.scan(layer, x, ws)
+        return jnp.sum(c) + jnp.sum(sums ** 2)
 
-    x = jax.ShapeDtypeStruct((6, 4), jnp.float32)
-    ws = jax.ShapeDtypeStruct((3, 4, 4), jnp.float32)
-    mesh = partir.Mesh({"a": 4})
-    with pytest.raises(partir.IndivisibleDimensionError,
-                       match=r"body value 'h' dimension 0 of size 6 on axis 'a' of size 4: 4 "
-                             r"does not divide 6, and it cannot be padded: scan reduces the "
-                             r"factor of size 6 after computing on it"):
-        partir.partition(f, mesh, [partir.ManualPartition({"h": 0}, axis="a")], x, ws)
+    rng = np.random.default_rng(14)
+    x = jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)
+    ws = jnp.asarray(rng.normal(size=(3, 4, 4)) / 2, jnp.float32)
+    mesh = partir.Mesh({"a": 4, "b": 2})
+    by_tag = [partir.ManualPartition({"h": 0}, axis="a")]
+    _check(merged, mesh, by_tag, x, ws)
+    res = partir.core_partition(merged, mesh, by_tag, x, ws)
+    assert any(c.op == "reshape" and "reshape of a padded dimension" in c.detail
+               for c in res.conflicts)
+    after_b = [partir.ManualPartition({"x": 0}, axis="b"), *by_tag]
+    _check(_tagged_layers, mesh, after_b, x, ws)
+    res = partir.core_partition(_tagged_layers, mesh, after_b, x, ws)
+    assert any(c.op == "scan" and "already tiled by other axes (tiles of 3)" in c.detail
+               for c in res.conflicts)
     with pytest.raises(partir.IndivisibleDimensionError, match="the tactic has pad=False"):
         partir.partition(_tagged_layers, mesh,
                          [partir.ManualPartition({"h": 0}, axis="a", pad=False)], x, ws)
