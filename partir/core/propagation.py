@@ -234,9 +234,6 @@ def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp,
                 if f in factors and any(g != f and rule.factors[g].size > 1 for g in factors):
                     return (f"dimension {d} of {what} {i} merges the factor of size "
                             f"{factor.size} with others (a reshape of a padded dimension)")
-    if factor.monoid is not None and not entry.primitive.masks_padding:
-        return (f"{op.name} reduces the factor of size {factor.size} after computing on it, "
-                f"so masking its operands would not keep the padding out of the sums")
     if factor.monoid is not None:
         for i, dims in enumerate(rule.operands):
             if any(f in factors for factors in dims):

@@ -184,10 +184,6 @@ class Primitive:
     # Where a tile's values depend on where the tile lies (iota, gather from a sliced
     # table...), the local computation of a tile: the op cannot just run smaller.
     apply: ApplyFn | None = None
-    # Masking the operands of a padded reduction factor with its monoid's identity keeps
-    # the padding out of the partial sums: true of ops that reduce what they are given,
-    # not of loops whose bodies compute non-linearly before they reduce.
-    masks_padding: bool = True
     # Whether a factor earlier axes tiled may be padded (each of their tiles padded): not
     # a control-flow op's edges (`partir.rules.edges`), which lay out its regions'
     # arguments and yields as SPMD types, where only a dimension's major axis may pad.

@@ -148,7 +148,7 @@ _FLOWS = {"scan": (scan_flow, run_scan), "while": (while_flow, run_while),
           "cond": (cond_flow, run_cond)}
 CONTROL_FLOW = tuple(_FLOWS)
 
-_CONTROL = Primitive(Kind.KERNEL, region_flops, masks_padding=False,
+_CONTROL = Primitive(Kind.KERNEL, region_flops,
                      doc="its regions' ops and data-flow edges hold its shardings")
 for _name, (_flow, _run) in _FLOWS.items():
     declare(_name, replace(_CONTROL, data_flow=_flow))

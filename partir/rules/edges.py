@@ -26,7 +26,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from partir.ir import Op, Value
-from partir.rules.catalogue import DataFlow, Edge, Kind, OpView, Primitive, data_flow, declare
+from partir.rules.catalogue import (
+    DataFlow,
+    Edge,
+    Kind,
+    OpView,
+    Primitive,
+    data_flow,
+    declare,
+    no_flops,
+)
 from partir.rules.factors import RuleBuilder, ShardingRule
 
 ENTER = "partir.enter"
@@ -127,15 +136,9 @@ def edge_rule(view: OpView) -> ShardingRule:
     return b.build()
 
 
-def _no_flops(view: OpView, rule: ShardingRule | None) -> float:
-    return 0.0
-
-
-declare(ENTER, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
-                         pads_tiles=False,
+declare(ENTER, Primitive(Kind.FREE, no_flops, edge_rule, pads_tiles=False,
                          doc="a control-flow op's operand -> its regions' arguments"),
         jax=False)
-declare(EXIT, Primitive(Kind.FREE, _no_flops, edge_rule, masks_padding=False,
-                        pads_tiles=False,
+declare(EXIT, Primitive(Kind.FREE, no_flops, edge_rule, pads_tiles=False,
                         doc="a control-flow op's regions' yields -> its result"),
         jax=False)
