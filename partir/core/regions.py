@@ -18,6 +18,7 @@ from typing import Any
 
 from partir.core.actions import ANY, AnyAction, Loop, Sum, Tile
 from partir.core.program import CoreOp, CoreProgram, Nest
+from partir.errors import NotShardableError
 from partir.ir import Location, Op, Region, Value
 from partir.ir.types import tile_size
 from partir.mesh import Mesh
@@ -188,7 +189,7 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
         by_result[k] = (op, 0)
         for position, e in enumerate(exits_of[k]):
             by_yield[(e.region, e.position)] = (op, position)
-    axes = _axes_of([*enters, *exits], nests)
+    axes = _axes_of([*enters, *exits], nests, mesh)
     operands = [by_operand[i].operands[0] if i in by_operand else v
                 for i, v in enumerate(of.operands)]
     loops = []
@@ -227,9 +228,10 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
 BODIES = "_region_programs"  # a restructured control-flow op's regions, as programs
 
 
-def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
+def _axes_of(edges: list[CoreOp], nests: dict[int, Nest], mesh: Mesh) -> list[str]:
     """The axes the edges loop over, outermost first: where an edge slices or tiles one
-    dimension over several, in its order (major to minor), else in order of appearance."""
+    dimension over several, in its order (major to minor), else in order of appearance.
+    An axis of size 1 slices nothing, so its place among the others does not matter."""
     axes: list[str] = []
     before: set[tuple[str, str]] = set()  # (a, b): a must be outside b
     for op in edges:
@@ -238,6 +240,8 @@ def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
             if lp.axis not in axes:
                 axes.append(lp.axis)
         for outer, inner in itertools.combinations(nest, 2):
+            if mesh[outer.axis] == 1 or mesh[inner.axis] == 1:
+                continue
             if (any(a is not None and a == b for a, b in zip(outer.operands, inner.operands,
                                                               strict=True))
                     or any(isinstance(a, Tile) and a == b
@@ -248,9 +252,11 @@ def _axes_of(edges: list[CoreOp], nests: dict[int, Nest]) -> list[str]:
         free = next((a for a in axes if not any((b, a) in before for b in axes if b != a)),
                     None)
         if free is None:
-            raise NotImplementedError(f"the edges of {edges[0].params['of'].name} at "
-                                      f"{edges[0].loc} split one dimension over axes in "
-                                      f"different orders")
+            raise NotShardableError(
+                f"the {edges[0].params['of'].name} at {edges[0].loc} would take or make "
+                f"one dimension split over the axes {sorted(axes)} in different orders, "
+                f"which one loop over its regions cannot: shard its operands and results "
+                f"on those axes in one order")
         ordered.append(free)
         axes.remove(free)
     return ordered

@@ -224,3 +224,12 @@ def test_a_wrong_result_says_whether_partirs_program_op_by_op_equals_the_referen
     assert (out.cls, out.error) == ("WRONG", "executed"), out
     assert out.message.endswith("run op by op it equals the reference: XLA's compilation "
                                 "of it differs"), out.message
+
+
+@pytest.mark.slow
+def test_a_cond_whose_edges_split_a_dimension_over_a_size_1_axis_in_either_order():
+    """Seed 255: the edges of a cond nested in a switch slice one dimension over "b" then
+    "a" (of size 1) on one side and in the other order on the other; a size-1 axis slices
+    nothing, so the restructured op's loops need no order between them. Both oracles."""
+    out = execute(generate(255), "plain", core=True)
+    assert out.cls == "OK", out
