@@ -951,11 +951,14 @@ def localize_padded_arguments(fn: Function) -> Function:
     rw = _Rewriter(fn, count_uses=False)
     args, shardings = list(fn.args), list(fn.attributes["in_shardings"])
     sizes = list(fn.attributes.get("in_sizes") or (None,) * len(fn.args))
+    constrained = fn.attributes.get("in_constraints") or (None,) * len(fn.args)
     dropped: set[Op] = set()
     narrowed: dict[Op, AxesPerDim] = {}
     for i, a in enumerate(fn.args):
         pads = users.get(a, [])
-        if (not pads or a in results or any(shardings[i]) or sizes[i] is not None
+        # (an argument laid out as asked, a region's, keeps its layout)
+        if (not pads or a in results or constrained[i] is not None or any(shardings[i])
+                or sizes[i] is not None
                 or any(not _is_end_padding(op) or op.operands[0] is not a for op in pads)
                 or len({op.results[0].type for op in pads}) != 1):
             continue

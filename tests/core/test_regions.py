@@ -215,3 +215,24 @@ def test_a_residual_the_body_gathers_anyway_leaves_it_gathered():
     first, second = [op for op in lower(result.program).hlo.ops if op.name == "scan"]
     assert [inner.name for inner, _ in region_ops(first)].count("hlo.all_gather") == 1
     assert "hlo.all_gather" not in {inner.name for inner, _ in region_ops(second)}
+
+
+def test_a_region_argument_sliced_with_padding_inside_the_body_arrives_whole():
+    """Fuzzer seed 178: a cond's operand kept whole at its edge (`REPLICATED` outside) and
+    sliced, padded (2 over 3 devices), by a body op: the region takes it whole, as the
+    other branch does, and slices it itself; the lowering must not make it arrive sliced
+    (`localize_padded_arguments`), which gave the branches different argument types."""
+    def f(x, w):
+        def contract(c):
+            return c * 0.5 + jnp.einsum("ab,ba->a", lax.dot_general(
+                c, c, (((0,), (0,)), ((), ()))), w)
+        return lax.cond(jnp.sum(x) > 0.5, contract, lambda c: c, x)
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(8, 2)).astype(np.float32))
+    w = jnp.asarray(rng.normal(size=(2, 2)).astype(np.float32))
+    schedule = [partir.ManualPartition({"x": 1, "w": partir.REPLICATED}, axis="a")]
+    result = partir.core_partition(f, {"a": 3}, schedule, x, w)
+    assert_tree_close(result.interpret(x, w), f(x, w))
+    fn, _ = partir.jit(f, {"a": 3}, schedule)
+    assert_tree_close(fn(x, w), f(x, w))
