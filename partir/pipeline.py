@@ -89,7 +89,6 @@ def lower(program: CoreProgram, fragments: Fragments | None = None) -> Lowered:
         return Lowered(core, spmd, locate_by_users(optimized))
 
 
-
 def _lower_region(program: CoreProgram) -> Region:
     """A region of a control-flow op, lowered as a program of its own: the device-local
     region its op's localization takes (`partir.core.regions`)."""

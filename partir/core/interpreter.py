@@ -135,11 +135,7 @@ class Interpreter:
     def _eval(self, op: Op, env: dict[Value, Any]) -> list[Any]:
         if op.name == LOOP:
             return self._loop(op, env)
-        unbound = lockstep_axes(op) - set(self._bound) if op.regions else ()
-        if not unbound:
-            return eval_op(op, env)
-        return alike_on(sorted(unbound), self._mesh(),
-                        lambda: eval_op(op, env))
+        return eval_alike(op, env, self._bound, self._mesh)
 
     def _mesh(self) -> dict[str, int]:
         """The axes' sizes (the function's `mesh` attribute, as materialize writes it)."""
@@ -189,15 +185,20 @@ class Interpreter:
                                                  strict=True))]
 
 
-def alike_on(axes: Sequence[str], sizes: Mapping[str, int],
-             run: Callable[[], list[Any]]) -> list[Any]:
-    """`run()` for an op whose regions hold collectives over `axes`, which no loop (or
-    execute) around it runs in lockstep: every device of those axes runs it alike (its
-    operands and results do not differ along them), one vmapped instance per coordinate,
-    and the first instance's results are its results."""
-    coords = jnp.meshgrid(*[jnp.arange(sizes[a], dtype=jnp.int32) for a in axes],
+def eval_alike(op: Op, env: Mapping[Value, Any], bound: Sequence[str],
+               sizes: Callable[[], Mapping[str, int]]) -> list[Any]:
+    """`eval_op`, for an op whose regions may hold collectives over axes that no loop (or
+    execute) around it runs in lockstep (`bound` are those that do): every device of
+    those axes runs it alike (its operands and results do not differ along them), one
+    vmapped instance per coordinate, and the first instance's results are its results.
+    `sizes()`: the axes' sizes, asked only then."""
+    axes = sorted(lockstep_axes(op) - set(bound)) if op.regions else ()
+    if not axes:
+        return eval_op(op, env)
+    mesh = sizes()
+    coords = jnp.meshgrid(*[jnp.arange(mesh[a], dtype=jnp.int32) for a in axes],
                           indexing="ij")
-    outs = in_lockstep(lambda *_: run(), axes, *coords)
+    outs = in_lockstep(lambda *_: eval_op(op, env), axes, *coords)
     return [o.reshape((-1, *o.shape[len(axes):]))[0] for o in outs]
 
 

@@ -204,17 +204,14 @@ class _Materializer:
         fn = Function(prog.name, list(prog.args), ops, [self.resolve(v) for v in prog.results],
                       list(prog.result_names))
         fn.attributes["mesh"] = str(prog.mesh)
-        if any(c is not None for c in prog.out_constraints):
-            # In the program's axes: a user's axis split into sub-axes is all of them.
-            fn.attributes["out_constraints"] = tuple(
-                None if c is None else
-                tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
-                for c in prog.out_constraints)
-        if any(c is not None for c in prog.in_constraints):
-            fn.attributes["in_constraints"] = tuple(
-                None if c is None else
-                tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
-                for c in prog.in_constraints)
+        for key, constraints in (("out_constraints", prog.out_constraints),
+                                 ("in_constraints", prog.in_constraints)):
+            if any(c is not None for c in constraints):
+                # In the program's axes: a user's axis split into sub-axes is all of them.
+                fn.attributes[key] = tuple(
+                    None if c is None else
+                    tuple(tuple(p for a in axes for p in prog.mesh.parts(a)) for axes in c)
+                    for c in constraints)
         return fn
 
     def _unlooped(self, op: CoreOp) -> Op:

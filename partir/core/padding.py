@@ -41,7 +41,7 @@ from partir.ir.types import padded_size, tile_size
 from partir.mesh import Mesh
 from partir.rules import CATALOGUE
 from partir.rules.catalogue import flops_of
-from partir.rules.edges import EDGE_OPS
+from partir.rules.edges import written_name
 
 
 @dataclass
@@ -113,12 +113,10 @@ def _op_records(mesh: Mesh, sizes: dict[str, int], op: CoreOp, nest: Nest
     if not padded:
         return []
     flops = _wasted_flops(op, nest, sizes)
-    # A control-flow op's edge is named as the op the user wrote.
-    name = op.params["of"].name if op.name in EDGE_OPS else op.name
     out = []
     for k in padded:
         r = op.results[k]
-        out += _records(mesh, r, r.name or name, sharding_of(nest, k, r.type.rank).dims,
+        out += _records(mesh, r, r.name or written_name(op), sharding_of(nest, k, r.type.rank).dims,
                         flops)
     return out
 

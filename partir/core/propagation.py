@@ -50,7 +50,7 @@ from partir.ir import Value
 from partir.ir.monoids import MONOIDS
 from partir.ir.types import tile_size
 from partir.rules import REPLICATION, ShardingRule
-from partir.rules.edges import EDGE_OPS, EXIT
+from partir.rules.edges import EXIT, written_name
 from partir.rules.unsupported import why_unsupported
 
 
@@ -224,8 +224,7 @@ def padding_refusal(entry: Entry, rule: ShardingRule, f: int, op: CoreOp,
     major axis only."""
     factor = rule.factors[f]
     if not entry.primitive.pads_tiles and size is not None and size != factor.size:
-        name = op.params["of"].name if op.name in EDGE_OPS else op.name
-        return (f"the {name} at {op.loc} carries the factor of size {factor.size} into "
+        return (f"the {written_name(op)} at {op.loc} carries the factor of size {factor.size} into "
                 f"or out of its regions already tiled by other axes (tiles of {size}), "
                 f"where only the first axis tiling it may pad it")
     for what, dims_of in (("operand", rule.operands), ("result", rule.results)):
@@ -657,10 +656,8 @@ class Propagator:
     def _conflict(self, op: CoreOp, axis: str, kind: str, choices: tuple[str, ...],
                   detail: str = "") -> None:
         self._conflicts_made += 1
-        # An edge of a control-flow op is reported as the op the user wrote.
-        name = op.params["of"].name if op.name in EDGE_OPS else op.name
-        self.m.conflicts.setdefault((op.uid, axis),
-                                    Conflict(kind, name, op.loc, axis, choices, detail))
+        self.m.conflicts.setdefault((op.uid, axis), Conflict(
+            kind, written_name(op), op.loc, axis, choices, detail))
 
     def _apply(self, op: CoreOp, loop: Loop,
                woken: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None = None) -> None:

@@ -23,7 +23,7 @@ from partir.ir import Location, Op, Region, Value
 from partir.ir.types import tile_size
 from partir.mesh import Mesh
 from partir.rules.catalogue import data_flow
-from partir.rules.edges import EDGE_OPS, ENTER, EXIT, edge_ops
+from partir.rules.edges import EDGE_OPS, ENTER, EXIT, by_value, edge_ops
 
 _uids = itertools.count(1 << 40)  # restructured ops: apart from the module's uids
 
@@ -102,7 +102,7 @@ def lower_region(program: CoreProgram) -> Region:
 
 def restructure(program: CoreProgram) -> CoreProgram:
     """The structured program of a flattened one: each control-flow op again one op, its
-    regions programs of their own (parameter `_bodies`: a `CoreProgram` per region, its
+    regions programs of their own (parameter `BODIES`: a `CoreProgram` per region, its
     arguments arriving as the op's enter edges lay them out (`in_constraints`) and its
     results leaving as its edges take them (`out_constraints`)), the op looped over every
     axis its edges slice: each operand as its edge slices it, each result as its edge
@@ -156,8 +156,9 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
     region_of = {a: r for r, region in enumerate(of.regions) for a in region.args}
     bodies: list[list[CoreOp]] = [[] for _ in range(n_regions)]
     after: list[CoreOp] = []
+    edges = {*enters, *exits}
     for op in group:
-        if op in enters or op in exits:
+        if op in edges:
             continue
         place = op.order[at]
         if place == 0:  # an identity on an argument: the start of its region
@@ -172,9 +173,7 @@ def _control(of: Op, prefix: tuple[int, ...], group: list[CoreOp], nests: dict[i
     by_result: dict[int, tuple[CoreOp, int]] = {}
     # Per region and yield position: (edge op, its operand position there).
     by_yield: dict[tuple[int, int], tuple[CoreOp, int]] = {}
-    exits_of = {e.value: [] for e in flow.exits}
-    for e in flow.exits:
-        exits_of[e.value].append(e)
+    exits_of = by_value(flow.exits)
     for op in enters:
         kind, n = op.params["edge"]
         if kind == "carry":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from partir.ir import Op, Value
 from partir.rules.catalogue import (
@@ -61,13 +62,19 @@ class EdgeOp:
     results: tuple[Value, ...]
 
 
+def written_name(op: Any) -> str:
+    """The name of the op the user wrote: an edge op's control-flow op's, else its own
+    (conflicts and padding records name an edge so)."""
+    return op.params["of"].name if op.name in EDGE_OPS else op.name
+
+
 def edge_ops(op: Op, flow: DataFlow) -> tuple[list[EdgeOp], list[EdgeOp]]:
     """The op's enter ops (in operand order; a carry's makes the op's result too) and exit
     ops (in result order)."""
     regions = op.regions
     enters: list[EdgeOp] = []
     carried = {c.operand: (n, c) for n, c in enumerate(flow.carries)}
-    entries = _by_value(flow.entries)
+    entries = by_value(flow.entries)
     for i, v in enumerate(op.operands):
         if i in carried:
             n, c = carried[i]
@@ -80,7 +87,7 @@ def edge_ops(op: Op, flow: DataFlow) -> tuple[list[EdgeOp], list[EdgeOp]]:
                                  tuple(regions[e.region].args[e.position]
                                        for e in entries[i])))
     exits: list[EdgeOp] = []
-    results = _by_value(flow.exits)
+    results = by_value(flow.exits)
     for k, v in enumerate(op.results):
         if k in results:
             exits.append(EdgeOp(EXIT, ("exit", k), tuple(
@@ -88,7 +95,8 @@ def edge_ops(op: Op, flow: DataFlow) -> tuple[list[EdgeOp], list[EdgeOp]]:
     return enters, exits
 
 
-def _by_value(edges: tuple[Edge, ...]) -> dict[int, list[Edge]]:
+def by_value(edges: tuple[Edge, ...]) -> dict[int, list[Edge]]:
+    """The edges by the op's operand (or result) they join."""
     out: dict[int, list[Edge]] = {}
     for e in edges:
         out.setdefault(e.value, []).append(e)
@@ -103,9 +111,9 @@ def _leads(view: OpView) -> Iterator[int]:
     flow = data_flow(op)
     lead = 0
     if kind == "entry":
-        lead = _by_value(flow.entries)[at][0].lead
+        lead = by_value(flow.entries)[at][0].lead
     elif kind == "exit":
-        lead = _by_value(flow.exits)[at][0].lead
+        lead = by_value(flow.exits)[at][0].lead
     if view.name == ENTER:
         # the op's operand (and a carry's yield) first, the regions' arguments after
         yield from (lead if i == 0 else 0 for i in range(len(view.in_types)))

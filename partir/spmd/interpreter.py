@@ -31,9 +31,8 @@ import numpy as np
 from partir.core.actions import Tile
 from partir.core.interpreter import (
     InterpreterError,
-    alike_on,
     combine,
-    eval_op,
+    eval_alike,
     in_lockstep,
     lockstep_axes,
     pad_dim,
@@ -169,7 +168,7 @@ class SpmdInterpreter:
                 raise SpmdInterpreterError(f"{op.name} outside an execute reads {v.type}, "
                                            "which is not the same on every device")
             operands[v] = env[v][()]
-        return [{(): out} for out in self._eval_alike(op, operands, ())]
+        return [{(): out} for out in eval_alike(op, operands, (), self._sizes)]
 
     def _execute(self, op: Op, env: dict[Value, Tiles]) -> list[Tiles]:
         axes = op.params["axes"]
@@ -188,8 +187,8 @@ class SpmdInterpreter:
                 self._lockstep(body_op, axes, inners)
                 continue
             for inner in inners:
-                inner.update(zip(body_op.results, self._eval_alike(body_op, inner, axes),
-                                 strict=True))
+                inner.update(zip(body_op.results,
+                                 eval_alike(body_op, inner, axes, self._sizes), strict=True))
         outs: list[Tiles] = [{} for _ in op.results]
         for at, inner in zip(coords, inners, strict=True):
             for out, r, y in zip(outs, op.results, region.yields, strict=True):
@@ -201,20 +200,14 @@ class SpmdInterpreter:
         grid = tuple(self.layout.mesh[a] for a in axes)
         stacked = [jnp.stack([inner[v] for inner in inners]).reshape(grid + v.type.shape)
                    for v in op.operands]
-        outs = in_lockstep(lambda *xs: self._eval_alike(
-            op, dict(zip(op.operands, xs, strict=True)), axes), axes, *stacked)
+        outs = in_lockstep(lambda *xs: eval_alike(
+            op, dict(zip(op.operands, xs, strict=True)), axes, self._sizes), axes, *stacked)
         for n, inner in enumerate(inners):
             at = np.unravel_index(n, grid)
             inner.update((r, out[at]) for r, out in zip(op.results, outs, strict=True))
 
-    def _eval_alike(self, op: Op, env: Mapping[Value, Any], bound: Sequence[str]
-                    ) -> list[Any]:
-        """eval_op, run alike on every device of the axes its regions' collectives name
-        beyond `bound` (those of the executes around it)."""
-        unbound = sorted(lockstep_axes(op) - set(bound)) if op.regions else ()
-        if not unbound:
-            return eval_op(op, env)
-        return alike_on(unbound, self.layout.mesh, lambda: eval_op(op, env))
+    def _sizes(self) -> Mapping[str, int]:
+        return self.layout.mesh
 
     def _tile_reduce(self, op: Op, tiles: Tiles) -> Tiles:
         axis, action = op.params["axis"], op.params["action"]
