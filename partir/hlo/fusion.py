@@ -61,9 +61,10 @@ from partir.hlo.ops import (
     make_collective_permute,
     make_padding,
     make_reduce_scatter,
+    make_zeros,
     sliced_type,
 )
-from partir.ir import Function, Op, Region, TensorType, Value
+from partir.ir import Function, Op, Region, Value
 from partir.ir.collectives import chunk_coordinates
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
@@ -447,7 +448,7 @@ def _rows(rw: _Rewriter, v: Value, gathered: Value, d: int) -> _Rows | None:
     for any other value."""
     if v is gathered:
         return [(0, v.type.shape[d], 0)]
-    if _is_zeros(rw, v):
+    if _is_zeros(rw.source, v):
         return [(0, v.type.shape[d], None)]
     op = rw.producer.get(v)
     if op is None or op in rw.dead:
@@ -605,12 +606,8 @@ def _shifted_tiles(rw: _Rewriter, op: Op) -> Value | None:
     for row, length, sources in segments:
         shape = tuple(length if e == d else m for e, m in enumerate(x.type.shape))
         if row is None:  # zeros on every device
-            zero = Value(TensorType((), x.type.dtype))
-            rw.emit(Op(CONSTANT, [], [zero], {"value": np.zeros((), x.type.dtype)},
-                       loc=op.loc))
-            parts.append(rw.emit(Op("broadcast_in_dim", [zero], [Value(x.type.with_shape(
-                shape))], {"shape": shape, "broadcast_dimensions": (), "sharding": None},
-                loc=op.loc, prim=lax.broadcast_in_dim_p)))
+            *_, zeros = [rw.emit(z) for z in make_zeros(x.type.with_shape(shape), op.loc)]
+            parts.append(zeros)
             continue
         part = x
         if length != chunk:
@@ -657,11 +654,11 @@ def _merged_permutes(rw: _Rewriter, op: Op) -> Value | None:
                                            op.results[0].name, op.loc))
 
 
-def _is_zeros(rw: _Rewriter, v: Value) -> bool:
-    op = rw.source(v, "broadcast_in_dim")
-    if op is None:
-        return False
-    zero = rw.source(op.operands[0], CONSTANT)
+def _is_zeros(source: Callable[[Value, str], Op | None], v: Value) -> bool:
+    """Whether v is zeros, a constant or one broadcast, by `source` (`_Rewriter.source`
+    in a sweep)."""
+    op = source(v, "broadcast_in_dim")
+    zero = source(v if op is None else op.operands[0], CONSTANT)
     return zero is not None and not np.any(zero.params["value"])
 
 
@@ -673,7 +670,7 @@ def _piecewise_sum(rw: _Rewriter, op: Op) -> Value | None:
         return None
     u, v = op.operands
     for x, y in ((u, v), (v, u)):
-        if _is_zeros(rw, y) and x.type == op.results[0].type:
+        if _is_zeros(rw.source, y) and x.type == op.results[0].type:
             return x
     a, b = (rw.source(w, "concatenate", single_use=True) for w in (u, v))
     if a is None or b is None or a.params["dimension"] != b.params["dimension"] or \
@@ -1190,6 +1187,122 @@ def _sum_in_regions(regions: Sequence[Region], sums: Mapping[Edge, Op]) -> list[
     return out
 
 
+def _moves_elements(op: Op) -> bool:
+    """Whether op moves its one operand's elements without combining or changing them: a
+    reduction across devices before it is the reduction after it."""
+    return op.name in ("transpose", "reshape") or (
+        op.name == "convert_element_type" and op.results[0].type == op.operands[0].type)
+
+
+@dataclass(frozen=True)
+class _Accumulator:
+    carry: int  # the carry's position in the op's data flow
+    reduction: Op  # the all_reduce in the body each iteration combines in
+    idempotent: bool  # the monoid's x . x = x: max, min, and, or
+
+
+def _accumulator(op: Op, n: int) -> _Accumulator | None:
+    """The all_reduce that carry n of `op` combines in each iteration, if the carry is an
+    accumulator of it: its argument read by that combination alone (and by no other
+    region: a while loop's condition does not see it), the combination read by the
+    yield alone, the reduction's result read by it alone (through ops that only move
+    elements)."""
+    carry = data_flow(op).carries[n]
+    r, p = carry.made
+    region = op.regions[r]
+    body_args = [op.regions[r2].args[p2] for r2, p2 in carry.args if r2 == r]
+    if len(body_args) != 1:
+        return None
+    arg, made = body_args[0], region.yields[p]
+    producer = {v: o for o in region.ops for v in o.results}
+    uses = Counter(chain.from_iterable([o.operands for o in region.ops]))
+    uses.update(region.yields)
+    for r2, p2 in carry.args:
+        if r2 != r and op.regions[r2].args[p2] in chain.from_iterable(
+                [o.operands for o in op.regions[r2].ops] + [op.regions[r2].yields]):
+            return None
+    combine = producer.get(made)
+    monoid = _MONOID_OPS.get(combine.name) if combine is not None else None
+    if monoid is None or uses[made] != 1 or len(combine.operands) != 2:
+        return None
+    # the carry reaches the combination unchanged (JAX converts a weakly typed one)
+    readers = {v: o for o in region.ops for v in o.operands}
+    held = arg
+    while uses[held] == 1 and (reader := readers.get(held)) is not None \
+            and reader.name == "convert_element_type" and _moves_elements(reader):
+        held = reader.results[0]
+    if uses[held] != 1 or held not in combine.operands:
+        return None
+    v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
+    while (mover := producer.get(v)) is not None and _moves_elements(mover) and uses[v] == 1:
+        v = mover.operands[0]
+    reduction = producer.get(v)
+    if (reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1
+            or reduction.params["monoid"] != monoid):
+        return None
+    return _Accumulator(n, reduction, monoid != "add")
+
+
+def sum_after_loops(fn: Function) -> Function:
+    """A loop-carried accumulator that each iteration combines with an all_reduce, and
+    nothing else reads, accumulates each device's part instead, reduced once after the
+    loop: the sum of the iterations' all_reduces is the all_reduce of their sum (gradient
+    accumulation over microbatches under batch parallelism reduces the gradient once, not
+    per microbatch). The part starts from the carry's initial value on every device where
+    the monoid is idempotent (max, min, and, or) and from zeros for a sum, the initial
+    value added after the reduction unless it is zeros."""
+    found = {op: accs for op in fn.ops if op.regions and (flow := data_flow(op)) is not None
+             and (accs := [a for n in range(len(flow.carries))
+                           if (a := _accumulator(op, n)) is not None])}
+    if not found:
+        return fn
+    producer = {v: o for o in fn.ops for v in o.results}
+
+    def source(v: Value, name: str) -> Op | None:
+        op = producer.get(v)
+        return op if op is not None and op.name == name else None
+
+    sub: dict[Value, Value] = {}
+    ops: list[Op] = []
+    for op in fn.ops:
+        accs = found.get(op)
+        if sub and not sub.keys().isdisjoint(op.operands):
+            op = replace(op, operands=[sub.get(v, v) for v in op.operands])
+        if accs is None:
+            ops.append(op)
+            continue
+        flow = data_flow(op)
+        operands, results, regions = list(op.operands), list(op.results), list(op.regions)
+        after: list[Op] = []
+        for acc in accs:
+            carry, ar = flow.carries[acc.carry], acc.reduction
+            init = operands[carry.operand]
+            from_init = acc.idempotent or _is_zeros(source, init)
+            if not from_init:
+                zeros = make_zeros(init.type, ar.loc)
+                ops += zeros
+                operands[carry.operand] = zeros[-1].results[0]
+            region = regions[carry.made[0]]
+            partial = {ar.results[0]: ar.operands[0]}
+            regions[carry.made[0]] = Region(region.args, [
+                replace(o, operands=[partial.get(v, v) for v in o.operands])
+                if ar.results[0] in o.operands else o for o in region.ops if o is not ar],
+                region.yields)
+            result = results[carry.result]
+            results[carry.result] = Value(result.type)
+            reduced = make_all_reduce(results[carry.result], ar.params["axes"],
+                                      ar.params["monoid"], result.name, ar.loc)
+            after.append(reduced)
+            if not from_init:
+                after.append(Op("add", [init, reduced.results[0]],
+                                [Value(result.type, result.name)], loc=ar.loc,
+                                prim=lax.add_p))
+            sub[result] = after[-1].results[0]
+        ops.append(replace(op, operands=operands, results=results, regions=regions))
+        ops += after
+    return replace(fn, ops=ops, results=[sub.get(v, v) for v in fn.results])
+
+
 def regather_for_backward(fn: Function) -> Function:
     """ZeRO-3: an argument all-gathered for ops of both passes of a gradient is gathered
     again for the backward pass's ops, as DeepSpeed's ZeRO-3 and FSDP do (the paper's
@@ -1286,8 +1399,14 @@ def optimize(fn: Function) -> Function:
         fn = dce(constrain_results(localize_results(localize_arguments(
             _sweep(cse(fn), LOCAL_PATTERNS)))))
         if fn is start:
-            return schedule_by_demand(optimize_regions(regather_for_backward(
-                sum_in_loop_bodies(fn))))
+            # the bodies optimized first: what a loop reduces once after it is what they
+            # still reduce; its reductions may then fuse with what reads them
+            fn = optimize_regions(fn)
+            summed = sum_after_loops(fn)
+            if summed is fn:
+                return schedule_by_demand(optimize_regions(regather_for_backward(
+                    sum_in_loop_bodies(fn))))
+            fn = summed
 
 
 def optimize_regions(fn: Function) -> Function:
@@ -1313,7 +1432,7 @@ def _optimize_region(region: Region, mesh: object) -> Region:
                                              list(region.yields), attributes={"mesh": mesh}))
     while True:
         before = body
-        body = dce(_sweep(cse(body), LOCAL_PATTERNS))
+        body = dce(sum_after_loops(_sweep(cse(body), LOCAL_PATTERNS)))
         if body is before:
             break
     if body is start and start.ops == region.ops:

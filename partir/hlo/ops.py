@@ -112,6 +112,15 @@ def make_padding(x: Value, axes: Sequence[Sequence[str]], mesh: Mapping[str, int
                {"padding_config": config}, loc=loc, prim=lax.pad_p)]
 
 
+def make_zeros(type_: TensorType, loc: Location = UNKNOWN_LOCATION) -> list[Op]:
+    """The ops making zeros of `type_` (its last result): a scalar broadcast."""
+    zero = Value(TensorType((), type_.dtype))
+    return [Op(CONSTANT, [], [zero], {"value": np.zeros((), type_.dtype)}, loc=loc),
+            Op("broadcast_in_dim", [zero], [Value(type_)],
+               {"shape": type_.shape, "broadcast_dimensions": (), "sharding": None},
+               loc=loc, prim=lax.broadcast_in_dim_p)]
+
+
 def make_all_gather(x: Value, axes: Sequence[Sequence[str]], mesh: Mapping[str, int],
                     name: str | None = None, loc: Location = UNKNOWN_LOCATION) -> Op:
     """Concatenates the chunks of the devices of each dimension's axes, in the chunk

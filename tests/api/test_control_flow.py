@@ -243,6 +243,50 @@ def test_a_carry_ending_as_a_partial_sum_is_summed_before_the_next_iteration():
     assert [lp.axis for lp in structured(result.program).nest(loop)] == ["batch"]
 
 
+XS = jnp.asarray(RNG.normal(size=(3, 8)).astype(np.float32))
+XS_ON_BATCH = [partir.ManualPartition({"xs": 1}, axis="batch")]
+ACCUMULATORS = {
+    "sum from zero": (lambda xs: lax.scan(lambda c, x: (c + jnp.sum(x), None), 0.0, xs)[0]),
+    "sum from a value": (lambda xs: lax.scan(lambda c, x: (jnp.sum(x) + c, None),
+                                             xs[0, 0], xs)[0]),
+    "max from a value": (lambda xs: lax.scan(lambda c, x: (jnp.maximum(c, jnp.max(x)), None),
+                                             xs[0, 0] + 1.0, xs)[0]),
+    "moved elements": (lambda xs: lax.scan(
+        lambda c, x: (c + jnp.sum(x.reshape(2, 4), axis=1).T, None), jnp.ones(2), xs)[0]),
+    "fori_loop": (lambda xs: lax.fori_loop(0, 3, lambda i, c: c + jnp.sum(xs[i]), 1.0)),
+    "nested": (lambda xs: lax.scan(lambda c, x: (c + lax.scan(
+        lambda d, y: (d + jnp.sum(y * x), None), 0.0, xs)[0], None), 0.0, xs)[0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCUMULATORS))
+def test_an_accumulator_of_reductions_is_reduced_once_after_the_loop(name):
+    """A carry each iteration adds (or takes the max of) a reduction of sharded data to,
+    and nothing else reads, accumulates each device's part, all-reduced once after the
+    loop (nested loops alike): one all-reduce per call, none in a body, both oracles
+    equal to the function."""
+    result, meta = _all_oracles(ACCUMULATORS[name], MESH, XS_ON_BATCH, XS)
+    assert _in_regions(result, ALL_REDUCE) == []
+    assert meta.executed_collectives["all_reduce"] == 1
+
+
+def test_an_accumulator_read_by_its_loop_otherwise_is_reduced_every_iteration():
+    """The body reads the carry beside accumulating it (the scan), or a while loop's
+    condition does: every iteration needs the whole value, reduced there."""
+    def scanned(xs):
+        return lax.scan(lambda c, x: (c + jnp.sum(x * c), None), 1.0, xs)[0]
+
+    def bounded(xs):
+        def body(s):
+            i, c = s
+            return i + 1, c + jnp.sum(lax.dynamic_index_in_dim(xs, i, keepdims=False) ** 2)
+        return lax.while_loop(lambda s: (s[0] < 3) & (s[1] < 1e3), body, (0, 0.0))[1]
+
+    for f in (scanned, bounded):
+        result, _ = _all_oracles(f, MESH, XS_ON_BATCH, XS)
+        assert _in_regions(result, ALL_REDUCE) == [("batch",)]
+
+
 def test_zero3_keeps_parameters_sharded_through_an_update_inside_a_cond():
     def step(params, opt, x, count):
         grads = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"]) ** 2))(params)
@@ -672,4 +716,4 @@ def test_a_batch_tiling_reaching_the_scanned_dimension_says_how_to_run_the_loop_
     (scan,) = _control_ops(result.program)
     assert [lp.axis for lp in structured(result.program).nest(scan)] == ["batch"]
     assert meta.collectives["all_gather"] == 0 and meta.collectives["all_to_all"] == 1
-    assert meta.collectives["all_reduce"] == 1
+    assert meta.executed_collectives["all_reduce"] == 1
