@@ -27,7 +27,11 @@ concatenating axis sequences:
   from two uses (a tied embedding) are reduced once;
 - all_reduce(y) of a scan's stacked result y = the scan summing each slice of y in its
   body where it makes it (the sum is elementwise): a scan over layers then reduces each
-  layer's gradient as the layer's backward makes it, as the unrolled model does.
+  layer's gradient as the layer's backward makes it, as the unrolled model does;
+- the other way round for a carried accumulator: c + all_reduce(x_i), iteration after
+  iteration, = all_reduce of each device's c + x_i after the loop (the sum starting from
+  zeros), and likewise for the idempotent monoids from c itself: gradient accumulation
+  reduces once.
 """
 
 from __future__ import annotations
@@ -654,10 +658,13 @@ def _merged_permutes(rw: _Rewriter, op: Op) -> Value | None:
                                            op.results[0].name, op.loc))
 
 
-def _is_zeros(source: Callable[[Value, str], Op | None], v: Value) -> bool:
-    """Whether v is zeros, a constant or one broadcast, by `source` (`_Rewriter.source`
-    in a sweep)."""
+def _is_zeros(source: Callable[[Value, str], Op | None], v: Value, scalar: bool = False
+              ) -> bool:
+    """Whether v is zeros broadcast (or with `scalar`, a zero constant too), by `source`
+    (`_Rewriter.source` in a sweep)."""
     op = source(v, "broadcast_in_dim")
+    if op is None and not scalar:
+        return False
     zero = source(v if op is None else op.operands[0], CONSTANT)
     return zero is not None and not np.any(zero.params["value"])
 
@@ -1277,7 +1284,7 @@ def sum_after_loops(fn: Function) -> Function:
         for acc in accs:
             carry, ar = flow.carries[acc.carry], acc.reduction
             init = operands[carry.operand]
-            from_init = acc.idempotent or _is_zeros(source, init)
+            from_init = acc.idempotent or _is_zeros(source, init, scalar=True)
             if not from_init:
                 zeros = make_zeros(init.type, ar.loc)
                 ops += zeros
