@@ -31,7 +31,9 @@ concatenating axis sequences:
 - the other way round for a carried accumulator: c + all_reduce(x_i), iteration after
   iteration, = all_reduce of each device's c + x_i after the loop (the sum starting from
   zeros), and likewise for the idempotent monoids from c itself: gradient accumulation
-  reduces once.
+  reduces once; and a stacked result whose slices the body all-reduces, added to other
+  reductions, is the all_reduce of the stacked parts after the loop, which the sum's
+  reductions then share (a pipeline's gradients over its steps).
 """
 
 from __future__ import annotations
@@ -1241,13 +1243,33 @@ def _accumulator(op: Op, n: int) -> _Accumulator | None:
     if uses[held] != 1 or held not in combine.operands:
         return None
     v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
-    while (mover := producer.get(v)) is not None and _moves_elements(mover) and uses[v] == 1:
-        v = mover.operands[0]
-    reduction = producer.get(v)
-    if (reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1
-            or reduction.params["monoid"] != monoid):
+    reduction, _ = _reduction_behind(producer, uses, v)
+    if reduction is None or reduction.params["monoid"] != monoid:
         return None
     return _Accumulator(n, reduction, monoid != "add")
+
+
+def _reduction_behind(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
+                      ) -> tuple[Op | None, list[Op]]:
+    """The all_reduce that makes v through ops that only move elements (those ops, in
+    order), each value on the way read once; (None, []) if none does."""
+    movers: list[Op] = []
+    while (op := producer.get(v)) is not None and _moves_elements(op) and uses[v] == 1:
+        movers.append(op)
+        v = op.operands[0]
+    reduction = producer.get(v)
+    if reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1:
+        return None, []
+    return reduction, movers[::-1]
+
+
+def _without(region: Region, reduction: Op) -> Region:
+    """The region with `reduction` gone, what read its result reading its operand."""
+    out, kept = reduction.results[0], reduction.operands[0]
+    return Region(region.args, [
+        replace(o, operands=[kept if v is out else v for v in o.operands])
+        if out in o.operands else o for o in region.ops if o is not reduction],
+        [kept if v is out else v for v in region.yields])
 
 
 def sum_after_loops(fn: Function) -> Function:
@@ -1289,12 +1311,7 @@ def sum_after_loops(fn: Function) -> Function:
                 zeros = make_zeros(init.type, ar.loc)
                 ops += zeros
                 operands[carry.operand] = zeros[-1].results[0]
-            region = regions[carry.made[0]]
-            partial = {ar.results[0]: ar.operands[0]}
-            regions[carry.made[0]] = Region(region.args, [
-                replace(o, operands=[partial.get(v, v) for v in o.operands])
-                if ar.results[0] in o.operands else o for o in region.ops if o is not ar],
-                region.yields)
+            regions[carry.made[0]] = _without(regions[carry.made[0]], ar)
             result = results[carry.result]
             results[carry.result] = Value(result.type)
             reduced = make_all_reduce(results[carry.result], ar.params["axes"],
@@ -1308,6 +1325,115 @@ def sum_after_loops(fn: Function) -> Function:
         ops.append(replace(op, operands=operands, results=results, regions=regions))
         ops += after
     return replace(fn, ops=ops, results=[sub.get(v, v) for v in fn.results])
+
+
+@dataclass(frozen=True)
+class _Stacked:
+    """A loop's stacked result that its body makes slice by slice with an all_reduce, and
+    the ops after the loop that only move its elements into the value a sum reads."""
+
+    loop: Op
+    exit: Edge
+    reduction: Op  # in the loop's body
+    movers: list[Op]
+
+
+def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
+                       ) -> _Stacked | None:
+    movers: list[Op] = []
+    while (op := producer.get(v)) is not None and _moves_elements(op) and uses[v] == 1:
+        movers.append(op)
+        v = op.operands[0]
+    loop = producer.get(v)
+    if uses[v] != 1 or loop is None or not loop.regions \
+            or (flow := data_flow(loop)) is None:
+        return None
+    k = next(i for i, r in enumerate(loop.results) if r is v)
+    exits = [e for e in flow.exits if e.value == k]
+    if len(exits) != 1 or not exits[0].lead:
+        return None
+    region = loop.regions[exits[0].region]
+    inner = {r: o for o in region.ops for r in o.results}
+    inner_uses = Counter(chain.from_iterable([o.operands for o in region.ops]))
+    inner_uses.update(region.yields)
+    reduction, _ = _reduction_behind(inner, inner_uses, region.yields[exits[0].position])
+    return None if reduction is None else _Stacked(loop, exits[0], reduction, movers[::-1])
+
+
+def sum_stacked_results_together(fn: Function) -> Function:
+    """A loop's stacked result that its body all-reduces slice by slice, added (through
+    ops that only move elements) into a sum with other reductions alike, is reduced after
+    the loop instead, where the sum's reductions then combine into one
+    (`reassociate_reductions`): each pipeline stage's weight gradients, accumulated over
+    its steps, are reduced once, not once per layer and step. This never runs a reduction
+    more often; where nothing combines with it, the reduction stays in the body
+    (`sum_in_loop_bodies`), overlapping the next iterations."""
+    producer = {v: o for o in fn.ops for v in o.results}
+    uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
+    uses.update(fn.results)
+    readers = {v: op for op in fn.ops for v in op.operands}
+    # The sums: chains of one monoid's ops, each result read by the next alone; per chain
+    # (by its last op), its operands made by a reduction (an all_reduce or a stacked one)
+    # by what that reduction computes.
+    last: dict[Op, Op] = {}
+    leaves: dict[Op, dict[tuple, list[Value]]] = {}
+    for op in reversed(fn.ops):
+        monoid = _MONOID_OPS.get(op.name)
+        if monoid is None or len(op.operands) != 2:
+            continue
+        reader = readers.get(op.results[0])
+        end = (last[reader] if uses[op.results[0]] == 1 and reader in last
+               and _MONOID_OPS.get(reader.name) == monoid else op)
+        last[op] = end
+        for v in op.operands:
+            made = producer.get(v)
+            if made is not None and last.get(made) is end:
+                continue  # a sum of the chain
+            if made is not None and made.name == ALL_REDUCE:
+                key = _reduction(made)
+            elif (found := _stacked_reduction(producer, uses, v)) is not None:
+                key = _reduction(found.reduction)
+            else:
+                continue
+            if key[0] == monoid:
+                leaves.setdefault(end, {}).setdefault(key, []).append(v)
+    stacked: dict[Value, _Stacked] = {}  # the value a sum reads -> its loop's reduction
+    for by_key in leaves.values():
+        for made in by_key.values():
+            if len(made) > 1:
+                for v in made:
+                    if (found := _stacked_reduction(producer, uses, v)) is not None:
+                        stacked[v] = found
+    if not stacked:
+        return fn
+    by_loop: dict[Op, list[_Stacked]] = {}
+    after: dict[Op, list[Value]] = {}  # op -> the values reduced right after it
+    for u, h in stacked.items():
+        by_loop.setdefault(h.loop, []).append(h)
+        after.setdefault(h.movers[-1] if h.movers else h.loop, []).append(u)
+    partial: dict[Value, Value] = {}  # a value now holding each device's part -> its new name
+    ops: list[Op] = []
+    for op in fn.ops:
+        hoisted = by_loop.get(op)
+        if hoisted is not None:
+            regions = list(op.regions)
+            for h in hoisted:
+                regions[h.exit.region] = _without(regions[h.exit.region], h.reduction)
+                v = op.results[h.exit.value]
+                partial[v] = Value(v.type)
+            new = replace(op, results=[partial.get(v, v) for v in op.results],
+                          regions=regions)
+        elif partial.keys().isdisjoint(op.operands):
+            new = op
+        else:  # a mover of a part
+            (v,) = op.operands
+            partial[op.results[0]] = Value(op.results[0].type)
+            new = replace(op, operands=[partial[v]], results=[partial[op.results[0]]])
+        ops.append(new)
+        for u in after.get(op, ()):  # u is the sum's operand again, now reduced here
+            ar = stacked[u].reduction
+            ops.append(Op(ALL_REDUCE, [partial.pop(u)], [u], dict(ar.params), loc=ar.loc))
+    return replace(fn, ops=ops)
 
 
 def regather_for_backward(fn: Function) -> Function:
@@ -1404,7 +1530,7 @@ def optimize(fn: Function) -> Function:
         start = fn
         # dce last: the gathers localize_results bypasses die in this round, not the next
         fn = dce(constrain_results(localize_results(localize_arguments(
-            _sweep(cse(fn), LOCAL_PATTERNS)))))
+            _sweep(cse(sum_stacked_results_together(fn)), LOCAL_PATTERNS)))))
         if fn is start:
             # the bodies optimized first: what a loop reduces once after it is what they
             # still reduce; its reductions may then fuse with what reads them
@@ -1439,7 +1565,8 @@ def _optimize_region(region: Region, mesh: object) -> Region:
                                              list(region.yields), attributes={"mesh": mesh}))
     while True:
         before = body
-        body = dce(sum_after_loops(_sweep(cse(body), LOCAL_PATTERNS)))
+        body = dce(sum_after_loops(_sweep(cse(sum_stacked_results_together(body)),
+                                          LOCAL_PATTERNS)))
         if body is before:
             break
     if body is start and start.ops == region.ops:

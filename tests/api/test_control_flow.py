@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -266,6 +267,31 @@ def test_an_accumulator_of_reductions_is_reduced_once_after_the_loop(name):
     loop (nested loops alike): one all-reduce per call, none in a body, both oracles
     equal to the function."""
     result, meta = _all_oracles(ACCUMULATORS[name], MESH, XS_ON_BATCH, XS)
+    assert _in_regions(result, ALL_REDUCE) == []
+    assert meta.executed_collectives["all_reduce"] == 1
+
+
+def _stacked_sums(xs, f):
+    return lax.scan(lambda c, x: (c, f(x)), 0.0, xs)[1]
+
+
+STACKED_SUMS = {
+    "two scans": lambda xs: (_stacked_sums(xs, jnp.sum)
+                             + _stacked_sums(xs, lambda x: jnp.sum(x ** 2))),
+    "moved elements": lambda xs: functools.reduce(operator.add, (
+        _stacked_sums(xs, lambda x, k=k: jnp.sum(x.reshape(2, 4) ** k, axis=1)).T
+        for k in (1, 2, 3))),
+    "in a body": lambda xs: lax.scan(lambda c, x: (c + _stacked_sums(xs, lambda y: jnp.sum(
+        y * x)) + _stacked_sums(xs, lambda y: jnp.sum(y - x)), None), jnp.zeros(3), xs)[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(STACKED_SUMS))
+def test_stacked_sums_added_together_are_reduced_once(name):
+    """Scans' stacked results that their bodies all-reduce slice by slice, added together
+    (as a pipeline's stages add each step's weight gradients): each scan stacks its
+    devices' parts, reduced once after them; in a loop's body, once after that loop."""
+    result, meta = _all_oracles(STACKED_SUMS[name], MESH, XS_ON_BATCH, XS)
     assert _in_regions(result, ALL_REDUCE) == []
     assert meta.executed_collectives["all_reduce"] == 1
 
