@@ -46,7 +46,8 @@ puts temporaries into the results' allocations, largest first, each into the sma
 one whose result is written after it dies (`_into_results`); the rest share the pool,
 whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
 dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
-branch its region's buffers (`_region_bytes`). A matmul operand that XLA's dot
+branch its region's buffers (`_region_bytes`); a broadcast constant that only loops read
+has no buffer outside them (XLA sinks it into their bodies, `_sunk_into_loops`). A matmul operand that XLA's dot
 canonicalization transposes gets a copy (`_dot_operand_copies`): a weight read in
 another layout by the backward pass is transposed once, at the start, and the copy
 lives until the last matmul reading it; a loop fusion writes its result in the layout
@@ -155,6 +156,7 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     producer: dict[Value, int] = {}
     collectives: dict[tuple, Op] = {}
     repeated = [False] * n_ops
+    loop_reads: dict[Value, int] = {}  # buffer -> how many loops read it
     for i, op in enumerate(ops):
         kind = kinds[i]
         if kind is Kind.FREE and op.operands and isinstance(op.operands[0].type, TensorType):
@@ -176,6 +178,10 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
             producer[r] = i
         for u in op.operands:
             consumers.setdefault(root.get(u, u), []).append(kind)
+        if op.regions and not data_flow(op).alternatives:
+            for u in op.operands:
+                b = root.get(u, u)
+                loop_reads[b] = loop_reads.get(b, 0) + 1
 
     outputs = {root.get(v, v) for v in fn.results}
     reduced = (set() if library_reduction_elements is None else
@@ -209,14 +215,16 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
                 read.extend(src)
         written = 0
         # Whether each result is fused into its consumers: a fusible producer's, not
-        # returned, read by fusible consumers only, and by one or cheap to repeat.
+        # returned, read by fusible consumers only, and by one or cheap to repeat; or a
+        # constant broadcast that loops alone read, which XLA moves into their bodies.
         fusible = kind in FUSIBLE_PRODUCERS
         for r in op.results:
             users = consumers.get(r) if fusible else None
-            if (users and r not in outputs
-                    and FUSIBLE_CONSUMERS.issuperset(users)
-                    and (len(users) == 1 or (not rules[i].primitive.expensive
-                         and r not in reduced))):
+            if users and r not in outputs and (
+                    (FUSIBLE_CONSUMERS.issuperset(users)
+                     and (len(users) == 1 or (not rules[i].primitive.expensive
+                                              and r not in reduced)))
+                    or _sunk_into_loops(op, r, ops, producer, loop_reads, users)):
                 sources[r] = tuple(dict.fromkeys(read))
             else:
                 written += sizes(r.type)[1]
@@ -254,6 +262,16 @@ def plan_buffers(fn: Function, sizes: SizesFn | None = None, *,
     output_bytes = sum(sizes(v.type)[1] for v in outputs)
     return BufferPlan(rules, kinds, live, kernel, group, op_bytes, argument_bytes,
                       output_bytes, peak, peak_op, at_peak)
+
+
+def _sunk_into_loops(op: Op, r: Value, ops: list[Op], producer: dict[Value, int],
+                     loop_reads: dict[Value, int], users: list[Kind]) -> bool:
+    """Whether r, a constant broadcast only loops read, is one XLA moves into their bodies
+    (`WhileLoopConstantSinking`), where it fuses into its readers: no buffer outside."""
+    if op.name != "broadcast_in_dim" or loop_reads.get(r, 0) != len(users):
+        return False
+    j = producer.get(op.operands[0], -1)
+    return j >= 0 and ops[j].name == CONSTANT
 
 
 def _region_bytes(op: Op, region: Region, sizes: SizesFn,

@@ -426,6 +426,20 @@ def test_a_scan_holds_its_bodys_buffers_while_it_runs():
         assert plan_buffers(h).temp_bytes == kib16
 
 
+def test_a_constant_broadcast_only_a_loop_reads_has_no_buffer_outside_it():
+    """XLA sinks a broadcast constant that only loops read into their bodies, where it
+    fuses into its readers (the mask of a scanned attention): the scan's body's matmul
+    result alone, 16 KiB, as XLA's `memory_analysis()` reports (besides the scalars),
+    not 16 KiB more for the broadcast held while the scan runs."""
+    def f(x, w):
+        m = jnp.full((64, 64), 2.0)
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w) * m, None), x, None, length=3)[0]
+
+    h = hlo(f, S((64, 64), F32), S((64, 64), F32))
+    assert [op.name for op in h.ops][-2:] == ["broadcast_in_dim", "scan"]
+    assert plan_buffers(h).temp_bytes == 64 * 64 * 4
+
+
 # --- registry --------------------------------------------------------------------------------
 
 
