@@ -25,7 +25,7 @@ from partir.ir.printer import Printer, register_op_printer
 from partir.ir.types import tile_size
 from partir.ir.verifier import register_type_rule
 from partir.mesh import Mesh
-from partir.rules.control import CONTROL_FLOW
+from partir.rules.catalogue import data_flow
 from partir.spmd.types import DTensorType, data_equivalent
 
 EXECUTE = "spmd.execute"
@@ -148,7 +148,7 @@ def _body_error(region: Region) -> str | None:
     (control flow, whose regions are closed, included)."""
     bound = set(region.args)
     for op in region.ops:
-        if (op.regions and op.name not in CONTROL_FLOW) or op.name == LOOP or \
+        if (op.regions and data_flow(op) is None) or op.name == LOOP or \
                 op.name in SPMD_OPS:
             return f"the body may hold only Core ops without loops, found {op.name}"
         for v in op.operands:
