@@ -1368,6 +1368,8 @@ def sum_stacked_results_together(fn: Function) -> Function:
     its steps, are reduced once, not once per layer and step. This never runs a reduction
     more often; where nothing combines with it, the reduction stays in the body
     (`sum_in_loop_bodies`), overlapping the next iterations."""
+    if not any(op.regions for op in fn.ops):
+        return fn
     producer = {v: o for o in fn.ops for v in o.results}
     uses = Counter(chain.from_iterable([op.operands for op in fn.ops]))
     uses.update(fn.results)
