@@ -660,14 +660,20 @@ def _merged_permutes(rw: _Rewriter, op: Op) -> Value | None:
                                            op.results[0].name, op.loc))
 
 
-def _is_zeros(source: Callable[[Value, str], Op | None], v: Value, scalar: bool = False
-              ) -> bool:
-    """Whether v is zeros broadcast (or with `scalar`, a zero constant too), by `source`
+def _constant_of(source: Callable[[Value, str], Op | None], v: Value, scalar: bool = True
+                 ) -> Op | None:
+    """The constant op v broadcasts (or with `scalar`, is), by `source`
     (`_Rewriter.source` in a sweep)."""
     op = source(v, "broadcast_in_dim")
     if op is None and not scalar:
-        return False
-    zero = source(v if op is None else op.operands[0], CONSTANT)
+        return None
+    return source(v if op is None else op.operands[0], CONSTANT)
+
+
+def _is_zeros(source: Callable[[Value, str], Op | None], v: Value, scalar: bool = False
+              ) -> bool:
+    """Whether v is zeros broadcast (or with `scalar`, a zero constant too)."""
+    zero = _constant_of(source, v, scalar)
     return zero is not None and not np.any(zero.params["value"])
 
 
@@ -1203,6 +1209,35 @@ def _moves_elements(op: Op) -> bool:
         op.name == "convert_element_type" and op.results[0].type == op.operands[0].type)
 
 
+def _linear_chain(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
+                  ) -> tuple[Value, list[Op], bool]:
+    """The value v is made from through ops each linear in it (moving its elements, or
+    scaling them by a constant: a mean's division), each value on the way read once: that
+    value, those ops in program order, and whether one scales."""
+    source = _source_in(producer)
+    chain_ops: list[Op] = []
+    scales = False
+    while (op := producer.get(v)) is not None and uses[v] == 1:
+        if _moves_elements(op):
+            v = op.operands[0]
+        elif op.name in ("mul", "div") and _constant_of(source, op.operands[1]) is not None:
+            v, scales = op.operands[0], True
+        elif op.name == "mul" and _constant_of(source, op.operands[0]) is not None:
+            v, scales = op.operands[1], True
+        else:
+            break
+        chain_ops.append(op)
+    return v, chain_ops[::-1], scales
+
+
+def _source_in(producer: Mapping[Value, Op]) -> Callable[[Value, str], Op | None]:
+    """`_Rewriter.source` over a map of producers."""
+    def source(v: Value, name: str) -> Op | None:
+        op = producer.get(v)
+        return op if op is not None and op.name == name else None
+    return source
+
+
 @dataclass(frozen=True)
 class _Accumulator:
     carry: int  # the carry's position in the op's data flow
@@ -1214,8 +1249,8 @@ def _accumulator(op: Op, n: int) -> _Accumulator | None:
     """The all_reduce that carry n of `op` combines in each iteration, if the carry is an
     accumulator of it: its argument read by that combination alone (and by no other
     region: a while loop's condition does not see it), the combination read by the
-    yield alone, the reduction's result read by it alone (through ops that only move
-    elements)."""
+    yield alone, the reduction's result read by it alone (through ops linear in it,
+    `_linear_chain`: a mean's division too)."""
     carry = data_flow(op).carries[n]
     r, p = carry.made
     region = op.regions[r]
@@ -1243,24 +1278,22 @@ def _accumulator(op: Op, n: int) -> _Accumulator | None:
     if uses[held] != 1 or held not in combine.operands:
         return None
     v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
-    reduction, _ = _reduction_behind(producer, uses, v)
+    reduction = _reduction_behind(producer, uses, v)
     if reduction is None or reduction.params["monoid"] != monoid:
         return None
     return _Accumulator(n, reduction, monoid != "add")
 
 
 def _reduction_behind(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
-                      ) -> tuple[Op | None, list[Op]]:
-    """The all_reduce that makes v through ops that only move elements (those ops, in
-    order), each value on the way read once; (None, []) if none does."""
-    movers: list[Op] = []
-    while (op := producer.get(v)) is not None and _moves_elements(op) and uses[v] == 1:
-        movers.append(op)
-        v = op.operands[0]
+                      ) -> Op | None:
+    """The all_reduce that makes v through ops linear in it (`_linear_chain`; scaling only
+    a sum: a negative scale turns a max into a min), read once; None if none does."""
+    v, _, scales = _linear_chain(producer, uses, v)
     reduction = producer.get(v)
-    if reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1:
-        return None, []
-    return reduction, movers[::-1]
+    if reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1 or (
+            scales and reduction.params["monoid"] != "add"):
+        return None
+    return reduction
 
 
 def _without(region: Region, reduction: Op) -> Region:
@@ -1330,20 +1363,17 @@ def sum_after_loops(fn: Function) -> Function:
 @dataclass(frozen=True)
 class _Stacked:
     """A loop's stacked result that its body makes slice by slice with an all_reduce, and
-    the ops after the loop that only move its elements into the value a sum reads."""
+    the ops after the loop, linear in it, making the value a sum reads."""
 
     loop: Op
     exit: Edge
     reduction: Op  # in the loop's body
-    movers: list[Op]
+    linear: list[Op]
 
 
 def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
                        ) -> _Stacked | None:
-    movers: list[Op] = []
-    while (op := producer.get(v)) is not None and _moves_elements(op) and uses[v] == 1:
-        movers.append(op)
-        v = op.operands[0]
+    v, movers, scales = _linear_chain(producer, uses, v)
     loop = producer.get(v)
     if uses[v] != 1 or loop is None or not loop.regions \
             or (flow := data_flow(loop)) is None:
@@ -1356,13 +1386,15 @@ def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], 
     inner = {r: o for o in region.ops for r in o.results}
     inner_uses = Counter(chain.from_iterable([o.operands for o in region.ops]))
     inner_uses.update(region.yields)
-    reduction, _ = _reduction_behind(inner, inner_uses, region.yields[exits[0].position])
-    return None if reduction is None else _Stacked(loop, exits[0], reduction, movers[::-1])
+    reduction = _reduction_behind(inner, inner_uses, region.yields[exits[0].position])
+    if reduction is None or (scales and reduction.params["monoid"] != "add"):
+        return None
+    return _Stacked(loop, exits[0], reduction, movers)
 
 
 def sum_stacked_results_together(fn: Function) -> Function:
     """A loop's stacked result that its body all-reduces slice by slice, added (through
-    ops that only move elements) into a sum with other reductions alike, is reduced after
+    ops linear in it) into a sum with other reductions alike, is reduced after
     the loop instead, where the sum's reductions then combine into one
     (`reassociate_reductions`): each pipeline stage's weight gradients, accumulated over
     its steps, are reduced once, not once per layer and step. This never runs a reduction
@@ -1412,7 +1444,7 @@ def sum_stacked_results_together(fn: Function) -> Function:
     after: dict[Op, list[Value]] = {}  # op -> the values reduced right after it
     for u, h in stacked.items():
         by_loop.setdefault(h.loop, []).append(h)
-        after.setdefault(h.movers[-1] if h.movers else h.loop, []).append(u)
+        after.setdefault(h.linear[-1] if h.linear else h.loop, []).append(u)
     partial: dict[Value, Value] = {}  # a value now holding each device's part -> its new name
     ops: list[Op] = []
     for op in fn.ops:
@@ -1427,10 +1459,10 @@ def sum_stacked_results_together(fn: Function) -> Function:
                           regions=regions)
         elif partial.keys().isdisjoint(op.operands):
             new = op
-        else:  # a mover of a part
-            (v,) = op.operands
+        else:  # an op linear in a part
             partial[op.results[0]] = Value(op.results[0].type)
-            new = replace(op, operands=[partial[v]], results=[partial[op.results[0]]])
+            new = replace(op, operands=[partial.get(v, v) for v in op.operands],
+                          results=[partial[op.results[0]]])
         ops.append(new)
         for u in after.get(op, ()):  # u is the sum's operand again, now reduced here
             ar = stacked[u].reduction

@@ -47,12 +47,12 @@ one whose result is written after it dies (`_into_results`); the rest share the 
 whose peak over the steps is the temp bytes. A gather or reduce-scatter along an inner
 dimension also needs a transposed copy while it runs (`_layout_copy_bytes`), a loop or a
 branch its region's buffers (`_region_bytes`); a broadcast constant that only loops read
-has no buffer outside them (XLA sinks it into their bodies, `_sunk_into_loops`). A matmul operand that XLA's dot
-canonicalization transposes gets a copy (`_dot_operand_copies`): a weight read in
-another layout by the backward pass is transposed once, at the start, and the copy
-lives until the last matmul reading it; a loop fusion writes its result in the layout
-a matmul wants at once. Ops whose results nobody reads are dead code,
-which XLA removes: they cost nothing.
+has no buffer outside them (XLA sinks it into their bodies, `_sunk_into_loops`). A
+matmul operand that XLA's dot canonicalization transposes gets a copy
+(`_dot_operand_copies`): a weight read in another layout by the backward pass is
+transposed once, at the start, and the copy lives until the last matmul reading it; a
+loop fusion writes its result in the layout a matmul wants at once. Ops whose results
+nobody reads are dead code, which XLA removes: they cost nothing.
 
 Checked against XLA's schedule and buffer assignment (the dumps of `--xla_dump_to`) on
 the programs of `benchmarks/simulator_accuracy.py`. Not modelled: the bitcasts and tuple

@@ -248,6 +248,7 @@ XS = jnp.asarray(RNG.normal(size=(3, 8)).astype(np.float32))
 XS_ON_BATCH = [partir.ManualPartition({"xs": 1}, axis="batch")]
 ACCUMULATORS = {
     "sum from zero": (lambda xs: lax.scan(lambda c, x: (c + jnp.sum(x), None), 0.0, xs)[0]),
+    "mean": (lambda xs: lax.scan(lambda c, x: (c + jnp.mean(x), None), 0.0, xs)[0]),
     "sum from a value": (lambda xs: lax.scan(lambda c, x: (jnp.sum(x) + c, None),
                                              xs[0, 0], xs)[0]),
     "max from a value": (lambda xs: lax.scan(lambda c, x: (jnp.maximum(c, jnp.max(x)), None),

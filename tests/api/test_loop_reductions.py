@@ -1,9 +1,10 @@
 """Random loops that accumulate reductions of sharded data (`sum_after_loops` and
 `sum_stacked_results_together` in partir/hlo/fusion.py): scans, fori_loops and while loops
-whose carry adds (or takes the max or min of) a reduction each iteration, from zeros or a
-value, through ops that move elements, nested in an outer loop, or with the carry read
-elsewhere in the body; and stacked per-iteration sums added together. Both oracles equal
-the function, and a sum the body does not otherwise read is reduced once per call."""
+whose carry adds (or takes the max or min of) a sum, mean, max or min each iteration, from
+zeros or a value, through ops that move elements, nested in an outer loop, or with the
+carry read elsewhere in the body; and stacked per-iteration means added together. Both
+oracles equal the function, and a sum the body does not otherwise read is reduced once
+per call."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ MESH = partir.Mesh({"a": 4, "b": 2})
 AXES = [("a",), ("b",), ("a", "b")]
 TRIPS = 3
 ELEMENTWISE = {"sin": jnp.sin, "double": lambda x: x * 2.0, "square": jnp.square}
-REDUCE = {"add": (jnp.sum, jnp.add), "max": (jnp.max, jnp.maximum),
-          "min": (jnp.min, jnp.minimum)}
+REDUCE = {"sum": (jnp.sum, jnp.add), "mean": (jnp.mean, jnp.add),
+          "max": (jnp.max, jnp.maximum), "min": (jnp.min, jnp.minimum)}
 
 
 def _schedule(axes):
@@ -75,7 +76,7 @@ def test_random_accumulators_of_reductions(kind, monoid, elementwise, init, move
     # Each device's part of a sum it accumulates without reading is reduced once: the
     # loop's iterations take none, nor do the outer loop's where the inner sum starts
     # from zeros (from a value, each outer iteration adds it after its reduction).
-    if monoid == "add" and not read_elsewhere:
+    if combine is jnp.add and not read_elsewhere:
         once = not nested or init == "zeros"
         assert meta.executed_collectives["all_reduce"] == (1 if once else TRIPS)
 
@@ -84,12 +85,12 @@ def test_random_accumulators_of_reductions(kind, monoid, elementwise, init, move
 @given(st.integers(2, 4), st.sampled_from(sorted(ELEMENTWISE)),
        st.sampled_from(["none", "transpose"]), st.booleans(), st.sampled_from(AXES))
 def test_random_sums_of_stacked_sums(scans, elementwise, mover, in_a_loop, axes):
-    """`scans` scans' stacked per-iteration sums (each [TRIPS, 4]) added together: one
+    """`scans` scans' stacked per-iteration means (each [TRIPS, 4]) added together: one
     reduction per call, in a loop's body or not."""
     f = ELEMENTWISE[elementwise]
 
     def stacked(xs, k):
-        ys = lax.scan(lambda c, x: (c, jnp.sum(f(x * k), axis=0)), 0.0, xs)[1]
+        ys = lax.scan(lambda c, x: (c, jnp.mean(f(x * k), axis=0)), 0.0, xs)[1]
         return ys.T if mover == "transpose" else ys
 
     def total(xs):
