@@ -1318,12 +1318,7 @@ def sum_after_loops(fn: Function) -> Function:
                            if (a := _accumulator(op, n)) is not None])}
     if not found:
         return fn
-    producer = {v: o for o in fn.ops for v in o.results}
-
-    def source(v: Value, name: str) -> Op | None:
-        op = producer.get(v)
-        return op if op is not None and op.name == name else None
-
+    source = _source_in({v: o for o in fn.ops for v in o.results})
     sub: dict[Value, Value] = {}
     ops: list[Op] = []
     for op in fn.ops:
@@ -1373,7 +1368,7 @@ class _Stacked:
 
 def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
                        ) -> _Stacked | None:
-    v, movers, scales = _linear_chain(producer, uses, v)
+    v, linear, scales = _linear_chain(producer, uses, v)
     loop = producer.get(v)
     if uses[v] != 1 or loop is None or not loop.regions \
             or (flow := data_flow(loop)) is None:
@@ -1389,7 +1384,7 @@ def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], 
     reduction = _reduction_behind(inner, inner_uses, region.yields[exits[0].position])
     if reduction is None or (scales and reduction.params["monoid"] != "add"):
         return None
-    return _Stacked(loop, exits[0], reduction, movers)
+    return _Stacked(loop, exits[0], reduction, linear)
 
 
 def sum_stacked_results_together(fn: Function) -> Function:
