@@ -75,7 +75,7 @@ from partir.ir.collectives import chunk_coordinates
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
 from partir.ir.opnames import CONSTANT
-from partir.rules.catalogue import Edge, data_flow
+from partir.rules.catalogue import DataFlow, Edge, data_flow
 
 
 def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
@@ -1245,43 +1245,42 @@ class _Accumulator:
     idempotent: bool  # the monoid's x . x = x: max, min, and, or
 
 
-def _accumulator(op: Op, n: int) -> _Accumulator | None:
-    """The all_reduce that carry n of `op` combines in each iteration, if the carry is an
-    accumulator of it: its argument read by that combination alone (and by no other
-    region: a while loop's condition does not see it), the combination read by the
-    yield alone, the reduction's result read by it alone (through ops linear in it,
-    `_linear_chain`: a mean's division too)."""
-    carry = data_flow(op).carries[n]
-    r, p = carry.made
-    region = op.regions[r]
-    body_args = [op.regions[r2].args[p2] for r2, p2 in carry.args if r2 == r]
-    if len(body_args) != 1:
-        return None
-    arg, made = body_args[0], region.yields[p]
-    producer = {v: o for o in region.ops for v in o.results}
-    uses = Counter(chain.from_iterable([o.operands for o in region.ops]))
-    uses.update(region.yields)
-    for r2, p2 in carry.args:
-        if r2 != r and op.regions[r2].args[p2] in chain.from_iterable(
-                [o.operands for o in op.regions[r2].ops] + [op.regions[r2].yields]):
-            return None
-    combine = producer.get(made)
-    monoid = _MONOID_OPS.get(combine.name) if combine is not None else None
-    if monoid is None or uses[made] != 1 or len(combine.operands) != 2:
-        return None
-    # the carry reaches the combination unchanged (JAX converts a weakly typed one)
-    readers = {v: o for o in region.ops for v in o.operands}
-    held = arg
-    while uses[held] == 1 and (reader := readers.get(held)) is not None \
-            and reader.name == "convert_element_type" and _moves_elements(reader):
-        held = reader.results[0]
-    if uses[held] != 1 or held not in combine.operands:
-        return None
-    v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
-    reduction = _reduction_behind(producer, uses, v)
-    if reduction is None or reduction.params["monoid"] != monoid:
-        return None
-    return _Accumulator(n, reduction, monoid != "add")
+def _accumulators(op: Op, flow: DataFlow) -> list[_Accumulator]:
+    """The carries of `op` that accumulate an all_reduce each iteration: a carry's
+    argument read by that combination alone (and by no other region: a while loop's
+    condition does not see it), the combination read by the yield alone, the reduction's
+    result read by it alone (through ops linear in it, `_linear_chain`: a mean's division
+    too)."""
+    producers = [{v: o for o in region.ops for v in o.results} for region in op.regions]
+    uses = [Counter(chain.from_iterable([o.operands for o in region.ops]))
+            for region in op.regions]
+    for u, region in zip(uses, op.regions, strict=True):
+        u.update(region.yields)
+    readers = [{v: o for o in region.ops for v in o.operands} for region in op.regions]
+    found = []
+    for n, carry in enumerate(flow.carries):
+        r, p = carry.made
+        body_args = [op.regions[r2].args[p2] for r2, p2 in carry.args if r2 == r]
+        if len(body_args) != 1 or any(uses[r2][op.regions[r2].args[p2]]
+                                      for r2, p2 in carry.args if r2 != r):
+            continue
+        arg, made = body_args[0], op.regions[r].yields[p]
+        combine = producers[r].get(made)
+        monoid = _MONOID_OPS.get(combine.name) if combine is not None else None
+        if monoid is None or uses[r][made] != 1 or len(combine.operands) != 2:
+            continue
+        # the carry reaches the combination unchanged (JAX converts a weakly typed one)
+        held = arg
+        while uses[r][held] == 1 and (reader := readers[r].get(held)) is not None \
+                and reader.name == "convert_element_type" and _moves_elements(reader):
+            held = reader.results[0]
+        if uses[r][held] != 1 or held not in combine.operands:
+            continue
+        v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
+        reduction = _reduction_behind(producers[r], uses[r], v)
+        if reduction is not None and reduction.params["monoid"] == monoid:
+            found.append(_Accumulator(n, reduction, monoid != "add"))
+    return found
 
 
 def _reduction_behind(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
@@ -1314,8 +1313,7 @@ def sum_after_loops(fn: Function) -> Function:
     the monoid is idempotent (max, min, and, or) and from zeros for a sum, the initial
     value added after the reduction unless it is zeros."""
     found = {op: accs for op in fn.ops if op.regions and (flow := data_flow(op)) is not None
-             and (accs := [a for n in range(len(flow.carries))
-                           if (a := _accumulator(op, n)) is not None])}
+             and (accs := _accumulators(op, flow))}
     if not found:
         return fn
     source = _source_in({v: o for o in fn.ops for v in o.results})
@@ -1405,7 +1403,8 @@ def sum_stacked_results_together(fn: Function) -> Function:
     # (by its last op), its operands made by a reduction (an all_reduce or a stacked one)
     # by what that reduction computes.
     last: dict[Op, Op] = {}
-    leaves: dict[Op, dict[tuple, list[Value]]] = {}
+    # per chain and reduction: (operand, its loop's reduction if a stacked one)
+    leaves: dict[Op, dict[tuple, list[tuple[Value, _Stacked | None]]]] = {}
     for op in reversed(fn.ops):
         monoid = _MONOID_OPS.get(op.name)
         if monoid is None or len(op.operands) != 2:
@@ -1418,6 +1417,7 @@ def sum_stacked_results_together(fn: Function) -> Function:
             made = producer.get(v)
             if made is not None and last.get(made) is end:
                 continue  # a sum of the chain
+            found = None
             if made is not None and made.name == ALL_REDUCE:
                 key = _reduction(made)
             elif (found := _stacked_reduction(producer, uses, v)) is not None:
@@ -1425,14 +1425,9 @@ def sum_stacked_results_together(fn: Function) -> Function:
             else:
                 continue
             if key[0] == monoid:
-                leaves.setdefault(end, {}).setdefault(key, []).append(v)
-    stacked: dict[Value, _Stacked] = {}  # the value a sum reads -> its loop's reduction
-    for by_key in leaves.values():
-        for made in by_key.values():
-            if len(made) > 1:
-                for v in made:
-                    if (found := _stacked_reduction(producer, uses, v)) is not None:
-                        stacked[v] = found
+                leaves.setdefault(end, {}).setdefault(key, []).append((v, found))
+    stacked = {v: found for by_key in leaves.values() for made in by_key.values()
+               if len(made) > 1 for v, found in made if found is not None}
     if not stacked:
         return fn
     by_loop: dict[Op, list[_Stacked]] = {}
