@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -224,6 +225,21 @@ def test_a_wrong_result_says_whether_partirs_program_op_by_op_equals_the_referen
     assert (out.cls, out.error) == ("WRONG", "executed"), out
     assert out.message.endswith("run op by op it equals the reference: XLA's compilation "
                                 "of it differs"), out.message
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "XLA's CPU compiler (jaxlib 0.10.2, the only version on our index): a reduction of "
+    "exp(where(mask, x, nan)) gives masked rows the previous row's value, not NaN"))
+def test_xla_keeps_the_nan_of_a_masked_row_under_exp_in_a_reduction():
+    """Seed 236's cause in plain JAX, no partir: `jnp.take`'s NaN fill is this `where`.
+    When a jaxlib fixes it this passes, and strict xfail says to run seed 236 again."""
+    x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    mask = np.array([1, 0, 1, 0, 1, 0], bool)
+
+    def f(x, m):
+        return jnp.sum(jnp.exp(jnp.where(m[:, None], x, jnp.nan)), axis=1)
+
+    np.testing.assert_array_equal(np.isnan(np.asarray(jax.jit(f)(x, mask))), ~mask)
 
 
 @pytest.mark.slow
