@@ -89,6 +89,10 @@ declare(EXPENSIVE_UNARY + EXPENSIVE_BINARY + EXPENSIVE_NARY,
                   doc=ELEMENTWISE_DOC))
 # The result is the operand's buffer.
 declare("stop_gradient", Primitive(Kind.FREE, no_flops, elementwise_rule, doc=ELEMENTWISE_DOC))
+# jax.ad_checkpoint.checkpoint_name: the identity, naming a value for remat policies
+# (`jax.checkpoint_policies.save_only_these_names`); models name activations with it.
+declare("name", Primitive(Kind.FREE, no_flops, elementwise_rule, linear="all",
+                          doc=ELEMENTWISE_DOC))
 # partir's own identities: `tag` from partir.tag, the Core value actions (a value
 # tiling loop `tile` and `atomic`) and the model's sharding annotations, which
 # materialization removes before lowering where their uses read the value as it is.

@@ -97,7 +97,7 @@ NOT_EMITTED: Mapping[str, str] = _reasons(
     ("a PRNG implementation inside random_bits and random_split, which have rules",
      ("iota_2x32_shape", "philox2x32", "philox4x32", "threefry4x32")),
     (_INTERNAL, ("broadcast_to", "create_linear", "custom_lin", "empty2", "from_edtype",
-                 "name", "select_and_scatter", "stage", "tie", "to_edtype", "unreachable",
+                 "select_and_scatter", "stage", "tie", "to_edtype", "unreachable",
                  "zeros_like")),
 )
 

@@ -103,3 +103,34 @@ def test_an_input_never_read_is_padded_where_the_axis_does_not_divide_it():
     meta = check_oracles(_ignores_avg, mesh, schedule, x, avg)
     assert meta.in_specs == (P("batch", None), P("batch", None))
     _hlo_oracle(_ignores_avg, mesh, schedule, x, avg)
+
+
+def test_a_value_named_for_a_remat_policy_keeps_its_sharding():
+    """`checkpoint_name` (JAX's `name` primitive) is the identity: a batch sharding and a
+    partial sum pass through it, under `jax.checkpoint` with a policy saving the named
+    value. It stopped propagation before, and the batch was gathered."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    policy = jax.checkpoint_policies.save_only_these_names("h")
+
+    def step(w1, w2, x):
+        def block(x):
+            return jnp.tanh(checkpoint_name(x @ w1, "h")) @ w2
+        return jax.value_and_grad(
+            lambda x: jnp.mean(jax.checkpoint(block, policy=policy)(x) ** 2))(x)
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((16, 24), (24, 16)))
+    x = jnp.asarray(rng.normal(size=(8, 16)), jnp.float32)
+    mesh = partir.Mesh({"batch": 4, "model": 2})
+    bp = partir.ManualPartition({"x": 0}, axis="batch")
+    meta = check_oracles(step, mesh, [bp], w1, w2, x)
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+    assert not [c for t in meta.tactics for c in t.conflicts], meta.tactics
+    # The named value is a partial sum over "model" when w1's contracting dim is sliced:
+    # one all_reduce after it, as without the name.
+    mp = partir.ManualPartition({"w1": 0}, axis="model")
+    meta = check_oracles(lambda w1, x: checkpoint_name(x @ w1, "h") * 2.0, mesh, [bp, mp],
+                         w1, x)
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+    assert meta.collectives["all_reduce"] == 1, meta.hlo_ir
