@@ -27,6 +27,7 @@ from partir.ir import UNKNOWN_LOCATION, Function, Location, Op, Region, TensorTy
 from partir.ir.dtypes import is_extended
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.types import tensor_type
+from partir.rules.catalogue import CATALOGUE
 from partir.rules.control import CONTROL_FLOW
 from partir.rules.elementwise import ANNOTATIONS
 
@@ -98,6 +99,7 @@ def _element_type(dtype: Any) -> Any:
 class _Builder:
     def __init__(self, outer: _Builder | None = None) -> None:
         self.ops: list[Op] = []
+        self.producer: dict[Value, Op] = {}  # for the declarations' `canonical` forms
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {} if outer is None else outer.tags
         self.annotations: list[Annotation] = [] if outer is None else outer.annotations
@@ -105,6 +107,11 @@ class _Builder:
         # that their ids stay theirs): shared by the builders of one trace.
         self.body_keys: dict[tuple[int, ...], tuple[int, tuple]] = (
             {} if outer is None else outer.body_keys)
+
+    def emit(self, op: Op) -> None:
+        self.ops.append(op)
+        for r in op.results:
+            self.producer[r] = op
 
     def region(self, body: Any, loc: Location, user_frames: bool) -> Region:
         """A control-flow op's body (a closed jaxpr) as a region of IR ops, calls
@@ -123,7 +130,7 @@ class _Builder:
             if key in self.scalar_consts:
                 return self.scalar_consts[key]
         v = Value(tensor_type(arr.shape, arr.dtype))
-        self.ops.append(Op(CONSTANT, [], [v], {"value": arr}, loc=loc))
+        self.emit(Op(CONSTANT, [], [v], {"value": arr}, loc=loc))
         if key is not None:
             self.scalar_consts[key] = v
         return v
@@ -183,7 +190,11 @@ class _Builder:
                 if name == TAG:
                     outs[0].name = params["name"]
                     self.tags.setdefault(params["name"], []).append(outs[0])
-                self.ops.append(Op(name, operands, outs, params, regions, loc=loc, prim=prim))
+                op = Op(name, operands, outs, params, regions, loc=loc, prim=prim)
+                declared = CATALOGUE.get(name)
+                canonical = declared.canonical if declared is not None else None
+                for made in (canonical and canonical(op, self.producer.get)) or [op]:
+                    self.emit(made)
             for var, v in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(var, jcore.DropVar):
                     env[var] = v

@@ -160,6 +160,11 @@ class DataFlow:
 # where only its carries are asked for).
 DataFlowFn = Callable[[OpView], DataFlow]
 
+# canonical(op, producer) -> the ops computing op's results in the form its rule
+# partitions best, or None to keep it; `producer` gives the op that computes a value, or
+# None (an argument, a value of an enclosing region). Applied as the frontend emits ops.
+CanonicalFn = Callable[[Any, Callable[[Any], Any]], list[Any] | None]
+
 
 # How partial sums pass through an op (`Primitive.linear`): the op of the sums is the sum
 # of the op's results on the summands when its operands are partial sums (over the same
@@ -190,6 +195,7 @@ class Primitive:
     pads_tiles: bool = True
     linear: Linearity | None = None  # None: a partial sum must be summed before it
     data_flow: DataFlowFn | None = None  # an op with regions: how its values meet theirs
+    canonical: CanonicalFn | None = None
     doc: str = field(default="", compare=False)
 
     @property

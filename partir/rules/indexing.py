@@ -18,7 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from partir.ir import Op, Value
 from partir.ir.monoids import MONOIDS
+from partir.ir.opnames import CONSTANT
+from partir.ir.types import tensor_type
 from partir.rules.catalogue import Kind, OpView, Primitive, declare, no_flops
 from partir.rules.factors import RuleBuilder, ShardingRule
 
@@ -145,8 +148,144 @@ def gather_apply(op: OpView, prim, operands, ctx):
     return [jnp.where(fill, jnp.asarray(op.params["fill_value"], local.dtype), local)]
 
 
+# --- index columns that count along a batch dimension -----------------------------------
+#
+# `logp[jnp.arange(n), labels]` (the picked log-probabilities of a cross-entropy) and
+# `.at[jnp.arange(n)[:, None], idx].set(u)` index an operand dimension with a column of
+# the indices that counts along one of their batch dimensions: the indices' row b reads
+# the operand's row b. That is a batching dimension written as an index, the form
+# `jnp.take_along_axis` and `jax.vmap` write with `operand_batching_dims`, where the rule
+# makes it one pass-through factor of the operand and the indices; written as an index
+# it is a factor of its own that no batch sharding reaches, and the operand is gathered.
+# The canonical form (applied as the frontend emits the op) moves such columns into the
+# batching dimensions, as XLA's SPMD partitioner finds its "parallel" dimensions.
+
+
+def _iota_dim(v: Value, producer) -> int | None:
+    """The dimension along which v counts 0, 1, 2, ... (and is constant along the
+    others): an iota, broadcast, converted, or normalized as JAX normalizes negative
+    indices (`select_n(x < 0, x, x + n)`, which is x where x counts from 0)."""
+    op = producer(v)
+    if op is None:
+        return None
+    if op.name == "iota":
+        return op.params["dimension"]
+    if op.name == "broadcast_in_dim" and len(op.operands) == 1:
+        (x,) = op.operands
+        k = _iota_dim(x, producer)
+        if k is None:
+            return None
+        d = op.params["broadcast_dimensions"][k]
+        return d if x.type.shape[k] == v.type.shape[d] else None
+    if op.name == "convert_element_type" and np.issubdtype(v.type.dtype, np.integer):
+        return _iota_dim(op.operands[0], producer)
+    if op.name == "select_n" and len(op.operands) == 3:
+        test = producer(op.operands[0])
+        x = op.operands[1]
+        if test is not None and test.name == "lt" and test.operands[0] is x and \
+                _is_zero(test.operands[1], producer):
+            return _iota_dim(x, producer)
+    return None
+
+
+def _is_zero(v: Value, producer) -> bool:
+    op = producer(v)
+    return op is not None and op.name == CONSTANT and not np.any(op.params["value"])
+
+
+def _batching_columns(op: Op, producer, index_map: tuple[int, ...], collapsed: tuple[int, ...],
+                      batching: list[tuple[int, int]], unit: tuple[int, ...]
+                      ) -> tuple[list[int], Value | list[Op]] | None:
+    """For a gather or scatter whose indices are a concatenation along the index vector:
+    the components (positions in `index_map`) that count along a batch dimension of the
+    indices and index a collapsed unit-size operand dim of that dimension's size, each
+    added to `batching` as (operand dim, indices dim); and the indices without them (a
+    value, or the ops making it). None where there is no such component, or nothing else."""
+    operand, indices = op.operands[0], op.operands[1]
+    vector = indices.type.rank - 1
+    made = producer(indices)
+    if vector < 0 or made is None or made.name != "concatenate" or \
+            made.params["dimension"] != vector:
+        return None
+    keep, dropped, k = [], [], 0
+    for part in made.operands:
+        width = part.type.shape[vector]
+        j = _iota_dim(part, producer) if width == 1 else None
+        d = index_map[k] if j is not None else None
+        if j is not None and j != vector and d in collapsed and d in unit and \
+                operand.type.shape[d] == indices.type.shape[j] and \
+                all(d != a and j != b for a, b in batching):
+            batching.append((d, j))
+            dropped.append(k)
+        else:
+            keep.append(part)
+        k += width
+    if not dropped or not keep:
+        return None
+    if len(keep) == 1:
+        return dropped, keep[0]
+    shape = (*indices.type.shape[:vector], sum(p.type.shape[vector] for p in keep))
+    joined = Value(tensor_type(shape, indices.type.dtype))
+    return dropped, [Op("concatenate", keep, [joined], {"dimension": vector}, loc=made.loc,
+                        prim=made.prim)]
+
+
+def _without(items: tuple[int, ...], positions) -> tuple[int, ...]:
+    return tuple(x for k, x in enumerate(items) if k not in positions)
+
+
+def _rebuilt(op: Op, found, make_dn) -> list[Op]:
+    dropped, indices = found
+    ops = []
+    if isinstance(indices, list):
+        ops, indices = indices, indices[-1].results[0]
+    operands = [op.operands[0], indices, *op.operands[2:]]
+    # The columns left need not be sorted as the whole index vectors were.
+    params = {**op.params, "dimension_numbers": make_dn(dropped), "indices_are_sorted": False}
+    return [*ops, Op(op.name, operands, op.results, params, op.regions, op.loc, op.prim)]
+
+
+def gather_canonical(op: Op, producer) -> list[Op] | None:
+    dn = op.params["dimension_numbers"]
+    units = tuple(d for d, n in enumerate(op.params["slice_sizes"]) if n == 1)
+    batching = list(zip(dn.operand_batching_dims, dn.start_indices_batching_dims,
+                        strict=True))
+    found = _batching_columns(op, producer, dn.start_index_map, dn.collapsed_slice_dims,
+                              batching, units)
+    if found is None:
+        return None
+    batching.sort()
+    moved = {dn.start_index_map[k] for k in found[0]}
+    return _rebuilt(op, found, lambda dropped: lax.GatherDimensionNumbers(
+        offset_dims=dn.offset_dims,
+        collapsed_slice_dims=tuple(d for d in dn.collapsed_slice_dims if d not in moved),
+        start_index_map=_without(dn.start_index_map, dropped),
+        operand_batching_dims=tuple(a for a, _ in batching),
+        start_indices_batching_dims=tuple(b for _, b in batching)))
+
+
+def scatter_canonical(op: Op, producer) -> list[Op] | None:
+    dn = op.params["dimension_numbers"]
+    # An inserted window dim is a unit window by definition.
+    batching = list(zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims,
+                        strict=True))
+    found = _batching_columns(op, producer, dn.scatter_dims_to_operand_dims,
+                              dn.inserted_window_dims, batching, dn.inserted_window_dims)
+    if found is None:
+        return None
+    batching.sort()
+    moved = {dn.scatter_dims_to_operand_dims[k] for k in found[0]}
+    return _rebuilt(op, found, lambda dropped: lax.ScatterDimensionNumbers(
+        update_window_dims=dn.update_window_dims,
+        inserted_window_dims=tuple(d for d in dn.inserted_window_dims if d not in moved),
+        scatter_dims_to_operand_dims=_without(dn.scatter_dims_to_operand_dims, dropped),
+        operand_batching_dims=tuple(a for a, _ in batching),
+        scatter_indices_batching_dims=tuple(b for _, b in batching)))
+
+
 declare("gather", Primitive(
     Kind.KERNEL, no_flops, gather_rule, localize=localize_slice_sizes, apply=gather_apply,
+    canonical=gather_canonical,
     doc="indices batch / operand-and-indices batching / whole window -> tile; indexed "
         "unit-window operand dim -> #sum"))
 
@@ -285,15 +424,19 @@ def scatter_apply(op: OpView, prim, operands, ctx):
 _TILES = "batching / whole window / indexed unit-window operand dim -> tile"
 declare(("scatter-add", "scatter-sub"), Primitive(
     Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_add_apply,
+    canonical=scatter_canonical,
     doc=f"updates batch -> #sum; {_TILES}"))
 declare("scatter-min", Primitive(
     Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
+    canonical=scatter_canonical,
     doc=f"updates batch -> #sum<min>; {_TILES}"))
 declare("scatter-max", Primitive(
     Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
+    canonical=scatter_canonical,
     doc=f"updates batch -> #sum<max>; {_TILES}"))
 declare(("scatter", "scatter-mul"), Primitive(
     Kind.KERNEL, scatter_flops, scatter_rule, apply=scatter_apply,
+    canonical=scatter_canonical,
     doc=f"updates batch whole; {_TILES}"))
 
 
