@@ -234,53 +234,46 @@ def _without(items: tuple[int, ...], positions) -> tuple[int, ...]:
     return tuple(x for k, x in enumerate(items) if k not in positions)
 
 
-def _rebuilt(op: Op, found, make_dn) -> list[Op]:
+def _as_batching(op: Op, producer, index_map: tuple[int, ...], collapsed: tuple[int, ...],
+                 batching: list[tuple[int, int]], units: tuple[int, ...], make_dn
+                 ) -> list[Op] | None:
+    """The op with its counting columns moved into its batching dimensions:
+    `make_dn(collapsed, index_map, operand_batching, indices_batching)` are its new
+    dimension numbers."""
+    found = _batching_columns(op, producer, index_map, collapsed, batching, units)
+    if found is None:
+        return None
     dropped, indices = found
+    batching.sort()
+    moved = {index_map[k] for k in dropped}
+    dn = make_dn(tuple(d for d in collapsed if d not in moved), _without(index_map, dropped),
+                 tuple(a for a, _ in batching), tuple(b for _, b in batching))
     ops = []
     if isinstance(indices, list):
         ops, indices = indices, indices[-1].results[0]
     operands = [op.operands[0], indices, *op.operands[2:]]
     # The columns left need not be sorted as the whole index vectors were.
-    params = {**op.params, "dimension_numbers": make_dn(dropped), "indices_are_sorted": False}
+    params = {**op.params, "dimension_numbers": dn, "indices_are_sorted": False}
     return [*ops, Op(op.name, operands, op.results, params, op.regions, op.loc, op.prim)]
 
 
 def gather_canonical(op: Op, producer) -> list[Op] | None:
     dn = op.params["dimension_numbers"]
-    units = tuple(d for d, n in enumerate(op.params["slice_sizes"]) if n == 1)
-    batching = list(zip(dn.operand_batching_dims, dn.start_indices_batching_dims,
-                        strict=True))
-    found = _batching_columns(op, producer, dn.start_index_map, dn.collapsed_slice_dims,
-                              batching, units)
-    if found is None:
-        return None
-    batching.sort()
-    moved = {dn.start_index_map[k] for k in found[0]}
-    return _rebuilt(op, found, lambda dropped: lax.GatherDimensionNumbers(
-        offset_dims=dn.offset_dims,
-        collapsed_slice_dims=tuple(d for d in dn.collapsed_slice_dims if d not in moved),
-        start_index_map=_without(dn.start_index_map, dropped),
-        operand_batching_dims=tuple(a for a, _ in batching),
-        start_indices_batching_dims=tuple(b for _, b in batching)))
+    return _as_batching(
+        op, producer, dn.start_index_map, dn.collapsed_slice_dims,
+        list(zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=True)),
+        tuple(d for d, n in enumerate(op.params["slice_sizes"]) if n == 1),
+        lambda *dims: lax.GatherDimensionNumbers(dn.offset_dims, *dims))
 
 
 def scatter_canonical(op: Op, producer) -> list[Op] | None:
     dn = op.params["dimension_numbers"]
     # An inserted window dim is a unit window by definition.
-    batching = list(zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims,
-                        strict=True))
-    found = _batching_columns(op, producer, dn.scatter_dims_to_operand_dims,
-                              dn.inserted_window_dims, batching, dn.inserted_window_dims)
-    if found is None:
-        return None
-    batching.sort()
-    moved = {dn.scatter_dims_to_operand_dims[k] for k in found[0]}
-    return _rebuilt(op, found, lambda dropped: lax.ScatterDimensionNumbers(
-        update_window_dims=dn.update_window_dims,
-        inserted_window_dims=tuple(d for d in dn.inserted_window_dims if d not in moved),
-        scatter_dims_to_operand_dims=_without(dn.scatter_dims_to_operand_dims, dropped),
-        operand_batching_dims=tuple(a for a, _ in batching),
-        scatter_indices_batching_dims=tuple(b for _, b in batching)))
+    return _as_batching(
+        op, producer, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+        list(zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims, strict=True)),
+        dn.inserted_window_dims,
+        lambda *dims: lax.ScatterDimensionNumbers(dn.update_window_dims, *dims))
 
 
 declare("gather", Primitive(
