@@ -193,41 +193,38 @@ def _is_zero(v: Value, producer) -> bool:
     return op is not None and op.name == CONSTANT and not np.any(op.params["value"])
 
 
-def _batching_columns(op: Op, producer, index_map: tuple[int, ...], collapsed: tuple[int, ...],
-                      batching: list[tuple[int, int]], unit: tuple[int, ...]
-                      ) -> tuple[list[int], Value | list[Op]] | None:
+def _counting_columns(op: Op, producer, index_map: tuple[int, ...],
+                      collapsed: tuple[int, ...], batching: list[tuple[int, int]],
+                      units: tuple[int, ...]
+                      ) -> tuple[list[int], list[tuple[int, int]], list[Value], Op] | None:
     """For a gather or scatter whose indices are a concatenation along the index vector:
     the components (positions in `index_map`) that count along a batch dimension of the
-    indices and index a collapsed unit-size operand dim of that dimension's size, each
-    added to `batching` as (operand dim, indices dim); and the indices without them (a
-    value, or the ops making it). None where there is no such component, or nothing else."""
+    indices and index a collapsed unit-size operand dim of that dimension's size; the
+    batching pairs (operand dim, indices dim) with theirs added, sorted; the parts of the
+    concatenation left; and the concatenation. None where there is no such component, or
+    nothing else."""
     operand, indices = op.operands[0], op.operands[1]
     vector = indices.type.rank - 1
     made = producer(indices)
     if vector < 0 or made is None or made.name != "concatenate" or \
             made.params["dimension"] != vector:
         return None
-    keep, dropped, k = [], [], 0
+    pairs, keep, dropped, k = list(batching), [], [], 0
     for part in made.operands:
         width = part.type.shape[vector]
         j = _iota_dim(part, producer) if width == 1 else None
         d = index_map[k] if j is not None else None
-        if j is not None and j != vector and d in collapsed and d in unit and \
+        if j is not None and j != vector and d in collapsed and d in units and \
                 operand.type.shape[d] == indices.type.shape[j] and \
-                all(d != a and j != b for a, b in batching):
-            batching.append((d, j))
+                all(d != a and j != b for a, b in pairs):
+            pairs.append((d, j))
             dropped.append(k)
         else:
             keep.append(part)
         k += width
     if not dropped or not keep:
         return None
-    if len(keep) == 1:
-        return dropped, keep[0]
-    shape = (*indices.type.shape[:vector], sum(p.type.shape[vector] for p in keep))
-    joined = Value(tensor_type(shape, indices.type.dtype))
-    return dropped, [Op("concatenate", keep, [joined], {"dimension": vector}, loc=made.loc,
-                        prim=made.prim)]
+    return dropped, sorted(pairs), keep, made
 
 
 def _without(items: tuple[int, ...], positions) -> tuple[int, ...]:
@@ -237,24 +234,29 @@ def _without(items: tuple[int, ...], positions) -> tuple[int, ...]:
 def _as_batching(op: Op, producer, index_map: tuple[int, ...], collapsed: tuple[int, ...],
                  batching: list[tuple[int, int]], units: tuple[int, ...], make_dn
                  ) -> list[Op] | None:
-    """The op with its counting columns moved into its batching dimensions:
+    """The op with its counting columns moved into its batching dimensions, after the
+    concatenation of the columns left where more than one is:
     `make_dn(collapsed, index_map, operand_batching, indices_batching)` are its new
     dimension numbers."""
-    found = _batching_columns(op, producer, index_map, collapsed, batching, units)
+    found = _counting_columns(op, producer, index_map, collapsed, batching, units)
     if found is None:
         return None
-    dropped, indices = found
-    batching.sort()
+    dropped, pairs, keep, made = found
     moved = {index_map[k] for k in dropped}
     dn = make_dn(tuple(d for d in collapsed if d not in moved), _without(index_map, dropped),
-                 tuple(a for a, _ in batching), tuple(b for _, b in batching))
-    ops = []
-    if isinstance(indices, list):
-        ops, indices = indices, indices[-1].results[0]
-    operands = [op.operands[0], indices, *op.operands[2:]]
+                 tuple(a for a, _ in pairs), tuple(b for _, b in pairs))
+    ops, indices = [], keep[0]
+    if len(keep) > 1:
+        vector = made.params["dimension"]
+        shape = (*made.results[0].type.shape[:vector],
+                 sum(p.type.shape[vector] for p in keep))
+        indices = Value(tensor_type(shape, made.results[0].type.dtype))
+        ops = [Op("concatenate", keep, [indices], {"dimension": vector}, loc=made.loc,
+                  prim=made.prim)]
     # The columns left need not be sorted as the whole index vectors were.
     params = {**op.params, "dimension_numbers": dn, "indices_are_sorted": False}
-    return [*ops, Op(op.name, operands, op.results, params, op.regions, op.loc, op.prim)]
+    return [*ops, Op(op.name, [op.operands[0], indices, *op.operands[2:]], op.results,
+                     params, op.regions, op.loc, op.prim)]
 
 
 def gather_canonical(op: Op, producer) -> list[Op] | None:

@@ -123,3 +123,16 @@ def test_a_counting_column_in_a_scan_body():
     meta = check_oracles(f, MESH, [partir.ManualPartition({"x": 1, "y": 1}, axis="batch")],
                          xs, ys)
     assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+
+
+def test_a_counting_column_beside_two_index_columns():
+    """The columns left are concatenated again: x[arange, y, z] of a [B, V, 4] operand."""
+    def f(x, y, z):
+        return x[jnp.arange(B), y, z]
+
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(B, V, 4)), jnp.float32)
+    z = jnp.asarray(np.random.default_rng(4).integers(0, 4, (B,)), jnp.int32)
+    meta = check_oracles(f, MESH, [partir.ManualPartition({"x": 0, "y": 0, "z": 0},
+                                                          axis="batch")], x, _labels(), z)
+    assert meta.collectives["all_gather"] == 0, meta.hlo_ir
+    assert not _conflicts(meta), _conflicts(meta)
