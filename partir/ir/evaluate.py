@@ -62,7 +62,9 @@ def _threefry2x32_batched(axis_size: int, in_batched: Sequence[bool], *args: Any
     # vmaps meet it where a tile's random bits count from the device's coordinate.
     args = [x if b else jnp.broadcast_to(x, (axis_size, *x.shape))
             for x, b in zip(args, in_batched, strict=True)]
-    return threefry2x32_p.bind(*args), [True, True]
+    # Through `_threefry2x32` again, so that an enclosing vmap (nested lockstep over
+    # several mesh axes) also takes this rule rather than JAX's broadcasting one.
+    return _threefry2x32(*args), [True, True]
 
 
 def run_region(region: Region, args: Sequence[Any]) -> list[Any]:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import partir
 from tests.oracles import check_oracles
@@ -78,3 +79,18 @@ def test_a_raw_keys_implementation_prints_as_its_tag():
     meta = partir.partition(draw, {"b": 2}, partir.ManualPartition({"x": 0}, axis="b"),
                             key, np.ones((4,), np.float32))
     assert "random_wrap(%key) {impl=fry}" in meta.core_ir
+
+
+def test_a_key_on_a_sub_axis_draws_in_a_loop_whose_carry_is_tiled_on_the_whole_axis():
+    # the Core interpreter runs the loop in lockstep over both parts of "a": the draw's
+    # own batching rule must serve both vmaps, not only the inner one (fuzz seed 10160)
+    def loop(x, key):
+        def body(state):
+            i, c = state
+            return i + 1, jax.random.uniform(key, (4,)) + jnp.mean(c)
+        return lax.while_loop(lambda s: s[0] < 2, body, (jnp.int32(0), x))[1]
+
+    schedule = [partir.ManualPartition({"x": 0}, axis="a"),
+                partir.ManualPartition({"key": 0}, axis="a:(2)2")]
+    check_oracles(loop, partir.Mesh({"a": 8}), schedule,
+                  np.arange(4, dtype=np.float32), jax.random.PRNGKey(1))
