@@ -16,14 +16,16 @@ __getattr__, __dir__ = exports(__name__, globals(), {
     "partir.mesh": ("Mesh",),
     "partir.metadata": ("Metadata",),
     "partir.program": ("Program",),
-    "partir.tactics": ("FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "AutomaticPartition",
-                       "ManualPartition", "ShardingConstraints", "SpecPartition"),
+    "partir.tactics": ("BARRIER", "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN",
+                       "AutomaticPartition", "ManualPartition", "ShardingConstraints",
+                       "SpecPartition"),
 })
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
 __version__ = version("partir")
 
 __all__ = [
+    "BARRIER",
     "FIRST_DIVISIBLE_DIM",
     "REPLICATED",
     "UNKNOWN",

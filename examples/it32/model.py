@@ -20,7 +20,8 @@ by Pope et al.) has one key/value head shared by all query heads: `w_qkv` become
 
 The caches are named with `partir.tag` (`cache/<layer>/k`, `cache/<layer>/v`) where the
 prefill has filled them, so that a tactic can shard them (the MQ tactic of
-`schedules.py`).
+`schedules.py`); so are the attention's input, queries and output (`attn/x`, `attn/q`,
+`attn/out`), where MQ's batch-sharded attention meets the rest of the model.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def attention(x: jax.Array, p: dict[str, jax.Array], k_cache: jax.Array, v_cache
     """Attention of the `s` tokens x [B, s, D] at positions pos..pos+s-1 over the cache:
     (output [B, s, D], the caches with the tokens' keys and values written in)."""
     s, t = x.shape[1], k_cache.shape[1]
+    x = partir.tag(x, "attn/x")
     if "w_qkv" in p:  # multi-head: caches [B, T, H, Dh]
         qkv = jnp.einsum("bsd,dthk->tbshk", x, p["w_qkv"])
         q, k, v = qkv[0], qkv[1], qkv[2]
@@ -120,6 +122,7 @@ def attention(x: jax.Array, p: dict[str, jax.Array], k_cache: jax.Array, v_cache
         kv = jnp.einsum("bsd,dtk->tbsk", x, p["w_kv"])
         k, v = kv[0], kv[1]
     k_cache, v_cache = _write(k_cache, k, pos), _write(v_cache, v, pos)
+    q = partir.tag(q, "attn/q")
     scale = np.sqrt(q.shape[-1]).astype(x.dtype)
     # Causal over the whole cache: token i (at pos + i) sees positions <= pos + i, which
     # also hides the cache's not yet written tail.
@@ -134,6 +137,7 @@ def attention(x: jax.Array, p: dict[str, jax.Array], k_cache: jax.Array, v_cache
         out = jnp.einsum("bhst,bthk->bshk", probs, v_cache)
     else:
         out = jnp.einsum("bhst,btk->bshk", probs, v_cache)
+    out = partir.tag(out, "attn/out")
     return jnp.einsum("bshk,hkd->bsd", out, p["w_o"]), k_cache, v_cache
 
 

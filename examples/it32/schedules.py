@@ -9,7 +9,7 @@ Inputs are named by `serve`'s parameters and pytree paths, e.g. `params/layers/0
 from __future__ import annotations
 
 import partir
-from partir import UNKNOWN, ManualPartition
+from partir import BARRIER, UNKNOWN, ManualPartition
 
 BATCH, MODEL = "batch", "model"
 MESH = {BATCH: 4, MODEL: 2}
@@ -40,14 +40,19 @@ BP = ManualPartition({"prompt": 0}, axis=BATCH, name="BP")
 MP = ManualPartition({"params": megatron}, axis=MODEL, name="MP")
 # Multi-query sharding (Pope et al., "Efficiently Scaling Transformer Inference"): the KV
 # caches (one head, [B, T, Dh]) split by batch over the axis that shards the heads, so that
-# no device holds (or reads, every step) the whole cache.
-MQ = ManualPartition({"cache": 0}, axis=MODEL, name="MQ")
+# no device holds (or reads, every step) the whole cache; the attention over them runs on
+# the device's batch slice, every head. Barriers at the attention's input, queries and
+# output keep that batch sharding inside the attention: the projections around it stay
+# Megatron's (by heads), and the queries and the attention's output cross between the two
+# with an all_to_all each. MQ comes before MP, which would otherwise shard the attention by
+# heads first.
+MQ = ManualPartition({"cache": 0, "attn": BARRIER}, axis=MODEL, name="MQ")
 
 SCHEDULES: dict[str, list[ManualPartition]] = {
     "BP": [BP],
     "MP": [MP],
     "BP+MP": [BP, MP],
-    "BP+MP+MQ": [BP, MP, MQ],
+    "BP+MP+MQ": [BP, MQ, MP],
 }
 
 

@@ -34,8 +34,14 @@ class Sum:
 
 @dataclass(frozen=True)
 class AnyAction:
+    """Every device computes the whole value. A `barrier` (the BARRIER form's loop) keeps
+    its value whole without keeping the ops that read it whole: they may take slices, so
+    propagation on the axis stops at the value in both directions only."""
+
+    barrier: bool = False
+
     def __str__(self) -> str:
-        return "any"
+        return "barrier" if self.barrier else "any"
 
 
 ANY = AnyAction()

@@ -41,7 +41,7 @@ class NestInfo:
             if type(a) is Tile:
                 tiles = self.tiles[k] = dict(self.tiles[k])
                 tiles[a.dim] = [*tiles.get(a.dim, ()), lp.axis]
-            elif type(a) is AnyAction:
+            elif type(a) is AnyAction and not a.barrier:
                 self.replicated[k] = [*self.replicated[k], lp.axis]
         for i, d in enumerate(lp.operands):
             if d is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from partir.core.actions import ANY, Loop, Tile
+from partir.core.actions import ANY, AnyAction, Loop, Tile
 from partir.core.module import CoreModule
 from partir.errors import (
     AlreadyTiledError,
@@ -116,15 +116,19 @@ def tile_value(m: CoreModule, value: Value, dim: int, axis: str, *, label: str,
 
 
 def atomic_value(m: CoreModule, value: Value, axis: str, *, label: str,
-                 tactic: str | None = None, loc: Location | None = None) -> list[int]:
-    """Apply atomic<value, axis>: keep the value replicated on the axis."""
+                 tactic: str | None = None, loc: Location | None = None,
+                 barrier: bool = False) -> list[int]:
+    """Apply atomic<value, axis>: keep the value replicated on the axis; or, with
+    `barrier`, barrier<value, axis>: keep it whole there, its readers free to slice it."""
     axes = _parts(m, axis, tactic, loc)
-    _claim(m, value, axes, "kept replicated", label, tactic, loc)
+    _claim(m, value, axes, "a propagation barrier" if barrier else "kept replicated", label,
+           tactic, loc)
+    action = AnyAction(barrier=True) if barrier else ANY
     seeds: list[int] = []
     for (source, ctx), (uses, outputs) in _use_contexts(m, value).items():
         if any(a in axes for a, _ in ctx) or not (uses or outputs):
             continue  # (a value nothing reads is replicated unless tiled)
-        nest = (*_context_loops(ctx), *(Loop(a, (ANY,), (None,)) for a in axes))
+        nest = (*_context_loops(ctx), *(Loop(a, (action,), (None,)) for a in axes))
         op = m.insert_identity(ATOMIC, source, nest, uses, outputs, _loc_of(m, value))
         seeds += [op.uid, *(uid for uid, _ in uses)]
     return seeds

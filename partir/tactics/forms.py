@@ -16,6 +16,12 @@ class _Form:
 
 # keep the value replicated on the axis: the `atomic` action
 REPLICATED = _Form("REPLICATED")
+# a propagation barrier on the axis (Shardy's `sdy.propagation_barrier`): the value is
+# whole there, gathered where its producer is sharded, and the ops that read it shard as
+# their other operands say, each taking the slice it needs; so the two sides of a value
+# can be sharded differently (an all_to_all between them), which REPLICATED forbids by
+# keeping its readers whole too. The `barrier` action.
+BARRIER = _Form("BARRIER")
 class _FirstDivisible(_Form):
     """The first dimension, from `start` on, that the axis size divides and that is not
     yet sharded."""

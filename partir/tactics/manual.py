@@ -23,6 +23,7 @@ from partir.frontend.source import is_user_file
 from partir.ir import Location, Value
 from partir.tactics.base import Tactic, TacticResult
 from partir.tactics.forms import (
+    BARRIER,
     FIRST_DIVISIBLE_DIM,
     REPLICATED,
     UNKNOWN,
@@ -51,7 +52,7 @@ def caller_location() -> Location:
 class ActionSpec:
     """One action a tactic asks for: tile (dim is an int) or atomic (dim is None)."""
 
-    kind: str  # "tile" | "atomic"
+    kind: str  # "tile" | "atomic" | "barrier"
     name: str
     value: Value
     axis: str
@@ -60,7 +61,7 @@ class ActionSpec:
     def __str__(self) -> str:
         if self.kind == "tile":
             return f'tile<%{self.name},{self.dim},"{self.axis}">'
-        return f'atomic<%{self.name},"{self.axis}">'
+        return f'{self.kind}<%{self.name},"{self.axis}">'
 
 
 @dataclass
@@ -280,8 +281,9 @@ def expand(tactic: ManualPartition, module: CoreModule,
         form = resolve_form(form, name, value.type.shape, tactic.label, tactic.loc)
         if form is UNKNOWN:
             continue
-        if form is REPLICATED:
-            specs.append(ActionSpec("atomic", name, value, tactic.axis))
+        if form is REPLICATED or form is BARRIER:
+            specs.append(ActionSpec("atomic" if form is REPLICATED else "barrier", name,
+                                    value, tactic.axis))
         elif isinstance(form, _FirstDivisible):
             taken = sharded_dims(module, value)
             dims = [d for d, s in enumerate(value.type.shape)
@@ -317,7 +319,7 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
                               spec.dim % spec.value.type.rank)
         else:
             seeds += atomic_value(module, spec.value, spec.axis, label=f"input {spec.name!r}",
-                                  tactic=tactic, loc=loc)
+                                  tactic=tactic, loc=loc, barrier=spec.kind == "barrier")
         actions.append(str(spec))
     start = time.perf_counter()
     propagate(module, seeds, pad=pad)
@@ -328,7 +330,7 @@ def issue(module: CoreModule, specs: list[ActionSpec], tactic: str, loc: Locatio
 def _check_form(value: Any, what: str, tactic: str, loc: Location) -> None:
     if isinstance(value, bool) or not (isinstance(value, int | _Form) or callable(value)):
         raise InvalidTacticError(
-            f"{what}: expected a dimension (int), partir.REPLICATED, "
+            f"{what}: expected a dimension (int), partir.REPLICATED, partir.BARRIER, "
             f"partir.FIRST_DIVISIBLE_DIM, partir.UNKNOWN or a callable (name, shape) -> one "
             f"of these; got {value!r}", tactic=tactic, loc=loc)
 
@@ -357,6 +359,6 @@ def _unknown_message(key: str, names: Mapping[str, Any]) -> str:
             f"{', '.join(top[:12])}{', ...' if len(top) > 12 else ''})")
 
 
-__all__ = ["FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec", "ManualPartition",
-           "SpecPartition", "entry_axes", "expand", "is_spec_leaf", "issue", "issue_rounds",
-           "resolve_form", "select", "spec_axes", "spec_tiles"]
+__all__ = ["BARRIER", "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN", "ActionSpec",
+           "ManualPartition", "SpecPartition", "entry_axes", "expand", "is_spec_leaf", "issue",
+           "issue_rounds", "resolve_form", "select", "spec_axes", "spec_tiles"]

@@ -8,6 +8,7 @@ import numpy as np
 
 import partir
 from partir.core.actions import Sum, Tile
+from tests.oracles import check_oracles
 
 rng = np.random.default_rng(0)
 MESH = partir.Mesh({"a": 4, "b": 2})
@@ -64,6 +65,42 @@ def test_atomic_keeps_an_operand_replicated():
              f32(8, 4), f32(8, 4))
     assert [c.kind for c in r.conflicts] == ["replicated_operand"]
     assert _nests(r, "add") == [()]
+
+
+def test_a_barrier_keeps_a_value_whole_and_lets_its_readers_slice_it():
+    def f(x, y):
+        return x + y
+
+    r = _run(f, [partir.ManualPartition({"y": partir.BARRIER, "x": 0}, axis="a")],
+             f32(8, 4), f32(8, 4))
+    assert r.conflicts == []
+    ((loop,),) = _nests(r, "add")
+    assert loop.results == (Tile(0),) and loop.operands == (0, 0)
+    assert str(r.program.input_shardings()["y"]) == '[{}, {}]'
+    assert r.tactics[0].actions[0] == 'barrier<%y,"a">'
+
+
+def _across(a, w, b):
+    h = partir.tag(a @ w, "h")
+    return h * b
+
+
+def test_a_barrier_meets_two_layouts_with_an_all_to_all():
+    """The product is sharded by columns (w's), its reader by rows (b's): the barrier
+    keeps either from deciding the other, and the executed program moves the product from
+    one layout to the other with one all_to_all, where REPLICATED keeps the reader whole."""
+    args = f32(8, 8), f32(8, 8), f32(8, 8)
+    layouts = partir.ManualPartition({"w": 1, "b": 0}, axis="a")
+    barrier = [partir.ManualPartition({"h": partir.BARRIER}, axis="a"), layouts]
+    r = _run(_across, barrier, *args)
+    assert r.conflicts == []
+    ((loop,),) = _nests(r, "mul")
+    assert loop.results == (Tile(0),)
+    meta = check_oracles(_across, MESH, barrier, *args)
+    assert {k: v for k, v in meta.collectives.items() if v} == {"all_to_all": 1}
+    replicated = [partir.ManualPartition({"h": partir.REPLICATED}, axis="a"), layouts]
+    assert [c.kind for c in _run(_across, replicated, *args).conflicts] == [
+        "replicated_operand"]
 
 
 def test_indivisible_dimension_blocks_propagation_with_a_record():
