@@ -1,5 +1,6 @@
-"""The two value actions: `tile<value, dim, axis>` and `atomic<value, axis>`; and tile
-on a value tagged inside a loop's bodies, which slices the loop op itself.
+"""The two value actions: `tile<value, dim, axis>` and `atomic<value, axis>` (with its
+variant `barrier<value, axis>`, whose loop keeps the value whole but not its readers);
+and tile on a value tagged inside a loop's bodies, which slices the loop op itself.
 
 Both insert an identity loop on the value and make its uses read the loop's result. Uses
 that already slice the value (after earlier tactics) get a *deep* loop nest that repeats

@@ -14,7 +14,8 @@ NAMESPACE = "partir."
 # `partir.tag(x, name)`: the frontend's identity primitive naming a model-internal value.
 TAG = NAMESPACE + "tag"
 # The Core value actions' identities: value tiling (`tile<%x, d, "a">`) and keeping a value
-# replicated (`atomic<%x, "a">`); materialization turns them into loops or removes them.
+# replicated (`atomic<%x, "a">`, or `barrier<%x, "a">`, its readers free to slice it);
+# materialization turns them into loops or removes them.
 TILE = NAMESPACE + "tile"
 ATOMIC = NAMESPACE + "atomic"
 # A literal or closed-over array, which the frontend makes an op.
