@@ -1105,8 +1105,10 @@ class Generator:
         u = self.rng.random()
         if r == 0 or v.dtype == KEY:
             return "partir.REPLICATED" if u < 0.7 else ("partir.UNKNOWN" if u < 0.9 else "0")
-        if u < 0.12:
+        if u < 0.08:
             return "partir.REPLICATED"
+        if u < 0.12:
+            return "partir.BARRIER"
         if u < 0.25:
             return "partir.FIRST_DIVISIBLE_DIM"
         if u < 0.3:
