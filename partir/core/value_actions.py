@@ -173,8 +173,8 @@ def _claim(m: CoreModule, value: Value, axes: tuple[str, ...], what: str, label:
         if previous is not None:
             raise AlreadyTiledError(
                 f"{label} is already {previous} on axis {m.mesh.coalesce([axis])[0]!r}; a "
-                f"value can be tiled or kept replicated only once per axis", tactic=tactic,
-                loc=loc)
+                f"value can be tiled, kept replicated or made a barrier only once per axis",
+                tactic=tactic, loc=loc)
     for axis in axes:
         m.acted[(value, axis)] = f"{what} by tactic {tactic}" if tactic else what
 

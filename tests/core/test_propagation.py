@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import partir
 from partir.core.actions import Sum, Tile
@@ -183,3 +184,12 @@ def test_a_split_keeps_the_sharding_of_its_major_part():
     ((loop,),) = _nests(r, "reshape")
     assert (loop.operands, loop.results) == ((0,), (Tile(0),))
     assert r.conflicts == []
+
+
+def test_a_value_is_a_barrier_or_tiled_once_per_axis():
+    def f(x):
+        return x * 2
+
+    with pytest.raises(partir.AlreadyTiledError, match="already a propagation barrier"):
+        partir.core_partition(f, MESH, [partir.ManualPartition({"x": partir.BARRIER}, "a"),
+                                        partir.ManualPartition({"x": 0}, "a")], f32(8, 4))
