@@ -26,6 +26,11 @@ all-reduces) and nearly the same fusions. The difference is in XLA's CPU runtime
 thunks run on the intra-op (Eigen) pool and Z3's on the client's threads, where the
 same fusions take longer (profiled with `jax.profiler`: 2.7 against
 2.1 ms of kernels per device per step) and the process spends ~4 ms more CPU per step.
+That is XLA's `ThunkExecutor` choosing to run a thunk graph in order on the calling thread
+(one per device: 8 threads on 2 cores) when the graph is a chain, and on the 2-thread
+intra-op pool otherwise; Z3's and Z3+EMB's steps take the first way (their thunks appear
+only on the client's threads), the others the second. The simulator does not model the
+runtime's threads.
 MP, estimated in a near-tie with BP and BP+MP, measures third to fifth from run to run
 (its measured time over the estimate is 2.4-2.8, the others' 1.7-2.2), so the rank
 correlation moves between about 0.82 and 0.89.
