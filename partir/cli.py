@@ -410,6 +410,14 @@ def _conflict_lines(t: TacticRecord, index: int) -> list[str]:
     for group in groups[:MAX_SHOWN]:
         site = f" [{group.site}]" if group.site else ""
         out.append(f"    {group.message(f'tactic {index} ({t.name})')}{site}")
+        # the first occurrence says why (a dimension's reason, the choices), as the
+        # editor's related information does; the advice, what it costs and the fix
+        occurrences = group.occurrences()
+        if occurrences:
+            more = f" (and {len(occurrences) - 1} more)" if len(occurrences) > 1 else ""
+            out.append(f"      {occurrences[0]}{more}")
+        if group.advice:
+            out.append(f"      {group.advice}")
     if len(groups) > MAX_SHOWN:
         out.append(f"    ... conflicts at {len(groups) - MAX_SHOWN} more places")
     return out

@@ -54,6 +54,10 @@ def test_table_lists_each_tactic(capsys):
     assert "    2 conflicts at 1 place: propagation stopped there" in z3
     assert ("    conflict in tactic 3 (Z3) at `dot_general` on axis 'batch', 2 times: the op "
             "is already inside a loop over this axis [model.py:17]") in z3
+    # under it, as the editor's related information and message: the first occurrence
+    # (what met), and what the conflict costs with the usual fix
+    assert ("      on axis 'batch': loop 'batch' [#tile<0>] vs operand 1 tiled #tile<0> (and 1 "
+            "more)\n      Costs an all_gather where the op uses it") in z3
 
 
 def test_core_ir_after_a_tactic(capsys):

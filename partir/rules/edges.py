@@ -49,7 +49,9 @@ EDGE_OPS = (ENTER, EXIT)
 # scanned dimension through the reshape that makes the microbatches.
 _SCANNED = ("it is the scanned dimension: every device runs every iteration, each on one "
             "slice of it; to run the loop sliced, tile another of its dimensions "
-            "(partir.tag the scanned value to name it in a tactic)")
+            "(FIRST_DIVISIBLE_DIM.after(0) for values stacked along it, such as a scan "
+            "over layers' parameters; partir.tag the scanned value to name it in a "
+            "tactic)")
 
 
 @dataclass(frozen=True)
