@@ -35,8 +35,9 @@ class Sum:
 @dataclass(frozen=True)
 class AnyAction:
     """Every device computes the whole value. A `barrier` (the BARRIER form's loop) keeps
-    its value whole without keeping the ops that read it whole: they may take slices, so
-    propagation on the axis stops at the value in both directions only."""
+    its value whole without keeping the ops that read it whole: they may take slices.
+    Propagation on the axis crosses the value in neither direction, and goes on past it
+    from the readers' other operands."""
 
     barrier: bool = False
 

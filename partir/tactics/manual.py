@@ -50,7 +50,8 @@ def caller_location() -> Location:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """One action a tactic asks for: tile (dim is an int) or atomic (dim is None)."""
+    """One action a tactic asks for: tile (dim is an int), atomic or barrier (dim is
+    None)."""
 
     kind: str  # "tile" | "atomic" | "barrier"
     name: str
