@@ -8,7 +8,8 @@ __getattr__, __dir__ = exports(__name__, globals(), {
     "partir.api": ("CorePartition", "core_partition", "partition"),
     "partir.cancel": ("CancellationToken", "Cancelled"),
     "partir.errors": ("AlreadyTiledError", "AxisNotInMeshError", "DimensionOutOfRangeError",
-                      "IndivisibleDimensionError", "InvalidTacticError", "NotShardableError",
+                      "IndivisibleDimensionError", "InvalidTacticError", "NotPipelineableError",
+                      "NotShardableError",
                       "PartitionError", "SubAxisOverlapError", "TracingError",
                       "UnknownInputError"),
     "partir.frontend": ("tag",),
@@ -17,8 +18,8 @@ __getattr__, __dir__ = exports(__name__, globals(), {
     "partir.metadata": ("Metadata",),
     "partir.program": ("Program",),
     "partir.tactics": ("BARRIER", "FIRST_DIVISIBLE_DIM", "REPLICATED", "UNKNOWN",
-                       "AutomaticPartition", "ManualPartition", "ShardingConstraints",
-                       "SpecPartition"),
+                       "AutomaticPartition", "ManualPartition", "PipelinePartition",
+                       "ShardingConstraints", "SpecPartition"),
 })
 
 # pyproject.toml holds the version; the installed package's metadata carries it.
@@ -41,9 +42,11 @@ __all__ = [
     "ManualPartition",
     "Mesh",
     "Metadata",
+    "NotPipelineableError",
     "NotShardableError",
     "PartitionError",
     "PartitionedFunction",
+    "PipelinePartition",
     "Program",
     "ShardingConstraints",
     "SpecPartition",

@@ -37,6 +37,7 @@ from partir.tactics import (
     annotation_notes,
     apply_schedule,
     as_schedule,
+    pipelined,
 )
 from partir.tactics.outputs import OutShardings, check_out_shardings
 from partir.tactics.search import register_evaluator
@@ -121,6 +122,7 @@ def core_partition(fn: Callable, mesh: Mesh | Any,
     constraint = None if out_shardings is None else OutShardings.of(out_shardings, traced)
     if constraint is not None:
         tactics = [*tactics, constraint]
+    traced = pipelined(traced, mesh, tactics)
     initial, records = apply_schedule(traced, mesh, tactics)
     return CorePartition(traced, mesh, initial, records, frontend_s,
                          annotation_notes(traced, tactics))

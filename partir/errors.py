@@ -55,6 +55,12 @@ class AlreadyTiledError(PartitionError):
     """A value is tiled (or kept replicated) twice on the same axis."""
 
 
+class NotPipelineableError(PartitionError):
+    """A pipeline tactic meets a scan over layers it cannot run as a pipeline: no stacked
+    layer dimension, stages that do not divide the layers, a carry without a batch, or a
+    layer that mixes a batch's examples."""
+
+
 class InvalidTacticError(PartitionError):
     """A tactic is malformed: wrong value forms, bad callable results, empty inputs..."""
 

@@ -96,9 +96,15 @@ def _element_type(dtype: Any) -> Any:
     return dtype if is_extended(dtype) else np.dtype(dtype)
 
 
+# Where an equation of a jaxpr the compiler traced comes from, given its source info; None:
+# the location of the call (`inline_jaxpr`).
+Locate = Callable[[Any], Location | None]
+
+
 class _Builder:
-    def __init__(self, outer: _Builder | None = None) -> None:
+    def __init__(self, outer: _Builder | None = None, locate: Locate | None = None) -> None:
         self.ops: list[Op] = []
+        self.locate = locate if outer is None else outer.locate
         self.producer: dict[Value, Op] = {}  # for the declarations' `canonical` forms
         self.scalar_consts: dict[tuple, Value] = {}
         self.tags: dict[str, list[Value]] = {} if outer is None else outer.tags
@@ -153,7 +159,10 @@ class _Builder:
             return env[atom]
 
         for eqn in jaxpr.eqns:
-            loc = user_location(eqn.source_info) if user_frames else call_loc
+            if user_frames:
+                loc = user_location(eqn.source_info)
+            else:
+                loc = (self.locate and self.locate(eqn.source_info)) or call_loc
             if loc is UNKNOWN_LOCATION:
                 loc = call_loc
             operands = [read(a, loc) for a in eqn.invars]
@@ -201,13 +210,15 @@ class _Builder:
         return [read(a, Location("<return>", 0)) for a in jaxpr.outvars]
 
 
-def inline_jaxpr(closed: Any, args: Sequence[Value],
-                 loc: Location = UNKNOWN_LOCATION) -> tuple[list[Op], list[Value]]:
+def inline_jaxpr(closed: Any, args: Sequence[Value], loc: Location = UNKNOWN_LOCATION,
+                 locate: Locate | None = None) -> tuple[list[Op], list[Value]]:
     """The ops of a closed jaxpr applied to `args`, and its results: how a later stage
     turns a JAX computation into IR ops (e.g. an op's local computation inside a loop).
     Calls are inlined and literals become `constant` ops, as in `trace`; every op gets
-    `loc` (the jaxpr was traced by the compiler, not from the user's code)."""
-    builder = _Builder()
+    `loc` (the jaxpr was traced by the compiler, not from the user's code), or where
+    `locate` finds one in its equation's source info, that one (the user's op a
+    transformed program computes it for)."""
+    builder = _Builder(locate=locate)
     results = builder.inline(closed.jaxpr, closed.consts, args, loc, user_frames=False)
     return builder.ops, results
 

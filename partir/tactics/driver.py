@@ -85,7 +85,9 @@ def as_schedule(schedule: Any) -> list[Tactic]:
 
 def apply_schedule(traced: TracedProgram, mesh: Mesh,
                    schedule: Sequence[Tactic]) -> tuple[CoreProgram, list[TacticRecord]]:
-    """The traced program as Core, and the record of each tactic applied in order."""
+    """The traced program as Core, and the record of each tactic applied in order. The
+    program is the one the schedule's rewrites make (`pipelined`): the caller passes it
+    rewritten."""
     module = CoreModule(traced, mesh)
     initial = module.snapshot()
     names = named_values(module, traced)

@@ -1,0 +1,371 @@
+"""GPipe as a rewrite of a scan over layers (`partir.PipelinePartition`).
+
+A scan of L iterations over stacked layers (its scanned operands `[L, ...]`) whose carries
+hold a batch becomes, for S stages of K = L / S consecutive layers and M microbatches, a
+scan of M + S - 1 steps. At each step every stage applies its K layers (an inner scan of
+the original body, batched over the stages with `jax.vmap`) to the microbatch it holds;
+stage 0 (the last stage, for a reversed scan: the transposed scan autodiff makes) takes a
+new microbatch, the last one finishes one, and the activations move one stage on (a roll
+along the stage dimension). The program is the same function: the tactic that follows
+tiles the stage dimension over the mesh axis, and propagation with the collective fusion
+passes turns each roll into one `collective_permute` (`partir.hlo.fusion`).
+
+Which dimension of each operand and result holds the batch, and how each stacked result
+combines over microbatches, is found by the pipeline's own passes (`microbatch_layout`):
+the carries' batch is tiled on a virtual axis of M devices in a module of the scan alone,
+and propagation says where that tiling reaches. A stacked result tiled there is
+reassembled from its microbatches; one made by a sum over the batch (a weight gradient,
+through ops linear in it: `Primitive.linear`) is accumulated over them; one that does not
+depend on the batch is taken from the first. Anything else mixes a batch's examples
+within a layer, which a pipeline cannot split, and is refused with the op's line.
+
+A microbatch is strided: microbatch m holds rows m, m + M, m + 2M, ... of the batch, so
+that a batch dimension tiled over another axis (BP) stays tiled in each microbatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from partir.core.actions import AnyAction, Loop, Sum, Tile
+from partir.core.dialect import sliced_type
+from partir.core.module import CoreModule
+from partir.core.tmr import OpView, localized, lookup
+from partir.errors import NotPipelineableError
+from partir.frontend import TracedProgram
+from partir.frontend.jaxpr_to_ir import inline_jaxpr
+from partir.ir import Function, Location, Op, TensorType, Value
+from partir.ir.evaluate import evaluate
+from partir.mesh import Mesh
+from partir.rules.catalogue import CATALOGUE
+from partir.rules.edges import EDGE_OPS
+from partir.tactics.manual import ActionSpec, issue
+
+# The virtual axis microbatches are found on (never a mesh axis of the program).
+_MICROBATCH = "partir.microbatch"
+# How a stacked result combines over microbatches, where it has no batch dimension.
+SUMMED = "summed"  # a sum over the batch: accumulated
+SAME = "same"  # independent of the batch: taken from the first microbatch
+
+
+@dataclass(frozen=True)
+class LocalOp:
+    """An op of the layer's body as it runs on one microbatch: its parameters localized
+    (`Primitive.localize`), and per operand the batch dimension to take the microbatch of
+    where the operand is whole (a value made inside the body alike for every example)."""
+
+    op: Op
+    cut: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a scan over layers holds the batch: per const and scanned operand, the
+    dimension (in the operand as given) or None (the same for every microbatch); per
+    stacked result, its dimension, SUMMED or SAME. Every carry holds it in dimension 0."""
+
+    consts: tuple[int | None, ...]
+    xs: tuple[int | None, ...]
+    ys: tuple[int | str, ...]
+    body: tuple[LocalOp, ...]  # the body's ops on one microbatch
+
+
+def microbatch_layout(op: Op, microbatches: int, tactic: str) -> Layout:
+    """Where the scan `op` holds its carries' batch (dimension 0 of each), and its body
+    on one microbatch: found by tiling the batch on a virtual axis of `microbatches`
+    devices and propagating through the scan."""
+    nc, nk = op.params["num_consts"], op.params["num_carry"]
+    if nk == 0:
+        raise NotPipelineableError("the scan carries nothing from layer to layer, so there "
+                                   "is no batch to split into microbatches",
+                                   tactic=tactic, loc=op.loc)
+    for k, v in enumerate(op.operands[nc:nc + nk]):
+        if v.type.rank == 0 or v.type.shape[0] % microbatches:
+            size = "a scalar" if v.type.rank == 0 else f"dimension 0 of size {v.type.shape[0]}"
+            raise NotPipelineableError(
+                f"carry {k} of the scan ({v.type}) has {size}, which {microbatches} "
+                f"microbatches do not divide: a pipelined scan's carries hold the batch "
+                f"in dimension 0", tactic=tactic, loc=op.loc)
+    args = [Value(v.type, name=f"operand{i}") for i, v in enumerate(op.operands)]
+    results = [Value(v.type) for v in op.results]
+    scan = Op(op.name, args, results, op.params, op.regions, op.loc, op.prim)
+    names = [a.name for a in args]
+    fn = Function("layers", args, [scan], results, [f"result{k}" for k in range(len(results))])
+    module = CoreModule(TracedProgram(fn, None, None, names, fn.result_names),
+                        Mesh({_MICROBATCH: microbatches}))
+    issue(module, [ActionSpec("tile", a.name, a, _MICROBATCH, 0) for a in args[nc:nc + nk]],
+          tactic, op.loc)
+    if module.conflicts:
+        conflict = next(iter(module.conflicts.values()))
+        raise NotPipelineableError(
+            f"the layer's batch cannot be split into microbatches: {conflict.kind} at "
+            f"{conflict.op}", tactic=tactic, loc=conflict.loc)
+    consts, xs, ys = _read_layout(module, scan, tactic)
+    return Layout(consts, xs, ys, _local_body(module, scan, microbatches, tactic))
+
+
+def _read_layout(module: CoreModule, scan: Op, tactic: str
+                 ) -> tuple[tuple[int | None, ...], tuple[int | None, ...], tuple[int | str, ...]]:
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    n_in = len(scan.operands)
+    consts: list[int | None] = [None] * nc
+    xs: list[int | None] = [None] * (n_in - nc - nk)
+    ys: list[int | str] = [SAME] * (len(scan.results) - nk)
+    # Each value of the body that depends on the batch: "tiled" (per example) or
+    # "summed" (a sum over examples); absent: the same for every microbatch.
+    state: dict[Value, str] = {}
+    for op in module.ops:
+        loop = next((lp for lp in module.nest(op.uid) if lp.axis == _MICROBATCH), None)
+        if op.name in EDGE_OPS and op.params["of"] is scan:
+            kind, at = op.params["edge"]
+            if kind == "carry" and (loop is None or loop.operands != (0, 0)):
+                raise NotPipelineableError(
+                    f"carry {at} of the scan does not keep the batch in dimension 0 from "
+                    f"layer to layer", tactic=tactic, loc=scan.loc)
+            if kind == "exit":
+                ys[at - nk] = _stacked_result(loop, state.get(op.operands[0]), at, scan,
+                                              tactic)
+                continue
+            if kind == "entry" and loop is not None:
+                (consts if at < nc else xs)[at if at < nc else at - nc - nk] = \
+                    loop.operands[0]
+        _classify(op, loop, state, tactic)
+    return tuple(consts), tuple(xs), tuple(ys)
+
+
+def _local_body(module: CoreModule, scan: Op, microbatches: int, tactic: str
+                ) -> tuple[LocalOp, ...]:
+    """The scan's body ops with the parameters of their local ops on one microbatch, as
+    materialization localizes a tile's (`partir.core.materialize`)."""
+    local: dict[Value, TensorType] = {}  # the values a microbatch holds a slice of
+
+    def loop_of(v: Value) -> Loop | None:
+        uid, _ = module.producer[v]
+        return next((lp for lp in module.nest(uid) if lp.axis == _MICROBATCH), None)
+
+    (body,) = scan.regions
+    for a in body.args:
+        loop = loop_of(a)
+        k = module.by_uid[module.producer[a][0]].results.index(a)
+        if loop is not None and isinstance(loop.results[k], Tile):
+            local[a] = sliced_type(a.type, loop.results[k].dim, microbatches)
+    out = []
+    for op in body.ops:
+        loop = loop_of(op.results[0]) if op.results else None
+        if loop is None:
+            out.append(LocalOp(op, (None,) * len(op.operands)))
+            continue
+        entry = lookup(op.name)
+        if op.regions or entry.apply is not None:
+            raise NotPipelineableError(
+                f"{op.name} computes a microbatch's values from where they lie in the "
+                f"batch, which the pipeline does not compute yet", tactic=tactic, loc=op.loc)
+        cut = tuple(d if d is not None and v not in local else None
+                    for v, d in zip(op.operands, loop.operands, strict=True))
+        in_types = tuple(v.type if d is None else sliced_type(v.type, d, microbatches)
+                         for v, d in zip(op.operands, loop.operands, strict=True))
+        out_types = []
+        for r, action in zip(op.results, loop.results, strict=True):
+            t = r.type
+            if isinstance(action, Tile):
+                t = local[r] = sliced_type(t, action.dim, microbatches)
+            out_types.append(t)
+        params = localized(entry, OpView(op.name, op.params, in_types, tuple(out_types)))
+        out.append(LocalOp(dataclasses.replace(op, params=params), cut))
+    return tuple(out)
+
+
+def _stacked_result(loop: Loop | None, state: str | None, at: int, scan: Op,
+                    tactic: str) -> int | str:
+    if loop is not None and isinstance(loop.results[0], Tile):
+        return loop.results[0].dim
+    if state is None:
+        return SAME
+    if state == "summed":
+        return SUMMED
+    raise NotPipelineableError(f"result {at} of the scan neither keeps the batch nor sums "
+                               f"over it", tactic=tactic, loc=scan.loc)
+
+
+def _classify(op: Any, loop: Loop | None, state: dict[Value, str], tactic: str) -> None:
+    """Record how op's results depend on the batch, or refuse an op that mixes the
+    examples of a microbatch with each other."""
+    deps = [state.get(v) for v in op.operands]
+    if loop is not None:
+        for i, d in enumerate(deps):
+            if d == "summed" or (d == "tiled" and loop.operands[i] is None):
+                _mixes(op, tactic)
+        for r, action in zip(op.results, loop.results, strict=True):
+            if isinstance(action, Tile):
+                state[r] = "tiled"
+            elif isinstance(action, Sum) and action.monoid == "add":
+                state[r] = "summed"
+            elif isinstance(action, Sum | AnyAction) and any(deps):
+                _mixes(op, tactic)
+        return
+    if not any(deps):
+        return
+    if not _linear_in(op, deps):
+        _mixes(op, tactic)
+    for r in op.results:
+        state[r] = "summed"
+
+
+def _linear_in(op: Any, deps: Sequence[str | None]) -> bool:
+    """Whether op's result is the sum of its results on the summands, its operands being
+    sums (`deps` "summed") or the same for every summand (None), as its declaration says."""
+    if any(d == "tiled" for d in deps):
+        return False
+    declared = CATALOGUE.get(op.name)
+    how = declared.linear if declared is not None else None
+    summed = [d == "summed" for d in deps]
+    if how == "all":
+        return all(summed)
+    if how == "one":
+        return sum(summed) == 1
+    if how == "cases":
+        return not summed[0] and all(summed[1:])
+    if isinstance(how, tuple):
+        return all(s == (i in how) for i, s in enumerate(summed))
+    return False
+
+
+def _mixes(op: Any, tactic: str) -> None:
+    raise NotPipelineableError(
+        f"{op.name} mixes the examples of a batch within a layer (a sum over the batch "
+        f"that the layer goes on computing with, or a value gathered over it), so the "
+        f"layers cannot run on microbatches one after another", tactic=tactic, loc=op.loc)
+
+
+# --- the rewrite --------------------------------------------------------------------------
+
+_SCOPE = "partir_layer_op_"
+_SCOPED = re.compile(rf"{_SCOPE}(\d+)")
+
+
+def gpipe(op: Op, layout: Layout, stages: int, microbatches: int
+          ) -> tuple[list[Op], list[Value]]:
+    """The ops computing the scan `op`'s results as a GPipe schedule of `stages` stages
+    and `microbatches` microbatches (module docstring), and those results. The body's
+    ops keep their source lines; the schedule's own ops get the scan's."""
+    (body,) = op.regions
+
+    def locate(info: Any) -> Location | None:
+        found = _SCOPED.search(str(info.name_stack))
+        return body.ops[int(found.group(1))].loc if found else None
+
+    fn = _schedule(op, layout, stages, microbatches)
+    closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.type.shape, v.type.dtype)
+                                  for v in op.operands))
+    return inline_jaxpr(closed, op.operands, op.loc, locate)
+
+
+def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
+    p = op.params
+    nc, nk, reverse = p["num_consts"], p["num_carry"], p["reverse"]
+    K = p["length"] // S
+    (body,) = op.regions
+
+    def layer_body(m: Any, args: Sequence[Any]) -> list[Any]:
+        env = dict(zip(body.args, args, strict=True))
+        for k, lo in enumerate(layout.body):
+            with jax.named_scope(f"{_SCOPE}{k}"):
+                operands = [env[v] if d is None else pick(micro(env[v], d), d, m)
+                            for v, d in zip(lo.op.operands, lo.cut, strict=True)]
+                env.update(zip(lo.op.results, evaluate(lo.op, operands), strict=True))
+        return [env[v] for v in body.yields]
+
+    def micro(v: Any, d: int) -> Any:  # [.., B, ..] -> [.., B/M, M, ..]
+        return v.reshape(*v.shape[:d], v.shape[d] // M, M, *v.shape[d + 1:])
+
+    def whole(v: Any, d: int) -> Any:  # the inverse of `micro`
+        return v.reshape(*v.shape[:d], v.shape[d] * M, *v.shape[d + 2:])
+
+    def pick(v: Any, d: int, m: Any) -> Any:  # microbatch m of a `micro` value
+        return lax.dynamic_index_in_dim(v, m, d + 1, keepdims=False)
+
+    # Each stage's place in the pipeline: a reversed scan runs its layers last to first.
+    place = (S - 1 - jnp.arange(S)) if reverse else jnp.arange(S)
+
+    def per_stage(mask: Any, v: Any) -> Any:  # mask [S] against v [S, ...]
+        return mask.reshape(S, *(1,) * (v.ndim - 1))
+
+    def run(*operands: Any) -> list[Any]:
+        consts = [c if d is None else micro(c, d)
+                  for c, d in zip(operands[:nc], layout.consts, strict=True)]
+        init = [micro(c, 0) for c in operands[nc:nc + nk]]
+        staged = [x.reshape(S, K, *x.shape[1:]) for x in operands[nc + nk:]]
+        staged = [x if d is None else micro(x, d + 1)
+                  for x, d in zip(staged, layout.xs, strict=True)]
+
+        def stage(xs: list[Any], carry: list[Any], m: Any) -> tuple[list[Any], list[Any]]:
+            cs = [c if d is None else pick(c, d, m)
+                  for c, d in zip(consts, layout.consts, strict=True)]
+            xk = [x if d is None else pick(x, d, m)
+                  for x, d in zip(xs, layout.xs, strict=True)]
+
+            def layer(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+                outs = layer_body(m, [*cs, *c, *x])
+                return outs[:nk], outs[nk:]
+
+            return lax.scan(layer, carry, xk, length=K, reverse=reverse)
+
+        state = [jnp.zeros((S, *c.shape[:1], *c.shape[2:]), c.dtype) for c in init]
+        accumulated = [i for i, how in enumerate(layout.ys) if how in (SUMMED, SAME)]
+        ys_types = jax.eval_shape(jax.vmap(stage), staged, state, jnp.zeros(S, jnp.int32))[1]
+        acc = [jnp.zeros(ys_types[i].shape, ys_types[i].dtype) for i in accumulated]
+
+        def step(carried: tuple[list[Any], list[Any]], t: Any) -> tuple[Any, Any]:
+            state, acc = carried
+            m = jnp.clip(t - place, 0, M - 1)
+            entering = [pick(c, 0, jnp.clip(t, 0, M - 1)) for c in init]
+            ins = [jnp.where(per_stage(place == 0, s), e[None], s)
+                   for e, s in zip(entering, state, strict=True)]
+            outs, ys = jax.vmap(stage)(staged, ins, m)
+            valid = (t - place >= 0) & (t - place < M)
+            done = [jnp.sum(jnp.where(per_stage(place == S - 1, o), o, 0), axis=0)
+                    for o in outs]
+            acc = [a + jnp.where(per_stage(valid, ys[i]), ys[i], 0)
+                   if layout.ys[i] == SUMMED else
+                   jnp.where(per_stage(t == place, ys[i]), ys[i], a)
+                   for i, a in zip(accumulated, acc, strict=True)]
+            stacked = [y for y, how in zip(ys, layout.ys, strict=True) if isinstance(how, int)]
+            state = [jnp.roll(o, -1 if reverse else 1, axis=0) for o in outs]
+            return (state, acc), (done, stacked)
+
+        (_, acc), (done, stacked) = lax.scan(step, (state, acc),
+                                             jnp.arange(M + S - 1, dtype=jnp.int32))
+        # Microbatch m leaves the last stage at step m + S - 1.
+        carry = [whole(jnp.moveaxis(d[S - 1:], 0, 1), 0) for d in done]
+        by_result = dict(zip(accumulated, acc, strict=True))
+        stacked_iter = iter(stacked)
+        ys = []
+        for i, how in enumerate(layout.ys):
+            if isinstance(how, int):
+                ys.append(_reassembled(next(stacked_iter), how - 1, place, M, whole))
+            else:
+                a = by_result[i]
+                ys.append(a.reshape(S * K, *a.shape[2:]))
+        return [*carry, *ys]
+
+    return run
+
+
+def _reassembled(y: Any, e: int, place: Any, M: int, whole: Any) -> Any:
+    """A stacked result's steps [T, S, K, ...] (each layer's batch, of one microbatch, in
+    dimension e of ...) as [L, ...] with the whole batch: stage s worked on microbatch m
+    at step m + its place."""
+    S, K = y.shape[1], y.shape[2]
+    y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(ys, p, M, axis=0))(
+        jnp.moveaxis(y, 1, 0), place)  # [S, M, K, ...]
+    y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
+    y = whole(y, 2 + e)
+    return y.reshape(S * K, *y.shape[2:])
