@@ -400,7 +400,7 @@ def _read_definitions(source: _Source, tree: ast.Module,
             raise ScheduleTypeError(f"`schedule[{i}]` must be a tactic such as "
                                     f"partir.ManualPartition, got {type(tactic).__name__} "
                                     f"(tactics: partir.ManualPartition, "
-                                    f"partir.AutomaticPartition)",
+                                    f"partir.AutomaticPartition, partir.PipelinePartition)",
                                     source.filename, tactics[i].span or span_of("schedule"))
     return ScheduleFile(source.filename, program, mesh, list(schedule), span_of("program"),
                         span_of("mesh"), span_of("schedule"), tactics)

@@ -60,6 +60,15 @@ Z2 = ManualPartition({"params": REPLICATED, "opt_state": zero}, axis=BATCH, name
 Z3 = ManualPartition({"params": zero, "opt_state": zero}, axis=BATCH, name="Z3")
 EMB = ManualPartition({"params": embedding, "opt_state": embedding}, axis=MODEL, name="EMB")
 
+# Pipeline parallelism on the scan-over-layers model (`train_step_scanned`): its stacked
+# layers split into stages over "stage", the batch into microbatches (README.md).
+STAGE = "stage"
+PIPELINE_MESH = {STAGE: 4, BATCH: 2}  # PP
+PIPELINE_MP_MESH = {STAGE: 2, BATCH: 2, MODEL: 2}  # BP+PP+MP
+MICROBATCHES = 4
+PP = partir.PipelinePartition({"params/layers": 0}, axis=STAGE, microbatches=MICROBATCHES,
+                              name="PP")
+
 SCHEDULES: dict[str, list[ManualPartition]] = {
     "BP": [BP],
     "MP": [MP],

@@ -101,7 +101,7 @@ from partir.session.fingerprint import (
     program_key,
     same_program,
 )
-from partir.tactics import TacticRecord
+from partir.tactics import PipelinePartition, TacticRecord, pipelined
 from partir.tactics.driver import apply_tactic, named_values
 from partir.user_modules import USER_MODULES, content_hash
 
@@ -281,6 +281,14 @@ class Analysis:
         return not self.diagnostics
 
     @property
+    def program(self) -> TracedProgram | None:
+        """The program the tactics rewrite: the trace, as the schedule's pipeline tactic
+        rewrote it (`partir.tactics.pipelined`)."""
+        if self.initial is not None:
+            return self.initial.module.traced
+        return self.trace.traced if self.trace is not None else None
+
+    @property
     def reused_indexes(self) -> list[int]:
         return [i for i, r in enumerate(self.reused, 1) if r]
 
@@ -445,7 +453,7 @@ class Session:
         result = Explanation([], [])
         if analysis.trace is None or not analysis.states:
             return result
-        traced = analysis.trace.traced
+        traced = analysis.program
         states = analysis.states
         if name is not None:
             result.values = [v for v in _values(traced, states, self._definitions(
@@ -472,7 +480,7 @@ class Session:
         if analysis.trace is None:
             return []
         if analysis.values is None:
-            analysis.values = _values(analysis.trace.traced, analysis.states,
+            analysis.values = _values(analysis.program, analysis.states,
                                       self._definitions(analysis.trace, analysis.schedule_file))
         return analysis.values
 
@@ -694,15 +702,31 @@ class Session:
         analysis.trace = entry
 
         key = chain(trace_key, mesh_key(sf.mesh))
+        # The program the tactics rewrite depends on the schedule's pipeline tactic too.
+        rewrites = [t for t in sf.schedule if isinstance(t, PipelinePartition)]
+        for t in rewrites:
+            key = chain(key, fp.tactic_key(t))
         state = self.states.get(key)
         if state is None:
-            module = CoreModule(entry.traced, sf.mesh)
+            try:
+                traced = pipelined(entry.traced, sf.mesh, rewrites)
+            except Cancelled:
+                raise
+            except Exception as e:
+                # At the pipeline tactic (the second one, where a schedule has two).
+                i = [k for k, t in enumerate(sf.schedule, 1) if t in rewrites][:2][-1]
+                inputs = {n: [v] for n, v in zip(entry.traced.input_names,
+                                                  entry.traced.function.args, strict=True)}
+                analysis.diagnostics.append(
+                    _tactic_diagnostic(e, sf, i, inputs, self.tool_dirs))
+                return analysis
+            module = CoreModule(traced, sf.mesh)
             initial = module.snapshot()
             state = State(key, trace_key, module, None, self._facts(trace_key, initial, None),
                           _initial=initial)
             self._put_state(state)
         analysis.initial = state
-        names = named_values(state.module, entry.traced)
+        names = named_values(state.module, state.module.traced)
         n = len(sf.schedule)
         t0 = time.perf_counter()
         for i, tactic in enumerate(sf.schedule, 1):

@@ -64,6 +64,10 @@ class LocalOp:
 
     op: Op
     cut: tuple[int | None, ...]
+    # Per operand, whether it is a term the same for every microbatch of a sum over the
+    # batch (a weight's gradient from a term of the loss without the batch): each
+    # microbatch adds its share, 1/M of it, so that the microbatches' sum counts it once.
+    share: tuple[bool, ...]
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,13 @@ def microbatch_layout(op: Op, microbatches: int, tactic: str) -> Layout:
         raise NotPipelineableError(
             f"the layer's batch cannot be split into microbatches: {conflict.kind} at "
             f"{conflict.op}", tactic=tactic, loc=conflict.loc)
-    consts, xs, ys = _read_layout(module, scan, tactic)
-    return Layout(consts, xs, ys, _local_body(module, scan, microbatches, tactic))
+    consts, xs, ys, shares = _read_layout(module, scan, tactic)
+    return Layout(consts, xs, ys, _local_body(module, scan, microbatches, shares, tactic))
 
 
-def _read_layout(module: CoreModule, scan: Op, tactic: str
-                 ) -> tuple[tuple[int | None, ...], tuple[int | None, ...], tuple[int | str, ...]]:
+def _read_layout(module: CoreModule, scan: Op, tactic: str) -> tuple[
+        tuple[int | None, ...], tuple[int | None, ...], tuple[int | str, ...],
+        dict[Value, tuple[bool, ...]]]:
     nc, nk = scan.params["num_consts"], scan.params["num_carry"]
     n_in = len(scan.operands)
     consts: list[int | None] = [None] * nc
@@ -122,6 +127,7 @@ def _read_layout(module: CoreModule, scan: Op, tactic: str
     # Each value of the body that depends on the batch: "tiled" (per example) or
     # "summed" (a sum over examples); absent: the same for every microbatch.
     state: dict[Value, str] = {}
+    shares: dict[Value, tuple[bool, ...]] = {}  # by an op's first result: LocalOp.share
     for op in module.ops:
         loop = next((lp for lp in module.nest(op.uid) if lp.axis == _MICROBATCH), None)
         if op.name in EDGE_OPS and op.params["of"] is scan:
@@ -137,12 +143,14 @@ def _read_layout(module: CoreModule, scan: Op, tactic: str
             if kind == "entry" and loop is not None:
                 (consts if at < nc else xs)[at if at < nc else at - nc - nk] = \
                     loop.operands[0]
-        _classify(op, loop, state, tactic)
-    return tuple(consts), tuple(xs), tuple(ys)
+        share = _classify(op, loop, state, tactic)
+        if share is not None:
+            shares[op.results[0]] = share
+    return tuple(consts), tuple(xs), tuple(ys), shares
 
 
-def _local_body(module: CoreModule, scan: Op, microbatches: int, tactic: str
-                ) -> tuple[LocalOp, ...]:
+def _local_body(module: CoreModule, scan: Op, microbatches: int,
+                shares: dict[Value, tuple[bool, ...]], tactic: str) -> tuple[LocalOp, ...]:
     """The scan's body ops with the parameters of their local ops on one microbatch, as
     materialization localizes a tile's (`partir.core.materialize`)."""
     local: dict[Value, TensorType] = {}  # the values a microbatch holds a slice of
@@ -161,7 +169,9 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int, tactic: str
     for op in body.ops:
         loop = loop_of(op.results[0]) if op.results else None
         if loop is None:
-            out.append(LocalOp(op, (None,) * len(op.operands)))
+            share = shares.get(op.results[0]) if op.results else None
+            out.append(LocalOp(op, (None,) * len(op.operands),
+                               share or (False,) * len(op.operands)))
             continue
         entry = lookup(op.name)
         if op.regions or entry.apply is not None:
@@ -179,7 +189,8 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int, tactic: str
                 t = local[r] = sliced_type(t, action.dim, microbatches)
             out_types.append(t)
         params = localized(entry, OpView(op.name, op.params, in_types, tuple(out_types)))
-        out.append(LocalOp(dataclasses.replace(op, params=params), cut))
+        out.append(LocalOp(dataclasses.replace(op, params=params), cut,
+                           (False,) * len(op.operands)))
     return tuple(out)
 
 
@@ -195,9 +206,11 @@ def _stacked_result(loop: Loop | None, state: str | None, at: int, scan: Op,
                                f"over it", tactic=tactic, loc=scan.loc)
 
 
-def _classify(op: Any, loop: Loop | None, state: dict[Value, str], tactic: str) -> None:
+def _classify(op: Any, loop: Loop | None, state: dict[Value, str], tactic: str
+              ) -> tuple[bool, ...] | None:
     """Record how op's results depend on the batch, or refuse an op that mixes the
-    examples of a microbatch with each other."""
+    examples of a microbatch with each other; for an op adding a term the same for every
+    microbatch to a sum over the batch, which operands are such terms (`LocalOp.share`)."""
     deps = [state.get(v) for v in op.operands]
     if loop is not None:
         for i, d in enumerate(deps):
@@ -210,32 +223,40 @@ def _classify(op: Any, loop: Loop | None, state: dict[Value, str], tactic: str) 
                 state[r] = "summed"
             elif isinstance(action, Sum | AnyAction) and any(deps):
                 _mixes(op, tactic)
-        return
+        return None
     if not any(deps):
-        return
-    if not _linear_in(op, deps):
+        return None
+    share = _linear_in(op, deps)
+    if share is None:
         _mixes(op, tactic)
     for r in op.results:
         state[r] = "summed"
+    return share if any(share) else None
 
 
-def _linear_in(op: Any, deps: Sequence[str | None]) -> bool:
+def _linear_in(op: Any, deps: Sequence[str | None]) -> tuple[bool, ...] | None:
     """Whether op's result is the sum of its results on the summands, its operands being
-    sums (`deps` "summed") or the same for every summand (None), as its declaration says."""
+    sums (`deps` "summed") or the same for every summand (None), as its declaration
+    (`Primitive.linear`) says; if so, which operands are terms added to the sums, each
+    summand to add its share of them. None where it is not."""
     if any(d == "tiled" for d in deps):
-        return False
+        return None
     declared = CATALOGUE.get(op.name)
     how = declared.linear if declared is not None else None
     summed = [d == "summed" for d in deps]
-    if how == "all":
-        return all(summed)
+    # The operands that are terms of the sum: "all" (add, concatenate...), the cases of a
+    # select, a division's numerator; the others must be the same for every summand.
+    terms = (range(len(deps)) if how == "all" else range(1, len(deps)) if how == "cases"
+             else how if isinstance(how, tuple) else ())
     if how == "one":
-        return sum(summed) == 1
-    if how == "cases":
-        return not summed[0] and all(summed[1:])
-    if isinstance(how, tuple):
-        return all(s == (i in how) for i, s in enumerate(summed))
-    return False
+        return (False,) * len(deps) if sum(summed) == 1 else None
+    if not terms or any(s for i, s in enumerate(summed) if i not in terms):
+        return None
+    share = tuple(i in terms and not s for i, s in enumerate(summed))
+    if any(share) and not all(jnp.issubdtype(v.type.dtype, jnp.inexact)
+                              for v, sh in zip(op.operands, share, strict=True) if sh):
+        return None
+    return share
 
 
 def _mixes(op: Any, tactic: str) -> None:
@@ -280,6 +301,8 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
             with jax.named_scope(f"{_SCOPE}{k}"):
                 operands = [env[v] if d is None else pick(micro(env[v], d), d, m)
                             for v, d in zip(lo.op.operands, lo.cut, strict=True)]
+                operands = [x / M if sh else x
+                            for x, sh in zip(operands, lo.share, strict=True)]
                 env.update(zip(lo.op.results, evaluate(lo.op, operands), strict=True))
         return [env[v] for v in body.yields]
 
@@ -331,20 +354,22 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
                    for e, s in zip(entering, state, strict=True)]
             outs, ys = jax.vmap(stage)(staged, ins, m)
             valid = (t - place >= 0) & (t - place < M)
-            done = [jnp.sum(jnp.where(per_stage(place == S - 1, o), o, 0), axis=0)
-                    for o in outs]
             acc = [a + jnp.where(per_stage(valid, ys[i]), ys[i], 0)
                    if layout.ys[i] == SUMMED else
                    jnp.where(per_stage(t == place, ys[i]), ys[i], a)
                    for i, a in zip(accumulated, acc, strict=True)]
             stacked = [y for y, how in zip(ys, layout.ys, strict=True) if isinstance(how, int)]
             state = [jnp.roll(o, -1 if reverse else 1, axis=0) for o in outs]
-            return (state, acc), (done, stacked)
+            return (state, acc), (outs, stacked)
 
-        (_, acc), (done, stacked) = lax.scan(step, (state, acc),
+        (_, acc), (outs, stacked) = lax.scan(step, (state, acc),
                                              jnp.arange(M + S - 1, dtype=jnp.int32))
-        # Microbatch m leaves the last stage at step m + S - 1.
-        carry = [whole(jnp.moveaxis(d[S - 1:], 0, 1), 0) for d in done]
+        # Microbatch m leaves the last stage at step m + S - 1: every step's activations
+        # are kept, and the last stage's are taken once, after the loop.
+        last = place == S - 1
+        carry = [jnp.sum(jnp.where(last.reshape(1, S, *(1,) * (o.ndim - 2)), o, 0), axis=1)
+                 for o in outs]
+        carry = [whole(jnp.moveaxis(d[S - 1:], 0, 1), 0) for d in carry]
         by_result = dict(zip(accumulated, acc, strict=True))
         stacked_iter = iter(stacked)
         ys = []

@@ -77,11 +77,21 @@ class PipelinePartition(Tactic):
         specs = [ActionSpec("tile", n, v, self.axis, 0) for n, v, _ in selected]
         actions, prop_s = issue(module, specs, self.label, self.loc)
         stages, m = module.mesh.check_axis(self.axis), self.microbatches
-        layers = selected[0][1].type.shape[0]
-        notes = [f"{stages} stages of {layers // stages} layers, {m} microbatches: "
-                 f"{m + stages - 1} steps, of which each stage idles {stages - 1} (the "
-                 f"bubble, {(stages - 1) / (m + stages - 1):.0%} of its steps)"]
+        per_stage = selected[0][1].type.shape[0] // stages
+        notes = [f"{stages} stages of {_plural(per_stage, 'layer')}, "
+                 f"{_plural(m, 'microbatch')}: {_plural(m + stages - 1, 'step')}, of which "
+                 f"each stage idles {stages - 1} (the bubble, "
+                 f"{bubble(stages, m):.0%} of its steps)"]
         return TacticResult(actions, notes, prop_s)
+
+
+def bubble(stages: int, microbatches: int) -> float:
+    """The fraction of a GPipe schedule's steps each stage idles: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith('ch') else 's'}"
 
 
 def pipelined(traced: TracedProgram, mesh: Mesh, schedule: Sequence[Any]) -> TracedProgram:

@@ -1,0 +1,225 @@
+"""PipelinePartition: a scan over stacked layers run as a GPipe schedule over a stage axis.
+Every pipelined program equals the unpartitioned function on both oracles (the Core
+interpreter, the executed program); the executed collective_permutes are the schedule's
+steps; scans it cannot pipeline are refused at the line that makes them so."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import partir
+from examples.transformer import model
+from examples.transformer.schedules import BP, MP
+from tests.budget import examples
+from tests.oracles import check_oracles
+
+# The tiny transformer with a batch that 8 microbatches of 2 rows make up (BP+PP+MP).
+WIDE_BATCH = model.Config(layers=4, batch=16, seq=8, heads=4, d_model=32, vocab=64)
+
+
+def pp(microbatches: int) -> partir.PipelinePartition:
+    return partir.PipelinePartition({"params/layers": 0}, axis="stage",
+                                    microbatches=microbatches, name="PP")
+
+
+@pytest.fixture(scope="module")
+def tiny_scanned():
+    return model.make_scanned_inputs(model.TINY)
+
+
+@pytest.fixture(scope="module")
+def wide_scanned():
+    return model.make_scanned_inputs(WIDE_BATCH)
+
+
+def _steps(stages: int, microbatches: int) -> int:
+    return microbatches + stages - 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
+def test_pp_runs_the_scan_over_layers_step_as_a_pipeline(tiny_scanned, microbatches):
+    mesh = partir.Mesh({"stage": 4, "batch": 2})
+    meta = check_oracles(model.train_step_scanned, mesh, [pp(microbatches)], *tiny_scanned)
+    executed = meta.executed_collectives
+    # One roll of the activations per step forward, one of their gradients backward; the
+    # finished microbatches leave the last stage once per scan.
+    assert executed["collective_permute"] == 2 * _steps(4, microbatches)
+    assert executed["all_reduce"] == 2
+    assert executed["all_gather"] == executed["all_to_all"] == 0
+    params_specs = meta.in_specs[0]["layers"]
+    assert params_specs["w_up"] == jax.sharding.PartitionSpec("stage", None, None)
+    assert meta.in_specs[1][0].mu["layers"]["w_up"][0] == "stage"  # Adam follows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
+def test_bp_pp_mp_composes_the_pipeline_with_batch_and_megatron(wide_scanned, microbatches):
+    mesh = partir.Mesh({"stage": 2, "batch": 2, "model": 2})
+    meta = check_oracles(model.train_step_scanned, mesh, [BP, pp(microbatches), MP],
+                         *wide_scanned)
+    assert meta.executed_collectives["collective_permute"] == 2 * _steps(2, microbatches)
+    assert meta.executed_collectives["all_gather"] == 0
+    w_up = meta.in_specs[0]["layers"]["w_up"]
+    assert w_up == jax.sharding.PartitionSpec("stage", None, "model")
+
+
+def test_the_tactic_reports_stages_microbatches_and_the_bubble(tiny_scanned):
+    meta = partir.partition(model.train_step_scanned, partir.Mesh({"stage": 4, "batch": 2}),
+                            [pp(4)], *tiny_scanned)
+    (record,) = meta.tactics
+    assert record.actions[0] == 'tile<%params/layers/b_up,0,"stage">'
+    assert any("4 stages of 1 layer, 4 microbatches: 7 steps" in n and "43%" in n
+               for n in record.notes)
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+def test_stages_that_do_not_divide_the_layers_are_refused(tiny_scanned):
+    with pytest.raises(partir.NotPipelineableError, match="8 stages do not divide the 4 layers"):
+        partir.partition(model.train_step_scanned, partir.Mesh({"stage": 8}), [pp(2)],
+                         *tiny_scanned)
+
+
+def test_inputs_no_scan_iterates_over_are_refused(tiny_scanned):
+    tactic = partir.PipelinePartition({"params/embed": 0}, axis="stage", microbatches=2)
+    with pytest.raises(partir.NotPipelineableError, match="no scan of 64 iterations"):
+        partir.partition(model.train_step_scanned, partir.Mesh({"stage": 4}), [tactic],
+                         *tiny_scanned)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"inputs": {"w": 1}}, "splits dimension 0"),
+    ({"inputs": {}}, "non-empty dict"),
+    ({"microbatches": 0}, "positive int"),
+    ({"axis": 3}, "mesh axis name"),
+])
+def test_malformed_tactics_are_refused(kwargs, match):
+    args = {"inputs": {"w": 0}, "axis": "stage", "microbatches": 2, **kwargs}
+    with pytest.raises(partir.InvalidTacticError, match=match):
+        partir.PipelinePartition(**args)
+
+
+def _mlp_step(body):
+    """value_and_grad of a loss over a scan of `body` over stacked weights w [L, D, D]."""
+    def loss(w, x):
+        h, _ = lax.scan(body, x, w)
+        return jnp.mean(h ** 2)
+    return jax.value_and_grad(loss)
+
+
+def _mlp_args(layers: int = 4, batch: int = 8, width: int = 4):
+    rng = np.random.default_rng(0)
+    return (jnp.asarray(rng.normal(size=(layers, width, width)) / 2, jnp.float32),
+            jnp.asarray(rng.normal(size=(batch, width)), jnp.float32))
+
+
+def _batch_norm_layer(h, w):
+    h = h @ w
+    h = h - jnp.mean(h, axis=0)  # statistics over the batch: examples mix
+    return jnp.tanh(h), None
+
+
+def test_a_layer_mixing_the_examples_of_a_batch_is_refused_at_its_line():
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    with pytest.raises(partir.NotPipelineableError, match="mixes the examples") as info:
+        partir.partition(_mlp_step(_batch_norm_layer), partir.Mesh({"stage": 2}), [tactic],
+                         *_mlp_args())
+    assert info.value.loc.file == __file__
+    line = pathlib.Path(__file__).read_text().splitlines()[info.value.loc.line - 1]
+    assert "jnp.mean(h, axis=0)" in line
+
+
+def test_a_batch_microbatches_do_not_divide_is_refused():
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=3)
+    with pytest.raises(partir.NotPipelineableError, match="3 microbatches do not divide"):
+        partir.partition(_mlp_step(lambda h, w: (jnp.tanh(h @ w), None)),
+                         partir.Mesh({"stage": 2}), [tactic], *_mlp_args())
+
+
+def test_a_carry_without_a_batch_is_refused():
+    def loss(w, x):
+        (h, total), _ = lax.scan(lambda c, wl: ((jnp.tanh(c[0] @ wl), c[1] + jnp.sum(wl)),
+                                                None), (x, 0.0), w)
+        return jnp.mean(h ** 2) + total
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    with pytest.raises(partir.NotPipelineableError, match="carry 1 of the scan"):
+        partir.partition(jax.value_and_grad(loss), partir.Mesh({"stage": 2}), [tactic],
+                         *_mlp_args())
+
+
+def test_one_pipeline_per_schedule():
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    with pytest.raises(partir.InvalidTacticError, match="one PipelinePartition"):
+        partir.partition(_mlp_step(lambda h, w: (jnp.tanh(h @ w), None)),
+                         partir.Mesh({"stage": 2}), [tactic, tactic], *_mlp_args())
+
+
+# --- random stacked-layer scans ------------------------------------------------------------
+
+
+def _random_step(carries: int, reverse: bool, same: bool):
+    """value_and_grad of a loss over a scan of stacked layers {"w": [L, D, D], "b": [L, D]}
+    carrying the activations [B, D] (and per-example running sums [B, 1]), stacking each
+    layer's activations (and, with `same`, a value of its weights alone)."""
+    def layer(c, p):
+        h = jnp.tanh(c[0] @ p["w"] + p["b"])
+        new = (h, *(ci * 0.5 + jnp.sum(h, axis=-1, keepdims=True) for ci in c[1:]))
+        ys = (h * 2.0, *((jnp.sum(p["w"] ** 2),) if same else ()))
+        return new, ys
+
+    def loss(params, x):
+        init = (x, *(jnp.ones((x.shape[0], 1), x.dtype) * k for k in range(1, carries)))
+        c, ys = lax.scan(layer, init, params, reverse=reverse)
+        return sum(jnp.mean(ci ** 2) for ci in c) + sum(jnp.mean(jnp.sin(y)) for y in ys)
+
+    return jax.value_and_grad(loss)
+
+
+@st.composite
+def _pipelines(draw):
+    stages = draw(st.sampled_from([1, 2, 4]))
+    layers = stages * draw(st.sampled_from([1, 2]))
+    microbatches = draw(st.sampled_from([1, 2, 4]))
+    batch = microbatches * draw(st.sampled_from([1, 2]))
+    width = draw(st.sampled_from([3, 4]))
+    return (stages, layers, microbatches, batch, width, draw(st.integers(1, 2)),
+            draw(st.booleans()), draw(st.booleans()), draw(st.booleans()))
+
+
+def test_a_two_stage_pipeline_of_two_carries_with_batch_parallelism():
+    _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True))
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(12), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_pipelines())
+def test_random_stacked_layer_scans_pipeline_on_both_oracles(case):
+    _check_pipeline(case)
+
+
+def _check_pipeline(case):
+    stages, layers, microbatches, batch, width, carries, reverse, same, bp = case
+    rng = np.random.default_rng(layers * 100 + batch)
+    params = {"w": jnp.asarray(rng.normal(size=(layers, width, width)) / 2, jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(layers, width)) / 4, jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(batch, width)), jnp.float32)
+    schedule = [partir.PipelinePartition({"params": 0}, axis="stage",
+                                         microbatches=microbatches)]
+    if bp:
+        schedule.insert(0, partir.ManualPartition({"x": 0}, axis="batch"))
+    mesh = partir.Mesh({"stage": stages, "batch": 8 // stages})
+    meta = check_oracles(_random_step(carries, reverse, same), mesh, schedule, params, x)
+    if stages > 1:
+        assert meta.executed_collectives["collective_permute"] == \
+            2 * carries * _steps(stages, microbatches)
