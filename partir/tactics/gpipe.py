@@ -80,6 +80,7 @@ class Layout:
     xs: tuple[int | None, ...]
     ys: tuple[int | str, ...]
     body: tuple[LocalOp, ...]  # the body's ops on one microbatch
+    yields: tuple[TensorType, ...]  # the types the body yields on one microbatch
 
 
 def microbatch_layout(op: Op, microbatches: int, tactic: str) -> Layout:
@@ -113,7 +114,8 @@ def microbatch_layout(op: Op, microbatches: int, tactic: str) -> Layout:
             f"the layer's batch cannot be split into microbatches: {conflict.kind} at "
             f"{conflict.op}", tactic=tactic, loc=conflict.loc)
     consts, xs, ys, shares = _read_layout(module, scan, tactic)
-    return Layout(consts, xs, ys, _local_body(module, scan, microbatches, shares, tactic))
+    body, yields = _local_body(module, scan, microbatches, shares, tactic)
+    return Layout(consts, xs, ys, body, yields)
 
 
 def _read_layout(module: CoreModule, scan: Op, tactic: str) -> tuple[
@@ -150,7 +152,8 @@ def _read_layout(module: CoreModule, scan: Op, tactic: str) -> tuple[
 
 
 def _local_body(module: CoreModule, scan: Op, microbatches: int,
-                shares: dict[Value, tuple[bool, ...]], tactic: str) -> tuple[LocalOp, ...]:
+                shares: dict[Value, tuple[bool, ...]], tactic: str
+                ) -> tuple[tuple[LocalOp, ...], tuple[TensorType, ...]]:
     """The scan's body ops with the parameters of their local ops on one microbatch, as
     materialization localizes a tile's (`partir.core.materialize`)."""
     local: dict[Value, TensorType] = {}  # the values a microbatch holds a slice of
@@ -191,7 +194,7 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
         params = localized(entry, OpView(op.name, op.params, in_types, tuple(out_types)))
         out.append(LocalOp(dataclasses.replace(op, params=params), cut,
                            (False,) * len(op.operands)))
-    return tuple(out)
+    return tuple(out), tuple(local.get(v, v.type) for v in body.yields)
 
 
 def _stacked_result(loop: Loop | None, state: str | None, at: int, scan: Op,
@@ -313,7 +316,9 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
         return v.reshape(*v.shape[:d], v.shape[d] * M, *v.shape[d + 2:])
 
     def pick(v: Any, d: int, m: Any) -> Any:  # microbatch m of a `micro` value
-        return lax.dynamic_index_in_dim(v, m, d + 1, keepdims=False)
+        # m is in range: "clip" makes one gather, where a dynamic index would also test
+        # and wrap a negative index (several ops for each of a layer's residuals).
+        return jnp.take(v, m, axis=d + 1, mode="clip")
 
     # Each stage's place in the pipeline: a reversed scan runs its layers last to first.
     place = (S - 1 - jnp.arange(S)) if reverse else jnp.arange(S)
@@ -343,8 +348,8 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
 
         state = [jnp.zeros((S, *c.shape[:1], *c.shape[2:]), c.dtype) for c in init]
         accumulated = [i for i, how in enumerate(layout.ys) if how in (SUMMED, SAME)]
-        ys_types = jax.eval_shape(jax.vmap(stage), staged, state, jnp.zeros(S, jnp.int32))[1]
-        acc = [jnp.zeros(ys_types[i].shape, ys_types[i].dtype) for i in accumulated]
+        ys_types = layout.yields[nk:]
+        acc = [jnp.zeros((S, K, *ys_types[i].shape), ys_types[i].dtype) for i in accumulated]
 
         def step(carried: tuple[list[Any], list[Any]], t: Any) -> tuple[Any, Any]:
             state, acc = carried
@@ -389,7 +394,8 @@ def _reassembled(y: Any, e: int, place: Any, M: int, whole: Any) -> Any:
     dimension e of ...) as [L, ...] with the whole batch: stage s worked on microbatch m
     at step m + its place."""
     S, K = y.shape[1], y.shape[2]
-    y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(ys, p, M, axis=0))(
+    y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(ys, p, M, axis=0,
+                                                        allow_negative_indices=False))(
         jnp.moveaxis(y, 1, 0), place)  # [S, M, K, ...]
     y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
     y = whole(y, 2 + e)
