@@ -163,7 +163,7 @@ def applied_metadata(record: TacticRecord, *, defer: bool = False) -> TacticMeta
     meta = TacticMetadata(record.name, record.axis, record.actions, {}, {},
                           Deferred(lambda: tactic_shardings(record.program)),
                           [c.to_json() for c in record.conflicts], record.notes, "",
-                          record.elapsed_s, search=record.search,
+                          record.elapsed_s, search=record.search, pipeline=record.pipeline,
                           padding=Deferred(lambda: padding_report(record.program)))
     if not defer:
         with paused_gc():

@@ -98,6 +98,9 @@ class TacticMetadata(_Resolved):
     # An automatic tactic's search: the decisions found (input or tag, dim, axis) and
     # statistics (evaluations, best cost over time); None for a manual tactic.
     search: dict[str, Any] | None = None
+    # A pipeline tactic's schedule: stages, layers_per_stage, microbatches, steps and
+    # bubble (the fraction of its steps each stage idles); None for other tactics.
+    pipeline: dict[str, Any] | None = None
     # Dimensions the tiling pads (an axis that does not divide them), as
     # `partir.core.padding.padding_report` gives them: value, dim, size, padded, axes,
     # wasted_bytes, wasted_flops.

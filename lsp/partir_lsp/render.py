@@ -359,11 +359,21 @@ def tactic_head(r: P.Range, lines: Lines) -> lsp.Range:
 LOWERING = "lowering…"
 
 
+def pipeline_summary(metadata: dict[str, Any]) -> str | None:
+    """`4 stages × 4 microbatches, bubble 43%` for a pipeline tactic, else None."""
+    p = metadata.get("pipeline")
+    if not p:
+        return None
+    return (f"{p['stages']} stages × {p['microbatches']} microbatches, "
+            f"bubble {float(p['bubble']):.0%}")
+
+
 def lens_title(metadata: dict[str, Any]) -> str:
     """`+AG 2 +AR 1 +RS 0 +A2A 0 · 1.23 ms · 4.5 MiB/device` (`+CP 2` after A2A where the
-    program permutes)."""
+    program permutes; a pipeline's stages, microbatches and bubble after it)."""
+    pipeline = pipeline_summary(metadata)
     if not P.is_lowered(metadata):
-        return LOWERING
+        return LOWERING if pipeline is None else f"{pipeline} · {LOWERING}"
     counts = collective_counts(metadata)
     title = " ".join(f"+{abbr} {counts[kind]}" for i, (kind, abbr) in enumerate(COLLECTIVES)
                      if i < _ALWAYS or counts[kind])
@@ -371,6 +381,8 @@ def lens_title(metadata: dict[str, Any]) -> str:
     if cost is not None:
         title += (f" · {format_time(float(cost['step_time_s']))}"
                   f" · {format_bytes(float(cost['peak_memory_bytes']))}/device")
+    if pipeline is not None:
+        title += f" · {pipeline}"
     return title
 
 
@@ -602,6 +614,15 @@ def tactic_hover(result: P.PartitionResult, index: int) -> str:
                  f"{format_time(float(cost['communication_time_s']))}")
         parts.append(line)
     parts.append(table)
+    p = md.get("pipeline")
+    if p:
+        line = (f"Pipeline: {p['stages']} stages of {p['layers_per_stage']} layer(s), "
+                f"{p['microbatches']} microbatches in {p['steps']} steps; each stage idles "
+                f"{p['stages'] - 1} of them (the bubble, {float(p['bubble']):.0%})")
+        if cost is not None:
+            line += (f"; a stage's device holds "
+                     f"{format_bytes(float(cost['peak_memory_bytes']))} at its peak")
+        parts.append(line)
     conflicts = md.get("conflicts") or []
     if conflicts:
         kinds: dict[str, int] = {}

@@ -24,6 +24,8 @@ class TacticResult:
     notes: list[str] = field(default_factory=list)
     propagation_s: float = 0.0
     search: dict[str, Any] | None = None
+    # A pipeline tactic's schedule (`PipelinePartition.run`), JSON-able.
+    pipeline: dict[str, Any] | None = None
 
 
 class Tactic(ABC):

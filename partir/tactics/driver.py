@@ -31,6 +31,7 @@ class TacticRecord:
     propagation_s: float
     notes: list[str] = field(default_factory=list)
     search: dict[str, Any] | None = None  # an automatic tactic's search record
+    pipeline: dict[str, Any] | None = None  # a pipeline tactic's schedule
 
     def core_ir(self) -> str:
         from partir.core.printing import print_core
@@ -69,7 +70,7 @@ def _apply_tactic(module: CoreModule, tactic: Tactic,
     notes = result.notes + module.splits[splits:] + module.notes[noted:]
     return TacticRecord(tactic.label, tactic.axis_label, result.actions, conflicts,
                         module.snapshot(), end - start, result.propagation_s, notes,
-                        result.search)
+                        result.search, result.pipeline)
 
 
 def as_schedule(schedule: Any) -> list[Tactic]:

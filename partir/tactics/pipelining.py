@@ -82,7 +82,9 @@ class PipelinePartition(Tactic):
                  f"{_plural(m, 'microbatch')}: {_plural(m + stages - 1, 'step')}, of which "
                  f"each stage idles {stages - 1} (the bubble, "
                  f"{bubble(stages, m):.0%} of its steps)"]
-        return TacticResult(actions, notes, prop_s)
+        schedule = {"stages": stages, "layers_per_stage": per_stage, "microbatches": m,
+                    "steps": m + stages - 1, "bubble": bubble(stages, m)}
+        return TacticResult(actions, notes, prop_s, pipeline=schedule)
 
 
 def bubble(stages: int, microbatches: int) -> float:

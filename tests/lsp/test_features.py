@@ -11,7 +11,7 @@ from pygls.exceptions import JsonRpcException
 
 import partir
 from partir.schedule_file import load_schedule_file
-from tests.lsp.support import MLP_BP_MP_Z3, TINY_BP_MP_Z3, Session
+from tests.lsp.support import MLP_BP_MP_Z3, ROOT, TINY_BP_MP_Z3, Session
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -195,3 +195,20 @@ async def test_ir_request_matches_the_cli(session: Session) -> None:
 
 def _pos(p: T.Position) -> tuple[int, int]:
     return p.line, p.character
+
+
+async def test_a_pipeline_tactic_shows_its_stages_microbatches_and_bubble(
+        session: Session) -> None:
+    text = (ROOT / "examples" / "transformer" / "pp.partir.py").read_text()
+    uri = await open_analysed(session, "transformer/pp.partir.py", text)
+    line = text.splitlines().index("schedule = [PP]")
+    titles = [lens.command.title for lens in await session.lenses(uri)
+              if lens.range.start.line == line and COUNTS.search(lens.command.title)]
+    assert len(titles) == 1 and titles[0].startswith("PP: +AG 0 +AR 2 +RS 0 +A2A 0 +CP 2 · "), \
+        titles
+    assert titles[0].endswith(" · 4 stages × 4 microbatches, bubble 43%"), titles
+    hover = await session.hover(uri, line, text.splitlines()[line].index("PP") + 1)
+    assert hover is not None
+    assert "Pipeline: 4 stages of 1 layer(s), 4 microbatches in 7 steps; each stage idles 3" \
+        in hover, hover
+    session.close(uri)
