@@ -27,13 +27,18 @@ commit REV (a temporary `git worktree`) side by side, alternating fresh processe
 prints this checkout's time over REV's: the check that a change does not slow
 partitioning down (issue 13: ratio <= 1.05).
 
+With `--pipeline`, it times `partir.partition` of the scan-over-layers step with PP + BP
++ MP + Z3 (`partir.PipelinePartition` over 8 stages, 3 microbatches: 48 rows in 3 of 16,
+which BP splits over its 16 devices) against BP + MP + Z3 on the same mesh {stage: 8,
+batch: 16, model: 8}, alternating fresh processes (issue 29: ratio <= 2.0).
+
 With `--scan`, it times `partir.partition` of the scan-over-layers step
 (`model.train_step_scanned`, the layers' parameters stacked) against the unrolled step,
 alternating fresh processes: a loop's body is partitioned once, so the scanned step may
 take no longer than the unrolled one (issue 28: ratio <= 1.0).
 
     python benchmarks/partition_time.py [--repeat 3] [--layers 16 32 64] [--against REV]
-        [--scan]
+        [--scan] [--pipeline]
 """
 
 import os
@@ -75,6 +80,11 @@ from examples.transformer import model, schedules  # noqa: E402
 MESH = {schedules.BATCH: 4, schedules.MODEL: 2}
 SCHEDULE = [schedules.BP, schedules.MP, schedules.Z3]
 KINDS = ("partition", "xla_unpartitioned", "xla_sharded")  # the default table's
+# `--pipeline`: the scan-over-layers step with and without the pipeline on one mesh.
+STAGED_MESH = {schedules.STAGE: 8, schedules.BATCH: 16, schedules.MODEL: 8}
+PIPELINED = [partir.PipelinePartition({"params/layers": 0}, axis=schedules.STAGE,
+                                      microbatches=3, name="PP"), *SCHEDULE]
+PIPELINE_KINDS = {"partition_pipelined": PIPELINED, "partition_staged": SCHEDULE}
 
 
 class TraceTimer:
@@ -120,9 +130,11 @@ def measure(kind: str, layers: int, repeat: int) -> dict:
     """Run in a fresh process: `repeat` timings of one kind of work, with figures."""
     cfg = dataclasses.replace(model.T32, layers=layers)
     inputs = model.abstract_inputs(cfg)
-    step = model.train_step
-    if kind == "partition_scanned":
+    step, mesh, schedule = model.train_step, MESH, SCHEDULE
+    if kind == "partition_scanned" or kind in PIPELINE_KINDS:
         inputs, step = scanned_inputs(cfg), model.train_step_scanned
+    if kind in PIPELINE_KINDS:
+        mesh, schedule = STAGED_MESH, PIPELINE_KINDS[kind]
     # `partir` imports its modules when a name is first read: importing is not
     # partitioning, and older checkouts imported everything with `import partir`.
     partition = partir.partition
@@ -135,9 +147,9 @@ def measure(kind: str, layers: int, repeat: int) -> dict:
         result = meta = None
         _cold()
         start = time.perf_counter()
-        if kind in ("partition", "partition_scanned"):
+        if kind in ("partition", "partition_scanned", *PIPELINE_KINDS):
             with TraceTimer() as trace:
-                meta = partition(step, MESH, SCHEDULE, *inputs)
+                meta = partition(step, mesh, schedule, *inputs)
             times.append(time.perf_counter() - start)
             extra["trace_s"].append(trace.seconds)
             extra["tactics_s"].append(sum(t.elapsed_s for t in meta.tactics))
@@ -197,6 +209,16 @@ def scan_against_unrolled(layers_list: list[int], repeat: int) -> None:
            lambda layers: in_fresh_process("partition", layers, 1)["times"])
 
 
+def pipeline_against_staged(layers_list: list[int], repeat: int) -> None:
+    """The pipelined step's partition time over the same schedule's without the
+    pipeline."""
+    print(f"partir.partition of the scan-over-layers step, PP + BP + MP + Z3 vs BP + MP + Z3 "
+          f"on {STAGED_MESH}: median of {repeat} fresh processes each, alternating")
+    ratios(layers_list, repeat, ("PP", "without PP"), 2.0,
+           lambda layers: in_fresh_process("partition_pipelined", layers, 1)["times"],
+           lambda layers: in_fresh_process("partition_staged", layers, 1)["times"])
+
+
 def ratios(layers_list: list[int], repeat: int, labels: tuple[str, str], target: float,
            measured: Callable[[int], list[float]],
            baseline: Callable[[int], list[float]]) -> None:
@@ -234,7 +256,10 @@ def main() -> None:
                         help="compare partir.partition with commit REV instead")
     parser.add_argument("--scan", action="store_true",
                         help="compare the scan-over-layers step with the unrolled one")
-    parser.add_argument("--measure", choices=(*KINDS, "partition_scanned"),
+    parser.add_argument("--pipeline", action="store_true",
+                        help="compare the pipelined scan-over-layers step with the same "
+                             "schedule without the pipeline")
+    parser.add_argument("--measure", choices=(*KINDS, "partition_scanned", *PIPELINE_KINDS),
                         help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,6 +271,9 @@ def main() -> None:
         return
     if args.scan:
         scan_against_unrolled(args.layers, args.repeat)
+        return
+    if args.pipeline:
+        pipeline_against_staged(args.layers, args.repeat)
         return
 
     print(f"step: examples/transformer train_step, T32 shapes ({model.T32}) with the layer "

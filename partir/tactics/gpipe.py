@@ -88,6 +88,12 @@ def microbatch_layout(op: Op, microbatches: int, tactic: str) -> Layout:
     on one microbatch: found by tiling the batch on a virtual axis of `microbatches`
     devices and propagating through the scan."""
     nc, nk = op.params["num_consts"], op.params["num_carry"]
+    if microbatches == 1:  # the whole batch at once: every value as it is
+        (body,) = op.regions
+        n = len(op.operands) - nc - nk
+        return Layout((None,) * nc, (None,) * n, (SAME,) * (len(op.results) - nk),
+                      tuple(LocalOp(o, (None,) * len(o.operands), (False,) * len(o.operands))
+                            for o in body.ops), tuple(v.type for v in body.yields))
     if nk == 0:
         raise NotPipelineableError("the scan carries nothing from layer to layer, so there "
                                    "is no batch to split into microbatches",
@@ -275,28 +281,88 @@ _SCOPE = "partir_layer_op_"
 _SCOPED = re.compile(rf"{_SCOPE}(\d+)")
 
 
-def gpipe(op: Op, layout: Layout, stages: int, microbatches: int
-          ) -> tuple[list[Op], list[Value]]:
+@dataclass(frozen=True)
+class Steps:
+    """A stacked result of a pipelined scan as its schedule made it: each step's value
+    for every stage's layers, `[T, S, K, ...]` (a layer's batch, one microbatch of it, in
+    dimension `dim` of `...`), and the order of the scan's stages (`reverse`)."""
+
+    value: Value
+    dim: int
+    reverse: bool
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """A pipelined scan: the ops computing it, its results (None for a stacked result
+    that keeps the batch, which `reassemble` makes from its `Steps` where it is read)."""
+
+    ops: list[Op]
+    results: list[Value | None]
+    steps: dict[int, Steps]  # by result position
+
+
+def gpipe(op: Op, layout: Layout, stages: int, microbatches: int,
+          steps: dict[int, Steps]) -> Pipelined:
     """The ops computing the scan `op`'s results as a GPipe schedule of `stages` stages
-    and `microbatches` microbatches (module docstring), and those results. The body's
-    ops keep their source lines; the schedule's own ops get the scan's."""
+    and `microbatches` microbatches (module docstring). A scanned operand given in
+    `steps` (by its position among the op's operands) is read as the pipelined scan that
+    made it left it, each stage taking its microbatch's steps there: the residuals a
+    forward scan stacks for the backward one are never put back together. The body's ops
+    keep their source lines; the schedule's own ops get the scan's."""
     (body,) = op.regions
 
     def locate(info: Any) -> Location | None:
         found = _SCOPED.search(str(info.name_stack))
         return body.ops[int(found.group(1))].loc if found else None
 
-    fn = _schedule(op, layout, stages, microbatches)
+    operands = [steps[i].value if i in steps else v for i, v in enumerate(op.operands)]
+    fn, kept = _schedule(op, layout, stages, microbatches,
+                         {i: s.reverse for i, s in steps.items()})
     closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.type.shape, v.type.dtype)
-                                  for v in op.operands))
-    return inline_jaxpr(closed, op.operands, op.loc, locate)
+                                  for v in operands))
+    ops, outs = inline_jaxpr(closed, operands, op.loc, locate)
+    # The carries, the accumulated stacked results, then the kept ones' steps.
+    nk = op.params["num_carry"]
+    made = {k: Steps(v, layout.ys[k - nk] - 1, op.params["reverse"])
+            for k, v in zip(kept, outs[len(outs) - len(kept):], strict=True)}
+    accumulated = iter(outs[nk:len(outs) - len(kept)])
+    results: list[Value | None] = [*outs[:nk], *(
+        None if k in made else next(accumulated) for k in range(nk, len(op.results)))]
+    return Pipelined(ops, results, made)
 
 
-def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
+def reassemble(steps: Steps, microbatches: int, loc: Location) -> tuple[list[Op], Value]:
+    """The ops making a stacked result `[L, ...]` with the whole batch from its `Steps`,
+    and that value."""
+    def whole(y: Any) -> Any:
+        S, K, e = y.shape[1], y.shape[2], steps.dim
+        place = (S - 1 - jnp.arange(S)) if steps.reverse else jnp.arange(S)
+        # Stage s worked on microbatch m at step m + its place.
+        y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(
+            ys, p, microbatches, axis=0, allow_negative_indices=False))(
+                jnp.moveaxis(y, 1, 0), place)  # [S, M, K, ...]
+        y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
+        y = y.reshape(*y.shape[:2 + e], -1, *y.shape[4 + e:])
+        return y.reshape(S * K, *y.shape[2:])
+
+    t = steps.value.type
+    closed = jax.make_jaxpr(whole)(jax.ShapeDtypeStruct(t.shape, t.dtype))
+    ops, (out,) = inline_jaxpr(closed, [steps.value], loc)
+    return ops, out
+
+
+def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
+              ) -> tuple[Any, list[int]]:
+    """The schedule as a JAX function of the op's operands (those in `steps` as `Steps`
+    values, made by a scan whose stages ran reversed or not), returning its results and
+    after them the steps of its stacked results that keep the batch; and those results'
+    positions."""
     p = op.params
     nc, nk, reverse = p["num_consts"], p["num_carry"], p["reverse"]
     K = p["length"] // S
     (body,) = op.regions
+    kept = [nk + i for i, how in enumerate(layout.ys) if isinstance(how, int)]
 
     def layer_body(m: Any, args: Sequence[Any]) -> list[Any]:
         env = dict(zip(body.args, args, strict=True))
@@ -312,33 +378,44 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
     def micro(v: Any, d: int) -> Any:  # [.., B, ..] -> [.., B/M, M, ..]
         return v.reshape(*v.shape[:d], v.shape[d] // M, M, *v.shape[d + 1:])
 
-    def whole(v: Any, d: int) -> Any:  # the inverse of `micro`
-        return v.reshape(*v.shape[:d], v.shape[d] * M, *v.shape[d + 2:])
-
     def pick(v: Any, d: int, m: Any) -> Any:  # microbatch m of a `micro` value
         # m is in range: "clip" makes one gather, where a dynamic index would also test
         # and wrap a negative index (several ops for each of a layer's residuals).
         return jnp.take(v, m, axis=d + 1, mode="clip")
 
-    # Each stage's place in the pipeline: a reversed scan runs its layers last to first.
-    place = (S - 1 - jnp.arange(S)) if reverse else jnp.arange(S)
+    def places(reversed_: bool) -> Any:
+        """Each stage's place in a pipeline: a reversed scan runs its layers last to
+        first."""
+        return (S - 1 - jnp.arange(S)) if reversed_ else jnp.arange(S)
+
+    place = places(reverse)
 
     def per_stage(mask: Any, v: Any) -> Any:  # mask [S] against v [S, ...]
         return mask.reshape(S, *(1,) * (v.ndim - 1))
+
+    n_xs = len(layout.xs)
+    from_steps = [steps.get(nc + nk + j) for j in range(n_xs)]
 
     def run(*operands: Any) -> list[Any]:
         consts = [c if d is None else micro(c, d)
                   for c, d in zip(operands[:nc], layout.consts, strict=True)]
         init = [micro(c, 0) for c in operands[nc:nc + nk]]
-        staged = [x.reshape(S, K, *x.shape[1:]) for x in operands[nc + nk:]]
-        staged = [x if d is None else micro(x, d + 1)
-                  for x, d in zip(staged, layout.xs, strict=True)]
+        staged = []
+        for x, d, made in zip(operands[nc + nk:], layout.xs, from_steps, strict=True):
+            if made is None:
+                x = x.reshape(S, K, *x.shape[1:])
+                x = x if d is None else micro(x, d + 1)
+            staged.append(x)
+        # Steps values are [T, S, K, ...]: their stage dimension is 1.
+        axes = [0 if made is None else 1 for made in from_steps]
 
-        def stage(xs: list[Any], carry: list[Any], m: Any) -> tuple[list[Any], list[Any]]:
+        def stage(xs: list[Any], carry: list[Any], m: Any, at: list[Any]
+                  ) -> tuple[list[Any], list[Any]]:
             cs = [c if d is None else pick(c, d, m)
                   for c, d in zip(consts, layout.consts, strict=True)]
-            xk = [x if d is None else pick(x, d, m)
-                  for x, d in zip(xs, layout.xs, strict=True)]
+            xk = [x if d is None else pick(x, d, m) if made is None else
+                  jnp.take(x, at[made], axis=0, mode="clip")
+                  for x, d, made in zip(xs, layout.xs, from_steps, strict=True)]
 
             def layer(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
                 outs = layer_body(m, [*cs, *c, *x])
@@ -354,16 +431,18 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
         def step(carried: tuple[list[Any], list[Any]], t: Any) -> tuple[Any, Any]:
             state, acc = carried
             m = jnp.clip(t - place, 0, M - 1)
+            # Where the scans that made Steps operands left each stage's microbatch m.
+            at = {r: m + places(r) for r in set(steps.values())}
             entering = [pick(c, 0, jnp.clip(t, 0, M - 1)) for c in init]
             ins = [jnp.where(per_stage(place == 0, s), e[None], s)
                    for e, s in zip(entering, state, strict=True)]
-            outs, ys = jax.vmap(stage)(staged, ins, m)
+            outs, ys = jax.vmap(stage, in_axes=(axes, 0, 0, 0))(staged, ins, m, at)
             valid = (t - place >= 0) & (t - place < M)
             acc = [a + jnp.where(per_stage(valid, ys[i]), ys[i], 0)
                    if layout.ys[i] == SUMMED else
                    jnp.where(per_stage(t == place, ys[i]), ys[i], a)
                    for i, a in zip(accumulated, acc, strict=True)]
-            stacked = [y for y, how in zip(ys, layout.ys, strict=True) if isinstance(how, int)]
+            stacked = [ys[k - nk] for k in kept]
             state = [jnp.roll(o, -1 if reverse else 1, axis=0) for o in outs]
             return (state, acc), (outs, stacked)
 
@@ -374,29 +453,9 @@ def _schedule(op: Op, layout: Layout, S: int, M: int) -> Any:
         last = place == S - 1
         carry = [jnp.sum(jnp.where(last.reshape(1, S, *(1,) * (o.ndim - 2)), o, 0), axis=1)
                  for o in outs]
-        carry = [whole(jnp.moveaxis(d[S - 1:], 0, 1), 0) for d in carry]
-        by_result = dict(zip(accumulated, acc, strict=True))
-        stacked_iter = iter(stacked)
-        ys = []
-        for i, how in enumerate(layout.ys):
-            if isinstance(how, int):
-                ys.append(_reassembled(next(stacked_iter), how - 1, place, M, whole))
-            else:
-                a = by_result[i]
-                ys.append(a.reshape(S * K, *a.shape[2:]))
-        return [*carry, *ys]
+        carry = [jnp.moveaxis(d[S - 1:], 0, 1) for d in carry]  # [B/M, M, ...]
+        carry = [d.reshape(-1, *d.shape[2:]) for d in carry]
+        summed = [a.reshape(S * K, *a.shape[2:]) for a in acc]
+        return [*carry, *summed, *stacked]
 
-    return run
-
-
-def _reassembled(y: Any, e: int, place: Any, M: int, whole: Any) -> Any:
-    """A stacked result's steps [T, S, K, ...] (each layer's batch, of one microbatch, in
-    dimension e of ...) as [L, ...] with the whole batch: stage s worked on microbatch m
-    at step m + its place."""
-    S, K = y.shape[1], y.shape[2]
-    y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(ys, p, M, axis=0,
-                                                        allow_negative_indices=False))(
-        jnp.moveaxis(y, 1, 0), place)  # [S, M, K, ...]
-    y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
-    y = whole(y, 2 + e)
-    return y.reshape(S * K, *y.shape[2:])
+    return run, kept

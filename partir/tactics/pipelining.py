@@ -23,7 +23,7 @@ from partir.ir import Function, Location, Op, Value
 from partir.ir.opnames import TAG
 from partir.mesh import Mesh
 from partir.tactics.base import Tactic, TacticResult
-from partir.tactics.gpipe import gpipe, microbatch_layout
+from partir.tactics.gpipe import Steps, gpipe, microbatch_layout, reassemble
 from partir.tactics.manual import ActionSpec, caller_location, issue, select
 
 if TYPE_CHECKING:
@@ -135,23 +135,50 @@ def pipelined(traced: TracedProgram, mesh: Mesh, schedule: Sequence[Any]) -> Tra
 def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
                tactic: PipelinePartition) -> tuple[list[Op], list[Value], int]:
     """The function's ops with each scan over the layers (reading them or a pipelined
-    scan's stacked results) pipelined, its results, and how many scans were."""
+    scan's stacked results) pipelined, its results, and how many scans were. A pipelined
+    scan's stacked result that keeps the batch is put back together only where an op
+    other than a pipelined scan reads it (`gpipe.reassemble`)."""
     renamed: dict[Value, Value] = {}
+    pending: dict[Value, Steps] = {}  # results not put back together (yet)
     ops: list[Op] = []
     found = 0
+    m = tactic.microbatches
+
+    def whole(v: Value, loc: Any) -> Value:
+        made, value = reassemble(pending.pop(v), m, loc)
+        ops.extend(made)
+        renamed[v] = value
+        return value
+
     for op in fn.ops:
+        pipelined = _over_layers(op, layered, n_layers)
+        layout = microbatch_layout(op, m, tactic.label) if pipelined else None
+        steps: dict[int, Steps] = {}
+        for i, v in enumerate(op.operands):
+            if v not in pending:
+                continue
+            j = i - op.params["num_consts"] - op.params["num_carry"] if pipelined else -1
+            if layout is not None and j >= 0 and layout.xs[j] == pending[v].dim + 1:
+                steps[i] = pending[v]
+            else:
+                whole(v, op.loc)
         if any(v in renamed for v in op.operands):
             op = dataclasses.replace(op, operands=[renamed.get(v, v) for v in op.operands])
-        if not _over_layers(op, layered, n_layers):
+        if layout is None:
             ops.append(op)
             continue
-        layout = microbatch_layout(op, tactic.microbatches, tactic.label)
-        new_ops, results = gpipe(op, layout, stages, tactic.microbatches)
-        ops += new_ops
-        nk = op.params["num_carry"]
-        layered.update(results[nk:])
-        renamed.update(zip(op.results, results, strict=True))
+        made = gpipe(op, layout, stages, m, steps)
+        ops += made.ops
+        for k, (v, new) in enumerate(zip(op.results, made.results, strict=True)):
+            layered.add(v)
+            if new is None:
+                pending[v] = made.steps[k]
+            else:
+                renamed[v] = new
         found += 1
+    for v in fn.results:
+        if v in pending:
+            whole(v, Location("<return>", 0))
     return ops, [renamed.get(v, v) for v in fn.results], found
 
 

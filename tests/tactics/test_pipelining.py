@@ -223,3 +223,16 @@ def _check_pipeline(case):
     if stages > 1:
         assert meta.executed_collectives["collective_permute"] == \
             2 * carries * _steps(stages, microbatches)
+
+
+def test_each_device_holds_its_stages_layers():
+    """1 / S of the stacked parameters per device, as XLA's buffer assignment and the
+    simulator both count the arguments."""
+    w, x = _mlp_args(layers=8, batch=16, width=64)
+    step = _mlp_step(lambda h, wl: (jnp.tanh(h @ wl), None))
+    mesh = partir.Mesh({"stage": 4, "batch": 2})
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=4)
+    for schedule, held in (([], w.nbytes), ([tactic], w.nbytes // 4)):
+        fn, meta = partir.jit(step, mesh, schedule)
+        xla = fn.lower(w, x).compile().memory_analysis()
+        assert xla.argument_size_in_bytes == meta.cost.argument_bytes == held + x.nbytes
