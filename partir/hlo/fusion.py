@@ -389,6 +389,12 @@ def fuse_all_to_all(fn: Function) -> Function:
 _Rows = list[tuple[int, int, int | None]]
 
 
+# The integer arithmetic of tile offsets, folded with NumPy: evaluated eagerly, each
+# primitive is compiled by XLA the first time (tens of milliseconds in a fresh process).
+_INTEGER_ARITHMETIC = {"add": np.add, "sub": np.subtract, "mul": np.multiply,
+                       "max": np.maximum, "min": np.minimum, "neg": np.negative}
+
+
 def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[Any] | None:
     """v, a scalar computed from constants and the device's coordinates on `axes` alone,
     evaluated on each device of a group of `axes` (by chunk index); None if v depends on
@@ -424,8 +430,17 @@ def _scalar_per_device(rw: _Rewriter, v: Value, axes: Sequence[str]) -> list[Any
             coords = chunk_coordinates(chunk, axes, rw.mesh)
             env: dict[Value, Any] = {}
             for op in order:
-                outs = ([coords[op.params["axis"]]] if op.name == AXIS_INDEX
-                        else evaluate(op, [env[u] for u in op.operands]))
+                operands = [env[u] for u in op.operands]
+                if op.name == AXIS_INDEX:
+                    outs = [coords[op.params["axis"]]]
+                elif op.name == CONSTANT:
+                    outs = [np.asarray(op.params["value"])]
+                elif op.name in _INTEGER_ARITHMETIC and all(
+                        np.issubdtype(np.asarray(x).dtype, np.integer) for x in operands):
+                    outs = [_INTEGER_ARITHMETIC[op.name](*operands).astype(
+                        op.results[0].type.dtype)]
+                else:
+                    outs = evaluate(op, operands)
                 env.update(zip(op.results, outs, strict=True))
             values.append(np.asarray(env[v]))
     return values

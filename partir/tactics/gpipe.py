@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
@@ -337,7 +338,8 @@ def reassemble(steps: Steps, microbatches: int, loc: Location) -> tuple[list[Op]
     and that value."""
     def whole(y: Any) -> Any:
         S, K, e = y.shape[1], y.shape[2], steps.dim
-        place = (S - 1 - jnp.arange(S)) if steps.reverse else jnp.arange(S)
+        place = np.arange(S, dtype=np.int32)
+        place = S - 1 - place if steps.reverse else place
         # Stage s worked on microbatch m at step m + its place.
         y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(
             ys, p, microbatches, axis=0, allow_negative_indices=False))(
@@ -357,7 +359,11 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
     """The schedule as a JAX function of the op's operands (those in `steps` as `Steps`
     values, made by a scan whose stages ran reversed or not), returning its results and
     after them the steps of its stacked results that keep the batch; and those results'
-    positions."""
+    positions.
+
+    Written with `lax` primitives and NumPy constants: `jax.numpy`'s functions are jitted
+    wrappers, each a trace of its own the first time, which made the rewrite cost more
+    than partitioning the program it makes."""
     p = op.params
     nc, nk, reverse = p["num_consts"], p["num_carry"], p["reverse"]
     K = p["length"] // S
@@ -368,31 +374,23 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
         env = dict(zip(body.args, args, strict=True))
         for k, lo in enumerate(layout.body):
             with jax.named_scope(f"{_SCOPE}{k}"):
-                operands = [env[v] if d is None else pick(micro(env[v], d), d, m)
+                operands = [env[v] if d is None else _take(micro(env[v], d), m, d + 1)
                             for v, d in zip(lo.op.operands, lo.cut, strict=True)]
-                operands = [x / M if sh else x
+                operands = [lax.div(x, lax.full(x.shape, M, x.dtype)) if sh else x
                             for x, sh in zip(operands, lo.share, strict=True)]
                 env.update(zip(lo.op.results, evaluate(lo.op, operands), strict=True))
         return [env[v] for v in body.yields]
 
     def micro(v: Any, d: int) -> Any:  # [.., B, ..] -> [.., B/M, M, ..]
-        return v.reshape(*v.shape[:d], v.shape[d] // M, M, *v.shape[d + 1:])
+        return lax.reshape(v, (*v.shape[:d], v.shape[d] // M, M, *v.shape[d + 1:]))
 
-    def pick(v: Any, d: int, m: Any) -> Any:  # microbatch m of a `micro` value
-        # m is in range: "clip" makes one gather, where a dynamic index would also test
-        # and wrap a negative index (several ops for each of a layer's residuals).
-        return jnp.take(v, m, axis=d + 1, mode="clip")
-
-    def places(reversed_: bool) -> Any:
+    def places(reversed_: bool) -> np.ndarray:
         """Each stage's place in a pipeline: a reversed scan runs its layers last to
         first."""
-        return (S - 1 - jnp.arange(S)) if reversed_ else jnp.arange(S)
+        at = np.arange(S, dtype=np.int32)
+        return S - 1 - at if reversed_ else at
 
     place = places(reverse)
-
-    def per_stage(mask: Any, v: Any) -> Any:  # mask [S] against v [S, ...]
-        return mask.reshape(S, *(1,) * (v.ndim - 1))
-
     n_xs = len(layout.xs)
     from_steps = [steps.get(nc + nk + j) for j in range(n_xs)]
 
@@ -403,18 +401,18 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
         staged = []
         for x, d, made in zip(operands[nc + nk:], layout.xs, from_steps, strict=True):
             if made is None:
-                x = x.reshape(S, K, *x.shape[1:])
+                x = lax.reshape(x, (S, K, *x.shape[1:]))
                 x = x if d is None else micro(x, d + 1)
             staged.append(x)
         # Steps values are [T, S, K, ...]: their stage dimension is 1.
         axes = [0 if made is None else 1 for made in from_steps]
 
-        def stage(xs: list[Any], carry: list[Any], m: Any, at: list[Any]
+        def stage(xs: list[Any], carry: list[Any], m: Any, at: dict[bool, Any]
                   ) -> tuple[list[Any], list[Any]]:
-            cs = [c if d is None else pick(c, d, m)
+            cs = [c if d is None else _take(c, m, d + 1)
                   for c, d in zip(consts, layout.consts, strict=True)]
-            xk = [x if d is None else pick(x, d, m) if made is None else
-                  jnp.take(x, at[made], axis=0, mode="clip")
+            xk = [x if d is None else _take(x, m, d + 1) if made is None else
+                  _take(x, at[made], 0)
                   for x, d, made in zip(xs, layout.xs, from_steps, strict=True)]
 
             def layer(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -423,39 +421,67 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
 
             return lax.scan(layer, carry, xk, length=K, reverse=reverse)
 
-        state = [jnp.zeros((S, *c.shape[:1], *c.shape[2:]), c.dtype) for c in init]
+        state = [lax.full((S, *c.shape[:1], *c.shape[2:]), 0, c.dtype) for c in init]
         accumulated = [i for i, how in enumerate(layout.ys) if how in (SUMMED, SAME)]
         ys_types = layout.yields[nk:]
-        acc = [jnp.zeros((S, K, *ys_types[i].shape), ys_types[i].dtype) for i in accumulated]
+        acc = [lax.full((S, K, *ys_types[i].shape), 0, ys_types[i].dtype)
+               for i in accumulated]
+        first, last = place == 0, place == S - 1
 
         def step(carried: tuple[list[Any], list[Any]], t: Any) -> tuple[Any, Any]:
             state, acc = carried
-            m = jnp.clip(t - place, 0, M - 1)
+            offset = lax.sub(lax.broadcast(t, (S,)), place)  # each stage's microbatch
+            m = lax.clamp(np.int32(0), offset, np.int32(M - 1))
             # Where the scans that made Steps operands left each stage's microbatch m.
-            at = {r: m + places(r) for r in set(steps.values())}
-            entering = [pick(c, 0, jnp.clip(t, 0, M - 1)) for c in init]
-            ins = [jnp.where(per_stage(place == 0, s), e[None], s)
-                   for e, s in zip(entering, state, strict=True)]
+            at = {r: lax.add(m, places(r)) for r in set(steps.values())}
+            now = lax.clamp(np.int32(0), t, np.int32(M - 1))
+            ins = [_where(first, lax.broadcast(_take(c, now, 1), (S,)), s)
+                   for c, s in zip(init, state, strict=True)]
             outs, ys = jax.vmap(stage, in_axes=(axes, 0, 0, 0))(staged, ins, m, at)
-            valid = (t - place >= 0) & (t - place < M)
-            acc = [a + jnp.where(per_stage(valid, ys[i]), ys[i], 0)
+            valid = lax.bitwise_and(lax.ge(offset, np.int32(0)), lax.lt(offset, np.int32(M)))
+            acc = [lax.add(a, _where(valid, ys[i], lax.full(a.shape, 0, a.dtype)))
                    if layout.ys[i] == SUMMED else
-                   jnp.where(per_stage(t == place, ys[i]), ys[i], a)
+                   _where(lax.eq(offset, np.int32(0)), ys[i], a)
                    for i, a in zip(accumulated, acc, strict=True)]
             stacked = [ys[k - nk] for k in kept]
-            state = [jnp.roll(o, -1 if reverse else 1, axis=0) for o in outs]
-            return (state, acc), (outs, stacked)
+            return ([_roll(o, reverse) for o in outs], acc), (outs, stacked)
 
         (_, acc), (outs, stacked) = lax.scan(step, (state, acc),
-                                             jnp.arange(M + S - 1, dtype=jnp.int32))
+                                             np.arange(M + S - 1, dtype=np.int32))
         # Microbatch m leaves the last stage at step m + S - 1: every step's activations
         # are kept, and the last stage's are taken once, after the loop.
-        last = place == S - 1
-        carry = [jnp.sum(jnp.where(last.reshape(1, S, *(1,) * (o.ndim - 2)), o, 0), axis=1)
-                 for o in outs]
-        carry = [jnp.moveaxis(d[S - 1:], 0, 1) for d in carry]  # [B/M, M, ...]
-        carry = [d.reshape(-1, *d.shape[2:]) for d in carry]
-        summed = [a.reshape(S * K, *a.shape[2:]) for a in acc]
+        carry = []
+        for o in outs:  # [T, S, B/M, ...]
+            only = lax.select(lax.broadcast_in_dim(last, o.shape, (1,)), o,
+                              lax.full(o.shape, 0, o.dtype))
+            done = lax.reduce(only, np.zeros((), o.dtype), lax.add, (1,))
+            done = lax.slice_in_dim(done, S - 1, o.shape[0], axis=0)  # [M, B/M, ...]
+            done = lax.transpose(done, (1, 0, *range(2, done.ndim)))  # [B/M, M, ...]
+            carry.append(lax.reshape(done, (done.shape[0] * M, *done.shape[2:])))
+        summed = [lax.reshape(a, (S * K, *a.shape[2:])) for a in acc]
         return [*carry, *summed, *stacked]
 
     return run, kept
+
+
+def _take(v: Any, i: Any, axis: int) -> Any:
+    """v's slice at index i (an int32 scalar, in range) of dimension `axis`: one gather
+    (under the stages' vmap, with the stage as a batching dimension)."""
+    dn = lax.GatherDimensionNumbers(offset_dims=tuple(range(v.ndim - 1)),
+                                    collapsed_slice_dims=(axis,), start_index_map=(axis,))
+    sizes = (*v.shape[:axis], 1, *v.shape[axis + 1:])
+    return lax.gather(v, lax.reshape(i, (1,)), dn, sizes,
+                      mode=lax.GatherScatterMode.CLIP)
+
+
+def _where(mask: Any, a: Any, b: Any) -> Any:
+    """a where the per-stage mask [S] holds, else b; a and b are [S, ...]."""
+    return lax.select(lax.broadcast_in_dim(mask, a.shape, (0,)), a, b)
+
+
+def _roll(v: Any, backward: bool) -> Any:
+    """Every stage's value moved one stage on along dimension 0 (one back, `backward`)."""
+    n = v.shape[0]
+    if backward:
+        return lax.concatenate([lax.slice_in_dim(v, 1, n), lax.slice_in_dim(v, 0, 1)], 0)
+    return lax.concatenate([lax.slice_in_dim(v, n - 1, n), lax.slice_in_dim(v, 0, n - 1)], 0)
