@@ -259,7 +259,23 @@ def data_flow(op: Any) -> DataFlow | None:
     prim = CATALOGUE.get(op.name) if op.regions else None
     if prim is None or prim.data_flow is None:
         return None
-    return prim.data_flow(OpView.of(op))
+    # Asked once per edge of the op, by each pass: a loop with hundreds of operands (a
+    # pipeline's steps read every layer's residuals) would build its edges that often.
+    # Ops are never changed in place, so an op's flow is remembered while the op is.
+    found = _FLOWS.get(id(op))
+    if found is not None and found[0] is op:
+        return found[1]
+    if len(_FLOWS) >= _FLOWS_BOUND:
+        _FLOWS.clear()
+    flow = prim.data_flow(OpView.of(op))
+    _FLOWS[id(op)] = (op, flow)
+    return flow
+
+
+# id(op) -> (op, its DataFlow): the entry holds the op, so its id is not reused meanwhile.
+_FLOWS: dict[int, tuple[Any, DataFlow]] = {}
+_FLOWS_BOUND = 4096
+
 
 
 def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None]]:
