@@ -414,3 +414,45 @@ def test_a_value_tagged_inside_a_loop_body_is_explained_with_its_sharding(
     line = SCAN_MODEL.splitlines().index('        h = partir.tag(c @ w, "hidden")') + 1
     assert [(d.file, d.line) for d in hidden.definitions] == [
         (str(tmp_path / "scan_model.py"), line)]
+
+
+PIPELINE = '''\
+import model
+
+import partir
+
+program = partir.Program(model.train_step_scanned, *model.make_scanned_inputs(model.TINY))
+mesh = {{"stage": {stages}, "batch": 2}}
+schedule = [
+    partir.ManualPartition({{"batch": 0}}, axis="batch", name="BP"),
+    partir.PipelinePartition({{"params/layers": 0}}, axis="stage", microbatches={m},
+                             name="PP"),
+]
+'''
+
+
+def test_a_pipeline_rewrites_the_program_once_for_the_edits_after_it(ws: Path) -> None:
+    session = Session(str(ws))
+    first = analyse(session, ws, PIPELINE.format(stages=2, m=2))
+    assert first.states[1].record.pipeline == {
+        "stages": 2, "layers_per_stage": 2, "microbatches": 2, "steps": 3, "bubble": 1 / 3}
+    assert first.program is not first.trace.traced  # the rewritten program
+    # BP's tiling reaches the microbatches of the rewritten scans: the same initial state
+    # serves an edit of the tactics, not one of the pipeline.
+    again = analyse(session, ws, PIPELINE.format(stages=2, m=2).replace('name="BP"',
+                                                                        'name="DP"'))
+    assert again.initial is first.initial
+    other = analyse(session, ws, PIPELINE.format(stages=2, m=4))
+    assert other.initial is not first.initial
+    assert other.states[1].record.pipeline["microbatches"] == 4
+
+
+def test_a_scan_the_pipeline_cannot_split_is_a_diagnostic_at_the_tactic(ws: Path) -> None:
+    session = Session(str(ws))
+    source = PIPELINE.format(stages=8, m=2).replace('"batch": 2', '"batch": 1')
+    analysis = session.analyse(str(ws / "t.partir.py"), source)
+    (diagnostic,) = analysis.diagnostics
+    assert diagnostic.kind == "tactic" and diagnostic.tactic == 2
+    assert "tactic 2 (PP): 8 stages do not divide the 4 layers" in diagnostic.message
+    assert diagnostic.line == source.splitlines().index(
+        '    partir.PipelinePartition({"params/layers": 0}, axis="stage", microbatches=2,') + 1
