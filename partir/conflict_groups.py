@@ -24,6 +24,8 @@ MEANING = {
     "replicated_operand": "sharding the op would slice an operand kept replicated",
     "unsupported": "partir has no propagation rule for this primitive",
     "needs_replication": "the op cannot be sharded along the dimension propagation brings",
+    "shifted_tiles": "the op rolls or shifts the sharded dimension: each device needs its "
+                     "neighbours' pieces",
 }
 # What each kind costs the partitioned program and what users usually do about it: a
 # conflict is not an error, and some are what a tactic is for (ZeRO-3's parameters inside
@@ -41,6 +43,9 @@ ADVICE = {
                    "tile its result in a tactic",
     "needs_replication": "Costs an all_gather of that dimension before the op; shard "
                          "another dimension instead",
+    "shifted_tiles": "Costs a collective_permute of the pieces that move (the lowering "
+                     "sends them to the neighbours rather than gathering); expected for "
+                     "a pipeline's activations",
 }
 UNSUPPORTED = "unsupported"
 

@@ -20,6 +20,11 @@ UNSUPPORTED = "unsupported"
 # scanned or reversed dim...), or the axis would fall on the minor factor of a dimension
 # the op splits or merges, which needs a sub-axis.
 NEEDS_REPLICATION = "needs_replication"
+# A needs_replication of a slice that, with the other slices of its operand a
+# concatenation puts back in another order, rolls or shifts the sliced dimension
+# (`jnp.roll`, a pipeline's activations moving one stage on): the lowering moves the
+# pieces between neighbouring devices (`permute_shifted_tiles`) rather than gathering.
+SHIFTED_TILES = "shifted_tiles"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from partir.core.conflicts import (
     MULTIPLE_MATCHES,
     NEEDS_REPLICATION,
     REPLICATED_OPERAND,
+    SHIFTED_TILES,
     UNSUPPORTED,
     Conflict,
 )
@@ -656,6 +657,8 @@ class Propagator:
     def _conflict(self, op: CoreOp, axis: str, kind: str, choices: tuple[str, ...],
                   detail: str = "") -> None:
         self._conflicts_made += 1
+        if kind == NEEDS_REPLICATION and _shifts(self.m, op):
+            kind = SHIFTED_TILES
         self.m.conflicts.setdefault((op.uid, axis), Conflict(
             kind, written_name(op), op.loc, axis, choices, detail))
 
@@ -697,6 +700,40 @@ class Propagator:
                     self.push(uid)
                     uses.append((k, j))
         return tuple(operands), tuple(uses)
+
+
+def _shifts(m: CoreModule, op: CoreOp) -> bool:
+    """Whether op is a slice of x along one dimension that every reader concatenates
+    along it with other slices of x making up all of x (a roll of the dimension)."""
+    if op.name != "slice" or op.params.get("strides") not in (None, (1,) * len(
+            op.params["start_indices"])):
+        return False
+    (x,) = op.operands
+    cut = [d for d, (a, b, n) in enumerate(zip(op.params["start_indices"],
+                                               op.params["limit_indices"], x.type.shape,
+                                               strict=True)) if (a, b) != (0, n)]
+    if len(cut) != 1:
+        return False
+    (d,) = cut
+    readers = [m.by_uid[uid] for uid, _ in m.uses.get(op.results[0], ())]
+    if not readers:
+        return False
+    for reader in readers:
+        if reader.name != "concatenate" or reader.params["dimension"] != d:
+            return False
+        pieces = []
+        for v in reader.operands:
+            p = m.producer.get(v)
+            piece = m.by_uid[p[0]] if p is not None else None
+            if piece is None or piece.name != "slice" or piece.operands[0] is not x:
+                return False
+            pieces.append((piece.params["start_indices"][d], piece.params["limit_indices"][d]))
+        ordered = sorted(pieces)
+        whole = ordered[0][0] == 0 and ordered[-1][1] == x.type.shape[d] and all(
+            a == end for (a, _), (_, end) in zip(ordered[1:], ordered, strict=False))
+        if not whole or pieces == ordered:  # not all of x, or x as it is
+            return False
+    return True
 
 
 def _gathered(op: CoreOp) -> list[TileMapping]:

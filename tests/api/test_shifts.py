@@ -54,6 +54,9 @@ def test_a_roll_of_a_sliced_dimension_permutes_its_tiles(shift, axes):
     assert meta.collectives["all_gather"] == 0
     assert meta.collectives["collective_permute"] == _permutes(shift, 16, devices)
     assert meta.cost.bytes_moved["collective_permute"] > 0
+    # The roll's slices are reported as what they cost: a permute, not a gather.
+    kinds = {c["kind"] for t in meta.tactics for c in t.conflicts}
+    assert kinds <= {"shifted_tiles"}, kinds
 
 
 def test_a_roll_along_the_second_dimension():

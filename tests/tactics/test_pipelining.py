@@ -79,6 +79,8 @@ def test_the_tactic_reports_stages_microbatches_and_the_bubble(tiny_scanned):
     assert record.actions[0] == 'tile<%params/layers/b_up,0,"stage">'
     assert any("4 stages of 1 layer, 4 microbatches: 7 steps" in n and "43%" in n
                for n in record.notes)
+    # The only conflicts: the rolls' slices, each a permute to the next stage.
+    assert {c["kind"] for c in record.conflicts} == {"shifted_tiles"}
 
 
 # --- refusals ------------------------------------------------------------------------------
