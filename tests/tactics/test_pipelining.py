@@ -256,3 +256,15 @@ def test_the_simulated_step_time_holds_the_bubble(microbatches):
     bubble = 1 - whole / (stages * pipelined)
     expected = (stages - 1) / (microbatches + stages - 1)
     assert abs(bubble / expected - 1) <= 0.05, (bubble, expected)
+
+
+@pytest.mark.slow
+def test_zero_composes_with_the_pipeline(wide_scanned):
+    """ZeRO-3 inside each stage: a stage's stacked parameters sharded past the layer
+    dimension, each layer's slice gathered in the step loops' bodies."""
+    from examples.transformer.schedules import Z3
+    mesh = partir.Mesh({"stage": 2, "batch": 2, "model": 2})
+    meta = check_oracles(model.train_step_scanned, mesh, [BP, pp(4), MP, Z3], *wide_scanned)
+    assert meta.executed_collectives["collective_permute"] == 2 * _steps(2, 4)
+    w_up = meta.in_specs[0]["layers"]["w_up"]
+    assert w_up == jax.sharding.PartitionSpec("stage", "batch", "model")
