@@ -118,8 +118,11 @@ def pipelined(traced: TracedProgram, mesh: Mesh, schedule: Sequence[Any]) -> Tra
             tactic=tactic.label, loc=tactic.loc)
     (n_layers,) = layers
     if n_layers % stages:
-        raise NotPipelineableError(f"{stages} stages do not divide the {n_layers} layers",
-                                   tactic=tactic.label, loc=tactic.loc)
+        first = next((op for op in traced.function.ops if _over_layers(
+            op, {v for _, v, _ in selected}, n_layers)), None)
+        raise NotPipelineableError(
+            f"{stages} stages do not divide the {n_layers} layers of the scan",
+            tactic=tactic.label, loc=first.loc if first is not None else tactic.loc)
     ops, results, found = _rewritten(traced.function, {v for _, v, _ in selected}, n_layers,
                                      stages, tactic)
     if not found:

@@ -87,9 +87,13 @@ def test_the_tactic_reports_stages_microbatches_and_the_bubble(tiny_scanned):
 
 
 def test_stages_that_do_not_divide_the_layers_are_refused(tiny_scanned):
-    with pytest.raises(partir.NotPipelineableError, match="8 stages do not divide the 4 layers"):
+    with pytest.raises(partir.NotPipelineableError,
+                       match="8 stages do not divide the 4 layers") as info:
         partir.partition(model.train_step_scanned, partir.Mesh({"stage": 8}), [pp(2)],
                          *tiny_scanned)
+    assert info.value.loc.file == model.__file__  # the scan's line
+    assert "lax.scan" in pathlib.Path(model.__file__).read_text().splitlines()[
+        info.value.loc.line - 1]
 
 
 def test_inputs_no_scan_iterates_over_are_refused(tiny_scanned):
