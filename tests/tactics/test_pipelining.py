@@ -272,3 +272,21 @@ def test_zero_composes_with_the_pipeline(wide_scanned):
     assert meta.executed_collectives["collective_permute"] == 2 * _steps(2, 4)
     w_up = meta.in_specs[0]["layers"]["w_up"]
     assert w_up == jax.sharding.PartitionSpec("stage", "batch", "model")
+
+
+def test_differentiating_a_pipelined_function_pipelines_its_backward_program():
+    """partir.jit of a forward scan over layers: jax.grad of it is JAX's, through the
+    VJP program, which the same schedule pipelines (the forward scan and the reversed one
+    of its gradient: one permute per step of each)."""
+    def loss(w, x):
+        h, _ = lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), x, w)
+        return jnp.mean(h ** 2)
+
+    w, x = _mlp_args(layers=4, batch=8, width=4)
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    fn, meta = partir.jit(loss, partir.Mesh({"stage": 2, "batch": 4}), [tactic])
+    np.testing.assert_allclose(fn(w, x), loss(w, x), rtol=1e-6)
+    assert meta.executed_collectives["collective_permute"] == _steps(2, 2)
+    np.testing.assert_allclose(jax.grad(fn)(w, x), jax.grad(loss)(w, x), rtol=1e-5,
+                               atol=1e-7)
+    assert fn.vjp.metadata.executed_collectives["collective_permute"] == 2 * _steps(2, 2)
