@@ -183,11 +183,17 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
             out.append(LocalOp(op, (None,) * len(op.operands),
                                share or (False,) * len(op.operands)))
             continue
+        if op.regions:
+            raise NotPipelineableError(
+                f"the {op.name} inside the layer works on the batch, and a loop or branch "
+                f"inside a pipelined layer does not run on microbatches yet (one "
+                f"microbatch does)", tactic=tactic, loc=op.loc)
         entry = lookup(op.name)
-        if op.regions or entry.apply is not None:
+        if entry.apply is not None:
             raise NotPipelineableError(
                 f"{op.name} computes a microbatch's values from where they lie in the "
-                f"batch, which the pipeline does not compute yet", tactic=tactic, loc=op.loc)
+                f"batch, which the pipeline does not compute yet (one microbatch does)",
+                tactic=tactic, loc=op.loc)
         cut = tuple(d if d is not None and v not in local else None
                     for v, d in zip(op.operands, loop.operands, strict=True))
         in_types = tuple(v.type if d is None else sliced_type(v.type, d, microbatches)

@@ -290,3 +290,17 @@ def test_differentiating_a_pipelined_function_pipelines_its_backward_program():
     np.testing.assert_allclose(jax.grad(fn)(w, x), jax.grad(loss)(w, x), rtol=1e-5,
                                atol=1e-7)
     assert fn.vjp.metadata.executed_collectives["collective_permute"] == 2 * _steps(2, 2)
+
+
+def test_a_loop_inside_a_layer_is_refused_at_its_line_for_microbatches():
+    def layer(h, w):
+        h, _ = lax.scan(lambda c, _: (jnp.tanh(c @ w), None), h, None, length=2)
+        return h, None
+
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    with pytest.raises(partir.NotPipelineableError, match="loop or branch inside") as info:
+        partir.partition(_mlp_step(layer), partir.Mesh({"stage": 2}), [tactic], *_mlp_args())
+    assert info.value.loc.file == __file__
+    # One microbatch keeps the layer as it is.
+    check_oracles(_mlp_step(layer), partir.Mesh({"stage": 2, "batch": 4}),
+                  [partir.PipelinePartition({"w": 0}, axis="stage")], *_mlp_args())
