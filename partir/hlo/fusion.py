@@ -75,6 +75,7 @@ from partir.ir.collectives import chunk_coordinates
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import BY_ELEMENTWISE
 from partir.ir.opnames import CONSTANT
+from partir.mesh import split_axis_name
 from partir.rules.catalogue import DataFlow, Edge, data_flow
 
 
@@ -1224,16 +1225,23 @@ def _moves_elements(op: Op) -> bool:
         op.name == "convert_element_type" and op.results[0].type == op.operands[0].type)
 
 
-def _linear_chain(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
-                  ) -> tuple[Value, list[Op], bool]:
+def _linear_chain(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value,
+                  masks: list[Value] | None = None) -> tuple[Value, list[Op], bool]:
     """The value v is made from through ops each linear in it (moving its elements, or
     scaling them by a constant: a mean's division), each value on the way read once: that
-    value, those ops in program order, and whether one scales."""
+    value, those ops in program order, and whether one scales. Given `masks`, also
+    through a select of it against zeros, whose predicate it appends there: linear where
+    the predicate is the same on every device of the reduction the caller looks for (it
+    checks: `_uniform`)."""
     source = _source_in(producer)
     chain_ops: list[Op] = []
     scales = False
     while (op := producer.get(v)) is not None and uses[v] == 1:
-        if _moves_elements(op):
+        if masks is not None and op.name == "select_n" and len(op.operands) == 3 and (
+                kept := _against_zeros(source, op)) is not None:
+            masks.append(op.operands[0])
+            v = kept
+        elif _moves_elements(op):
             v = op.operands[0]
         elif op.name in ("mul", "div") and _constant_of(source, op.operands[1]) is not None:
             v, scales = op.operands[0], True
@@ -1243,6 +1251,43 @@ def _linear_chain(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Va
             break
         chain_ops.append(op)
     return v, chain_ops[::-1], scales
+
+
+def _against_zeros(source: Callable[[Value, str], Op | None], op: Op) -> Value | None:
+    """The case a two-way select keeps where its other case is zeros, else None."""
+    _, on_false, on_true = op.operands
+    if _is_zeros(source, on_false, scalar=True):
+        return on_true
+    if _is_zeros(source, on_true, scalar=True):
+        return on_false
+    return None
+
+
+def _uniform(v: Value, axes: Sequence[str], producer: Mapping[Value, Op],
+             uniform_arg: Callable[[Value], bool]) -> bool:
+    """Whether v is the same on every device of a group of mesh axes `axes`: made, by ops
+    computing alike on every device, from constants, device coordinates on other axes and
+    region arguments `uniform_arg` accepts (a loop's step counter)."""
+    bases = {split_axis_name(a)[0] for a in axes}
+    seen: set[Value] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        op = producer.get(u)
+        if op is None:
+            if not uniform_arg(u):
+                return False
+        elif op.name == AXIS_INDEX:
+            if split_axis_name(op.params["axis"])[0] in bases:
+                return False
+        elif op.regions or op.name in COLLECTIVES:
+            return False
+        else:
+            stack.extend(op.operands)
+    return True
 
 
 def _source_in(producer: Mapping[Value, Op]) -> Callable[[Value, str], Op | None]:
@@ -1258,14 +1303,18 @@ class _Accumulator:
     carry: int  # the carry's position in the op's data flow
     reduction: Op  # the all_reduce in the body each iteration combines in
     idempotent: bool  # the monoid's x . x = x: max, min, and, or
+    # Where the reduction is in a loop of the body, slice by slice of its stacked result
+    # (a pipeline step's stages' layers), that loop; else None.
+    inner: _Stacked | None = None
 
 
-def _accumulators(op: Op, flow: DataFlow) -> list[_Accumulator]:
+def _accumulators(op: Op, flow: DataFlow, outer: Mapping[Value, Op]) -> list[_Accumulator]:
     """The carries of `op` that accumulate an all_reduce each iteration: a carry's
     argument read by that combination alone (and by no other region: a while loop's
     condition does not see it), the combination read by the yield alone, the reduction's
     result read by it alone (through ops linear in it, `_linear_chain`: a mean's division
-    too)."""
+    too, or a select against zeros by a predicate the same across the reduction's axes: a
+    pipeline's steps that hold a microbatch). `outer` makes the op's operands."""
     producers = [{v: o for o in region.ops for v in o.results} for region in op.regions]
     uses = [Counter(chain.from_iterable([o.operands for o in region.ops]))
             for region in op.regions]
@@ -1292,17 +1341,36 @@ def _accumulators(op: Op, flow: DataFlow) -> list[_Accumulator]:
         if uses[r][held] != 1 or held not in combine.operands:
             continue
         v = combine.operands[1] if combine.operands[0] is held else combine.operands[0]
-        reduction = _reduction_behind(producers[r], uses[r], v)
-        if reduction is not None and reduction.params["monoid"] == monoid:
-            found.append(_Accumulator(n, reduction, monoid != "add"))
+        masks: list[Value] = []
+        reduction = _reduction_behind(producers[r], uses[r], v, masks)
+        inner = None
+        if reduction is None:
+            masks = []
+            inner = _stacked_reduction(producers[r], uses[r], v, masks)
+            reduction = inner.reduction if inner is not None else None
+        if reduction is None or reduction.params["monoid"] != monoid or (
+                masks and monoid != "add"):
+            continue
+        axes = reduction.params["axes"]
+        # A region argument is the same on every device where what enters it is.
+        entering = {op.regions[r].args[e.position]: op.operands[e.value]
+                    for e in flow.entries if e.region == r}
+
+        def uniform_arg(a: Value, axes: Sequence[str] = axes,
+                        entering: Mapping[Value, Value] = entering) -> bool:
+            return a in entering and _uniform(entering[a], axes, outer, lambda _: False)
+
+        if all(_uniform(p, axes, producers[r], uniform_arg) for p in masks):
+            found.append(_Accumulator(n, reduction, monoid != "add", inner))
     return found
 
 
-def _reduction_behind(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
-                      ) -> Op | None:
-    """The all_reduce that makes v through ops linear in it (`_linear_chain`; scaling only
-    a sum: a negative scale turns a max into a min), read once; None if none does."""
-    v, _, scales = _linear_chain(producer, uses, v)
+def _reduction_behind(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value,
+                      masks: list[Value] | None = None) -> Op | None:
+    """The all_reduce that makes v through ops linear in it (`_linear_chain`, `masks` as
+    there; scaling only a sum: a negative scale turns a max into a min), read once; None
+    if none does."""
+    v, _, scales = _linear_chain(producer, uses, v, masks)
     reduction = producer.get(v)
     if reduction is None or reduction.name != ALL_REDUCE or uses[v] != 1 or (
             scales and reduction.params["monoid"] != "add"):
@@ -1319,6 +1387,15 @@ def _without(region: Region, reduction: Op) -> Region:
         [kept if v is out else v for v in region.yields])
 
 
+def _without_inside(region: Region, stacked: _Stacked) -> Region:
+    """The region with the loop of `stacked` reducing its stacked result no more."""
+    loop = stacked.loop
+    inner = list(loop.regions)
+    inner[stacked.exit.region] = _without(inner[stacked.exit.region], stacked.reduction)
+    new = replace(loop, regions=inner)
+    return Region(region.args, [new if o is loop else o for o in region.ops], region.yields)
+
+
 def sum_after_loops(fn: Function) -> Function:
     """A loop-carried accumulator that each iteration combines with an all_reduce, and
     nothing else reads, accumulates each device's part instead, reduced once after the
@@ -1327,8 +1404,9 @@ def sum_after_loops(fn: Function) -> Function:
     per microbatch). The part starts from the carry's initial value on every device where
     the monoid is idempotent (max, min, and, or) and from zeros for a sum, the initial
     value added after the reduction unless it is zeros."""
+    outer = {v: o for o in fn.ops for v in o.results}
     found = {op: accs for op in fn.ops if op.regions and (flow := data_flow(op)) is not None
-             and (accs := _accumulators(op, flow))}
+             and (accs := _accumulators(op, flow, outer))}
     if not found:
         return fn
     source = _source_in({v: o for o in fn.ops for v in o.results})
@@ -1352,7 +1430,9 @@ def sum_after_loops(fn: Function) -> Function:
                 zeros = make_zeros(init.type, ar.loc)
                 ops += zeros
                 operands[carry.operand] = zeros[-1].results[0]
-            regions[carry.made[0]] = _without(regions[carry.made[0]], ar)
+            r = carry.made[0]
+            regions[r] = (_without(regions[r], ar) if acc.inner is None
+                          else _without_inside(regions[r], acc.inner))
             result = results[carry.result]
             results[carry.result] = Value(result.type)
             reduced = make_all_reduce(results[carry.result], ar.params["axes"],
@@ -1379,9 +1459,9 @@ class _Stacked:
     linear: list[Op]
 
 
-def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value
-                       ) -> _Stacked | None:
-    v, linear, scales = _linear_chain(producer, uses, v)
+def _stacked_reduction(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value,
+                       masks: list[Value] | None = None) -> _Stacked | None:
+    v, linear, scales = _linear_chain(producer, uses, v, masks)
     loop = producer.get(v)
     if uses[v] != 1 or loop is None or not loop.regions \
             or (flow := data_flow(loop)) is None:
