@@ -290,13 +290,13 @@ _SCOPED = re.compile(rf"{_SCOPE}(\d+)")
 
 @dataclass(frozen=True)
 class Steps:
-    """A stacked result of a pipelined scan as its schedule made it: each step's value
-    for every stage's layers, `[T, S, K, ...]` (a layer's batch, one microbatch of it, in
-    dimension `dim` of `...`), and the order of the scan's stages (`reverse`)."""
+    """A stacked result of a pipelined scan as its schedule made it: per stage and
+    microbatch, its layers' values, `[S, M + 1, K, ...]` (a layer's batch, one microbatch
+    of it, in dimension `dim` of `...`; the last microbatch's place holds what the
+    stages computed while idle)."""
 
     value: Value
     dim: int
-    reverse: bool
 
 
 @dataclass(frozen=True)
@@ -324,14 +324,13 @@ def gpipe(op: Op, layout: Layout, stages: int, microbatches: int,
         return body.ops[int(found.group(1))].loc if found else None
 
     operands = [steps[i].value if i in steps else v for i, v in enumerate(op.operands)]
-    fn, kept = _schedule(op, layout, stages, microbatches,
-                         {i: s.reverse for i, s in steps.items()})
+    fn, kept = _schedule(op, layout, stages, microbatches, set(steps))
     closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.type.shape, v.type.dtype)
                                   for v in operands))
     ops, outs = inline_jaxpr(closed, operands, op.loc, locate)
     # The carries, the accumulated stacked results, then the kept ones' steps.
     nk = op.params["num_carry"]
-    made = {k: Steps(v, layout.ys[k - nk] - 1, op.params["reverse"])
+    made = {k: Steps(v, layout.ys[k - nk] - 1)
             for k, v in zip(kept, outs[len(outs) - len(kept):], strict=True)}
     accumulated = iter(outs[nk:len(outs) - len(kept)])
     results: list[Value | None] = [*outs[:nk], *(
@@ -343,13 +342,8 @@ def reassemble(steps: Steps, microbatches: int, loc: Location) -> tuple[list[Op]
     """The ops making a stacked result `[L, ...]` with the whole batch from its `Steps`,
     and that value."""
     def whole(y: Any) -> Any:
-        S, K, e = y.shape[1], y.shape[2], steps.dim
-        place = np.arange(S, dtype=np.int32)
-        place = S - 1 - place if steps.reverse else place
-        # Stage s worked on microbatch m at step m + its place.
-        y = jax.vmap(lambda ys, p: lax.dynamic_slice_in_dim(
-            ys, p, microbatches, axis=0, allow_negative_indices=False))(
-                jnp.moveaxis(y, 1, 0), place)  # [S, M, K, ...]
+        S, K, e = y.shape[0], y.shape[2], steps.dim
+        y = lax.slice_in_dim(y, 0, microbatches, axis=1)  # [S, M, K, ...]
         y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
         y = y.reshape(*y.shape[:2 + e], -1, *y.shape[4 + e:])
         return y.reshape(S * K, *y.shape[2:])
@@ -360,12 +354,11 @@ def reassemble(steps: Steps, microbatches: int, loc: Location) -> tuple[list[Op]
     return ops, out
 
 
-def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
+def _schedule(op: Op, layout: Layout, S: int, M: int, steps: set[int]
               ) -> tuple[Any, list[int]]:
-    """The schedule as a JAX function of the op's operands (those in `steps` as `Steps`
-    values, made by a scan whose stages ran reversed or not), returning its results and
-    after them the steps of its stacked results that keep the batch; and those results'
-    positions.
+    """The schedule as a JAX function of the op's operands (those at the positions
+    `steps` as `Steps` values), returning its results and after them the `Steps` of its
+    stacked results that keep the batch; and those results' positions.
 
     Written with `lax` primitives and NumPy constants: `jax.numpy`'s functions are jitted
     wrappers, each a trace of its own the first time, which made the rewrite cost more
@@ -390,15 +383,10 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
     def micro(v: Any, d: int) -> Any:  # [.., B, ..] -> [.., B/M, M, ..]
         return lax.reshape(v, (*v.shape[:d], v.shape[d] // M, M, *v.shape[d + 1:]))
 
-    def places(reversed_: bool) -> np.ndarray:
-        """Each stage's place in a pipeline: a reversed scan runs its layers last to
-        first."""
-        at = np.arange(S, dtype=np.int32)
-        return S - 1 - at if reversed_ else at
-
-    place = places(reverse)
-    n_xs = len(layout.xs)
-    from_steps = [steps.get(nc + nk + j) for j in range(n_xs)]
+    # Each stage's place in the pipeline: a reversed scan runs its layers last to first.
+    place = np.arange(S, dtype=np.int32)
+    place = S - 1 - place if reverse else place
+    from_steps = [nc + nk + j in steps for j in range(len(layout.xs))]
 
     def run(*operands: Any) -> list[Any]:
         consts = [c if d is None else micro(c, d)
@@ -406,19 +394,16 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
         init = [micro(c, 0) for c in operands[nc:nc + nk]]
         staged = []
         for x, d, made in zip(operands[nc + nk:], layout.xs, from_steps, strict=True):
-            if made is None:
+            if not made:
                 x = lax.reshape(x, (S, K, *x.shape[1:]))
                 x = x if d is None else micro(x, d + 1)
             staged.append(x)
-        # Steps values are [T, S, K, ...]: their stage dimension is 1.
-        axes = [0 if made is None else 1 for made in from_steps]
 
-        def stage(xs: list[Any], carry: list[Any], m: Any, at: dict[bool, Any]
-                  ) -> tuple[list[Any], list[Any]]:
+        def stage(xs: list[Any], carry: list[Any], m: Any) -> tuple[list[Any], list[Any]]:
             cs = [c if d is None else _take(c, m, d + 1)
                   for c, d in zip(consts, layout.consts, strict=True)]
-            xk = [x if d is None else _take(x, m, d + 1) if made is None else
-                  _take(x, at[made], 0)
+            # A Steps value is [M + 1, K, ...] on a stage: its microbatches' layers.
+            xk = [_take(x, m, 0) if made else x if d is None else _take(x, m, d + 1)
                   for x, d, made in zip(xs, layout.xs, from_steps, strict=True)]
 
             def layer(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -432,28 +417,32 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: dict[int, bool]
         ys_types = layout.yields[nk:]
         acc = [lax.full((S, K, *ys_types[i].shape), 0, ys_types[i].dtype)
                for i in accumulated]
+        # Per stacked result that keeps the batch, each stage's layers' values per
+        # microbatch: written as it works on one, the idle steps' in the extra last place.
+        bufs = [lax.full((S, M + 1, K, *ys_types[k - nk].shape), 0, ys_types[k - nk].dtype)
+                for k in kept]
         first, last = place == 0, place == S - 1
 
-        def step(carried: tuple[list[Any], list[Any]], t: Any) -> tuple[Any, Any]:
-            state, acc = carried
+        def step(carried: tuple[list[Any], list[Any], list[Any]], t: Any
+                 ) -> tuple[Any, Any]:
+            state, acc, bufs = carried
             offset = lax.sub(lax.broadcast(t, (S,)), place)  # each stage's microbatch
             m = lax.clamp(np.int32(0), offset, np.int32(M - 1))
-            # Where the scans that made Steps operands left each stage's microbatch m.
-            at = {r: lax.add(m, places(r)) for r in set(steps.values())}
             now = lax.clamp(np.int32(0), t, np.int32(M - 1))
             ins = [_where(first, lax.broadcast(_take(c, now, 1), (S,)), s)
                    for c, s in zip(init, state, strict=True)]
-            outs, ys = jax.vmap(stage, in_axes=(axes, 0, 0, 0))(staged, ins, m, at)
+            outs, ys = jax.vmap(stage)(staged, ins, m)
             valid = lax.bitwise_and(lax.ge(offset, np.int32(0)), lax.lt(offset, np.int32(M)))
             acc = [lax.add(a, _where(valid, ys[i], lax.full(a.shape, 0, a.dtype)))
                    if layout.ys[i] == SUMMED else
                    _where(lax.eq(offset, np.int32(0)), ys[i], a)
                    for i, a in zip(accumulated, acc, strict=True)]
-            stacked = [ys[k - nk] for k in kept]
-            return ([_roll(o, reverse) for o in outs], acc), (outs, stacked)
+            at = lax.reshape(lax.select(valid, m, lax.full((S,), M, np.int32)), (S, 1))
+            bufs = [_put(b, ys[k - nk], at) for b, k in zip(bufs, kept, strict=True)]
+            return ([_roll(o, reverse) for o in outs], acc, bufs), outs
 
-        (_, acc), (outs, stacked) = lax.scan(step, (state, acc),
-                                             np.arange(M + S - 1, dtype=np.int32))
+        (_, acc, stacked), outs = lax.scan(step, (state, acc, bufs),
+                                           np.arange(M + S - 1, dtype=np.int32))
         # Microbatch m leaves the last stage at step m + S - 1: every step's activations
         # are kept, and the last stage's are taken once, after the loop.
         carry = []
@@ -478,6 +467,17 @@ def _take(v: Any, i: Any, axis: int) -> Any:
     sizes = (*v.shape[:axis], 1, *v.shape[axis + 1:])
     return lax.gather(v, lax.reshape(i, (1,)), dn, sizes,
                       mode=lax.GatherScatterMode.CLIP)
+
+
+def _put(buf: Any, y: Any, at: Any) -> Any:
+    """buf `[S, M + 1, ...]` with each stage's y `[S, ...]` in its place `at` `[S, 1]` (in
+    range) of dimension 1: one scatter, the stage its batching dimension."""
+    dn = lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(1, y.ndim)), inserted_window_dims=(1,),
+        scatter_dims_to_operand_dims=(1,), operand_batching_dims=(0,),
+        scatter_indices_batching_dims=(0,))
+    return lax.scatter(buf, at, y, dn, unique_indices=True,
+                       mode=lax.GatherScatterMode.CLIP)
 
 
 def _where(mask: Any, a: Any, b: Any) -> Any:
