@@ -14,7 +14,8 @@ Which dimension of each operand and result holds the batch, and how each stacked
 combines over microbatches, is found by the pipeline's own passes (`microbatch_layout`):
 the carries' batch is tiled on a virtual axis of M devices in a module of the scan alone,
 and propagation says where that tiling reaches. A stacked result tiled there is
-reassembled from its microbatches; one made by a sum over the batch (a weight gradient,
+kept per stage and microbatch (and put back together where an op other than a pipelined
+scan reads it); one made by a sum over the batch (a weight gradient,
 through ops linear in it: `Primitive.linear`) is accumulated over them; one that does not
 depend on the batch is taken from the first. Anything else mixes a batch's examples
 within a layer, which a pipeline cannot split, and is refused with the op's line.
@@ -289,8 +290,8 @@ _SCOPED = re.compile(rf"{_SCOPE}(\d+)")
 
 
 @dataclass(frozen=True)
-class Steps:
-    """A stacked result of a pipelined scan as its schedule made it: per stage and
+class PerMicrobatch:
+    """A stacked result of a pipelined scan as its schedule keeps it: per stage and
     microbatch, its layers' values, `[S, M + 1, K, ...]` (a layer's batch, one microbatch
     of it, in dimension `dim` of `...`; the last microbatch's place holds what the
     stages computed while idle)."""
@@ -302,19 +303,19 @@ class Steps:
 @dataclass(frozen=True)
 class Pipelined:
     """A pipelined scan: the ops computing it, its results (None for a stacked result
-    that keeps the batch, which `reassemble` makes from its `Steps` where it is read)."""
+    that keeps the batch, which `reassemble` makes from its `PerMicrobatch` where it is read)."""
 
     ops: list[Op]
     results: list[Value | None]
-    steps: dict[int, Steps]  # by result position
+    kept: dict[int, PerMicrobatch]  # by result position
 
 
 def gpipe(op: Op, layout: Layout, stages: int, microbatches: int,
-          steps: dict[int, Steps]) -> Pipelined:
+          kept: dict[int, PerMicrobatch]) -> Pipelined:
     """The ops computing the scan `op`'s results as a GPipe schedule of `stages` stages
     and `microbatches` microbatches (module docstring). A scanned operand given in
-    `steps` (by its position among the op's operands) is read as the pipelined scan that
-    made it left it, each stage taking its microbatch's steps there: the residuals a
+    `kept` (by its position among the op's operands) is read as the pipelined scan that
+    made it kept it, each stage taking its microbatch's values there: the residuals a
     forward scan stacks for the backward one are never put back together. The body's ops
     keep their source lines; the schedule's own ops get the scan's."""
     (body,) = op.regions
@@ -323,42 +324,43 @@ def gpipe(op: Op, layout: Layout, stages: int, microbatches: int,
         found = _SCOPED.search(str(info.name_stack))
         return body.ops[int(found.group(1))].loc if found else None
 
-    operands = [steps[i].value if i in steps else v for i, v in enumerate(op.operands)]
-    fn, kept = _schedule(op, layout, stages, microbatches, set(steps))
+    operands = [kept[i].value if i in kept else v for i, v in enumerate(op.operands)]
+    fn, keeps = _schedule(op, layout, stages, microbatches, set(kept))
     closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.type.shape, v.type.dtype)
                                   for v in operands))
     ops, outs = inline_jaxpr(closed, operands, op.loc, locate)
-    # The carries, the accumulated stacked results, then the kept ones' steps.
+    # The carries, the accumulated stacked results, then the kept ones per microbatch.
     nk = op.params["num_carry"]
-    made = {k: Steps(v, layout.ys[k - nk] - 1)
-            for k, v in zip(kept, outs[len(outs) - len(kept):], strict=True)}
-    accumulated = iter(outs[nk:len(outs) - len(kept)])
+    made = {k: PerMicrobatch(v, layout.ys[k - nk] - 1)
+            for k, v in zip(keeps, outs[len(outs) - len(keeps):], strict=True)}
+    accumulated = iter(outs[nk:len(outs) - len(keeps)])
     results: list[Value | None] = [*outs[:nk], *(
         None if k in made else next(accumulated) for k in range(nk, len(op.results)))]
     return Pipelined(ops, results, made)
 
 
-def reassemble(steps: Steps, microbatches: int, loc: Location) -> tuple[list[Op], Value]:
-    """The ops making a stacked result `[L, ...]` with the whole batch from its `Steps`,
-    and that value."""
+def reassemble(kept: PerMicrobatch, microbatches: int, loc: Location
+               ) -> tuple[list[Op], Value]:
+    """The ops making a stacked result `[L, ...]` with the whole batch from its values
+    per microbatch, and that value."""
     def whole(y: Any) -> Any:
-        S, K, e = y.shape[0], y.shape[2], steps.dim
+        S, K, e = y.shape[0], y.shape[2], kept.dim
         y = lax.slice_in_dim(y, 0, microbatches, axis=1)  # [S, M, K, ...]
         y = jnp.moveaxis(y, 1, 3 + e)  # [S, K, .., B/M, M, ..]
         y = y.reshape(*y.shape[:2 + e], -1, *y.shape[4 + e:])
         return y.reshape(S * K, *y.shape[2:])
 
-    t = steps.value.type
+    t = kept.value.type
     closed = jax.make_jaxpr(whole)(jax.ShapeDtypeStruct(t.shape, t.dtype))
-    ops, (out,) = inline_jaxpr(closed, [steps.value], loc)
+    ops, (out,) = inline_jaxpr(closed, [kept.value], loc)
     return ops, out
 
 
-def _schedule(op: Op, layout: Layout, S: int, M: int, steps: set[int]
+def _schedule(op: Op, layout: Layout, S: int, M: int, kept_in: set[int]
               ) -> tuple[Any, list[int]]:
     """The schedule as a JAX function of the op's operands (those at the positions
-    `steps` as `Steps` values), returning its results and after them the `Steps` of its
-    stacked results that keep the batch; and those results' positions.
+    `kept_in` as `PerMicrobatch` values), returning its results and after them those of
+    its stacked results that keep the batch, per microbatch; and their positions.
 
     Written with `lax` primitives and NumPy constants: `jax.numpy`'s functions are jitted
     wrappers, each a trace of its own the first time, which made the rewrite cost more
@@ -386,14 +388,14 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: set[int]
     # Each stage's place in the pipeline: a reversed scan runs its layers last to first.
     place = np.arange(S, dtype=np.int32)
     place = S - 1 - place if reverse else place
-    from_steps = [nc + nk + j in steps for j in range(len(layout.xs))]
+    from_kept = [nc + nk + j in kept_in for j in range(len(layout.xs))]
 
     def run(*operands: Any) -> list[Any]:
         consts = [c if d is None else micro(c, d)
                   for c, d in zip(operands[:nc], layout.consts, strict=True)]
         init = [micro(c, 0) for c in operands[nc:nc + nk]]
         staged = []
-        for x, d, made in zip(operands[nc + nk:], layout.xs, from_steps, strict=True):
+        for x, d, made in zip(operands[nc + nk:], layout.xs, from_kept, strict=True):
             if not made:
                 x = lax.reshape(x, (S, K, *x.shape[1:]))
                 x = x if d is None else micro(x, d + 1)
@@ -402,9 +404,9 @@ def _schedule(op: Op, layout: Layout, S: int, M: int, steps: set[int]
         def stage(xs: list[Any], carry: list[Any], m: Any) -> tuple[list[Any], list[Any]]:
             cs = [c if d is None else _take(c, m, d + 1)
                   for c, d in zip(consts, layout.consts, strict=True)]
-            # A Steps value is [M + 1, K, ...] on a stage: its microbatches' layers.
+            # A PerMicrobatch value is [M + 1, K, ...] on a stage: its microbatches' layers.
             xk = [_take(x, m, 0) if made else x if d is None else _take(x, m, d + 1)
-                  for x, d, made in zip(xs, layout.xs, from_steps, strict=True)]
+                  for x, d, made in zip(xs, layout.xs, from_kept, strict=True)]
 
             def layer(c: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
                 outs = layer_body(m, [*cs, *c, *x])

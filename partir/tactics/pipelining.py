@@ -23,7 +23,7 @@ from partir.ir import Function, Location, Op, Value
 from partir.ir.opnames import TAG
 from partir.mesh import Mesh
 from partir.tactics.base import Tactic, TacticResult
-from partir.tactics.gpipe import Steps, gpipe, microbatch_layout, reassemble
+from partir.tactics.gpipe import PerMicrobatch, gpipe, microbatch_layout, reassemble
 from partir.tactics.manual import ActionSpec, caller_location, issue, select
 
 if TYPE_CHECKING:
@@ -142,12 +142,12 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
     scan's stacked result that keeps the batch is put back together only where an op
     other than a pipelined scan reads it (`gpipe.reassemble`)."""
     renamed: dict[Value, Value] = {}
-    pending: dict[Value, Steps] = {}  # results not put back together (yet)
+    pending: dict[Value, PerMicrobatch] = {}  # results not put back together (yet)
     ops: list[Op] = []
     found = 0
     m = tactic.microbatches
 
-    def whole(v: Value, loc: Any) -> Value:
+    def whole(v: Value, loc: Location) -> Value:
         made, value = reassemble(pending.pop(v), m, loc)
         ops.extend(made)
         renamed[v] = value
@@ -156,13 +156,13 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
     for op in fn.ops:
         pipelined = _over_layers(op, layered, n_layers)
         layout = microbatch_layout(op, m, tactic.label) if pipelined else None
-        steps: dict[int, Steps] = {}
+        kept: dict[int, PerMicrobatch] = {}
         for i, v in enumerate(op.operands):
             if v not in pending:
                 continue
             j = i - op.params["num_consts"] - op.params["num_carry"] if pipelined else -1
             if layout is not None and j >= 0 and layout.xs[j] == pending[v].dim + 1:
-                steps[i] = pending[v]
+                kept[i] = pending[v]
             else:
                 whole(v, op.loc)
         if any(v in renamed for v in op.operands):
@@ -170,12 +170,12 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
         if layout is None:
             ops.append(op)
             continue
-        made = gpipe(op, layout, stages, m, steps)
+        made = gpipe(op, layout, stages, m, kept)
         ops += made.ops
         for k, (v, new) in enumerate(zip(op.results, made.results, strict=True)):
             layered.add(v)
             if new is None:
-                pending[v] = made.steps[k]
+                pending[v] = made.kept[k]
             else:
                 renamed[v] = new
         found += 1
