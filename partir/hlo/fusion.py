@@ -1222,7 +1222,10 @@ def _moves_elements(op: Op) -> bool:
     """Whether op moves its one operand's elements without combining or changing them: a
     reduction across devices before it is the reduction after it."""
     return op.name in ("transpose", "reshape") or (
-        op.name == "convert_element_type" and op.results[0].type == op.operands[0].type)
+        op.name == "convert_element_type" and op.results[0].type == op.operands[0].type) or (
+        # a sum over dimensions of size 1 (a bias's gradient, batched) only drops them
+        op.name == "reduce_sum" and all(op.operands[0].type.shape[d] == 1
+                                        for d in op.params["axes"]))
 
 
 def _linear_chain(producer: Mapping[Value, Op], uses: Mapping[Value, int], v: Value,
