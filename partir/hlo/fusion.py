@@ -1324,6 +1324,9 @@ def _accumulators(op: Op, flow: DataFlow, outer: Mapping[Value, Op]) -> list[_Ac
     for u, region in zip(uses, op.regions, strict=True):
         u.update(region.yields)
     readers = [{v: o for o in region.ops for v in o.operands} for region in op.regions]
+    # A region argument is the same on every device where what enters it is.
+    entering = {op.regions[e.region].args[e.position]: op.operands[e.value]
+                for e in flow.entries}
     found = []
     for n, carry in enumerate(flow.carries):
         r, p = carry.made
@@ -1355,12 +1358,8 @@ def _accumulators(op: Op, flow: DataFlow, outer: Mapping[Value, Op]) -> list[_Ac
                 masks and monoid != "add"):
             continue
         axes = reduction.params["axes"]
-        # A region argument is the same on every device where what enters it is.
-        entering = {op.regions[r].args[e.position]: op.operands[e.value]
-                    for e in flow.entries if e.region == r}
 
-        def uniform_arg(a: Value, axes: Sequence[str] = axes,
-                        entering: Mapping[Value, Value] = entering) -> bool:
+        def uniform_arg(a: Value, axes: Sequence[str] = axes) -> bool:
             return a in entering and _uniform(entering[a], axes, outer, lambda _: False)
 
         if all(_uniform(p, axes, producers[r], uniform_arg) for p in masks):

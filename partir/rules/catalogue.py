@@ -155,6 +155,17 @@ class DataFlow:
     trips: tuple[int | None, ...] = ()
     alternatives: bool = False
 
+    @functools.cached_property
+    def leads(self) -> dict[tuple[str, int], int]:
+        """("entry" | "exit", operand or result) -> how many leading dimensions of it its
+        regions' values do not have (a scan's scanned operand or stacked result), from
+        its first edge; made once per flow, which `data_flow` keeps per op."""
+        leads: dict[tuple[str, int], int] = {}
+        for kind, edges in (("entry", self.entries), ("exit", self.exits)):
+            for e in edges:
+                leads.setdefault((kind, e.value), e.lead)
+        return leads
+
 
 # data_flow(view) -> the op's data-flow edges (its regions may be absent from the view
 # where only its carries are asked for).
@@ -275,7 +286,6 @@ def data_flow(op: Any) -> DataFlow | None:
 # id(op) -> (op, its DataFlow): the entry holds the op, so its id is not reused meanwhile.
 _FLOWS: dict[int, tuple[Any, DataFlow]] = {}
 _FLOWS_BOUND = 4096
-
 
 
 def region_ops(op: Any, times: int | None = 1) -> Iterator[tuple[Any, int | None]]:

@@ -105,33 +105,12 @@ def by_value(edges: tuple[Edge, ...]) -> dict[int, list[Edge]]:
     return out
 
 
-def _leads_of(flow: DataFlow) -> dict[tuple[str, int], int]:
-    """(kind, operand or result) -> its edge's leading dimensions, per entry and exit of
-    the flow (its first edge's, as `by_value` orders them); remembered per flow, which
-    `data_flow` keeps per op."""
-    found = _LEADS.get(id(flow))
-    if found is not None and found[0] is flow:
-        return found[1]
-    leads: dict[tuple[str, int], int] = {}
-    for kind, edges in (("entry", flow.entries), ("exit", flow.exits)):
-        for e in edges:
-            leads.setdefault((kind, e.value), e.lead)
-    if len(_LEADS) >= 4096:
-        _LEADS.clear()
-    _LEADS[id(flow)] = (flow, leads)
-    return leads
-
-
-# id(flow) -> (flow, its leads): the entry holds the flow, so its id is not reused meanwhile.
-_LEADS: dict[int, tuple[DataFlow, dict[tuple[str, int], int]]] = {}
-
-
 def _leads(view: OpView) -> Iterator[int]:
     """Per operand and result of the edge op, how many leading dimensions of it the
     other side does not have (a scan's scanned operand or stacked result)."""
     op: Op = view.params["of"]
     kind, at = view.params["edge"]
-    lead = _leads_of(data_flow(op)).get((kind, at), 0)
+    lead = data_flow(op).leads.get((kind, at), 0)
     if view.name == ENTER:
         # the op's operand (and a carry's yield) first, the regions' arguments after
         yield from (lead if i == 0 else 0 for i in range(len(view.in_types)))

@@ -714,7 +714,9 @@ class Session:
                 raise
             except Exception as e:
                 # At the pipeline tactic (the second one, where a schedule has two).
-                i = [k for k, t in enumerate(sf.schedule, 1) if t in rewrites][:2][-1]
+                at = [k for k, t in enumerate(sf.schedule, 1)
+                      if isinstance(t, PipelinePartition)]
+                i = at[1] if len(at) > 1 else at[0]
                 inputs = {n: [v] for n, v in zip(entry.traced.input_names,
                                                   entry.traced.function.args, strict=True)}
                 analysis.diagnostics.append(

@@ -22,6 +22,7 @@ from partir.frontend import TracedProgram
 from partir.ir import Function, Location, Op, Value
 from partir.ir.opnames import TAG
 from partir.mesh import Mesh
+from partir.rules.catalogue import region_ops
 from partir.tactics.base import Tactic, TacticResult
 from partir.tactics.gpipe import PerMicrobatch, gpipe, microbatch_layout, reassemble
 from partir.tactics.manual import ActionSpec, caller_location, issue, select
@@ -196,13 +197,8 @@ def _tags(ops: Sequence[Op]) -> dict[str, list[Value]]:
     """Each tag's values in program order, those in regions too (as the frontend keeps
     them)."""
     tags: dict[str, list[Value]] = {}
-
-    def walk(ops: Sequence[Op]) -> None:
-        for op in ops:
-            if op.name == TAG:
-                tags.setdefault(op.params["name"], []).append(op.results[0])
-            for region in op.regions:
-                walk(region.ops)
-
-    walk(ops)
+    for op in ops:
+        for o in (op, *(inner for inner, _ in region_ops(op))):
+            if o.name == TAG:
+                tags.setdefault(o.params["name"], []).append(o.results[0])
     return tags
