@@ -43,7 +43,10 @@ t200: a schedule file of 200 tactics (issue 31), built as a user who writes one 
   (`{"batch": 0}` -> `{"batch": 1}`: every state changes; reported, no target). Each edit
   is timed to its diagnostics, to the refreshed lenses holding the edited tactic's counts
   (the daemon lowers from the edited tactic on, and the server refreshes the lenses with
-  the tactics lowered so far as it goes), and to those holding every tactic's.
+  the tactics lowered so far as it goes), and to those holding every tactic's. The
+  mode runs once per `--lowering-processes` count (default 1 and 2: a fresh server and a
+  daemon whose compiler processes lower an edit's states in that many processes,
+  `partir.forked`), and prints the ratios of their lens times.
 
 Targets: edit -> diagnostics <= 0.8 s, edit -> refreshed lenses <= 1.5 s, hover p95 <=
 100 ms, model saved -> diagnostics <= 2 s, MLP edit -> diagnostics no worse than 0.31 s;
@@ -52,7 +55,8 @@ first tactic: diagnostics <= 0.8 s, lenses <= 1.5 s (issue 31). Always exits 0: 
 not assertions.
 
     python benchmarks/lsp_latency.py [--mode realistic|t32|t200|all] [--repeat 3]
-        [--debounce-ms 300] [--batch-axis 16] [--model-axis 2] [--layers 32]
+        [--debounce-ms 300] [--lowering-processes 1,2] [--batch-axis 16]
+        [--model-axis 2] [--layers 32]
 """
 
 import os
@@ -80,6 +84,8 @@ sys.path.insert(0, str(ROOT))
 from lsprotocol import types as T  # noqa: E402
 from t32_edits import Z3, add_arguments, edited_tactic, schedule_text  # noqa: E402
 
+from partir_daemon import protocol as P  # noqa: E402
+from partir_daemon.client import start_daemon  # noqa: E402
 from tests.lsp.support import Session, Workspace, start_session, stop_session  # noqa: E402
 
 # A summary lens, named after its tactic ("Z3: +AG 2 ..."; not a stale one).
@@ -614,8 +620,24 @@ def t200_text(tactics: list[str]) -> str:
 
 
 async def t200(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Append the t200 mode's rows to `rows`."""
-    mode = "t200"
+    """Append the t200 mode's rows to `rows`, for each `--lowering-processes` count (a
+    fresh server and daemon each), then the ratios of their lens times."""
+    by_processes: dict[int, list[Row]] = {}
+    for processes in args.lowering_processes:
+        by_processes[processes] = []
+        await t200_with(args, processes, by_processes[processes])
+        rows += by_processes[processes]
+    (one, ones), *others = by_processes.items()
+    for n, measured in others:
+        for a, b in zip(ones, measured, strict=True):
+            if "lens" in a.what and a.times and b.times:
+                print(f"  {a.what.removeprefix('t200: ')}: {n} processes / {one}: "
+                      f"{statistics.median(b.times) / statistics.median(a.times):.2f}x")
+
+
+async def t200_with(args: argparse.Namespace, processes: int, rows: list[Row]) -> None:
+    """The t200 rows with a daemon whose compiler processes lower in `processes`."""
+    mode = f"t200/{processes}p"
     workspace = Workspace.create()
     shutil.copytree(ROOT / "examples" / "transformer", workspace.path("transformer"),
                     dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -642,6 +664,8 @@ async def t200(args: argparse.Namespace, rows: list[Row]) -> None:
                              for k in range(args.repeat))]
     dim = [firsts[-1], replaced(firsts[-1], '{"batch": 0}', '{"batch": 1}')]
     options = {"collectiveMarkersInModel": False, "debounceMs": args.debounce_ms}
+    start_daemon(workspace.root, P.DaemonConfig(lowering_processes=processes),
+                 runtime_dir=workspace.runtime)  # the server connects to this one
     session = await start_session(workspace, options)
     session.client.set_configuration(options, section="partir")
     opened = Row(mode, "t200: open -> diagnostics (cold open, daemon start)")
@@ -689,6 +713,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=("realistic", "t32", "t200", "all"), default="all")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--debounce-ms", type=int, default=300)
+    parser.add_argument("--lowering-processes", type=lambda t: [int(n) for n in t.split(",")],
+                        default=[1, 2], help="t200: each daemon's lowering processes, "
+                        "comma-separated (default 1,2: side by side)")
     add_arguments(parser)
     asyncio.run(run(parser.parse_args()))
 

@@ -115,7 +115,8 @@ def _status_text(status: dict[str, Any]) -> str:
         lines.append(f"  limits  idle {config['idle_timeout_s']:g} s, loading a schedule "
                      f"file {config['load_timeout_s']:g} s, a request "
                      f"{config['compile_timeout_s']:g} s; "
-                     f"{config['compiler_processes']} compiler process(es)")
+                     f"{config['compiler_processes']} compiler process(es), each lowering "
+                     f"in {config.get('lowering_processes', 1)}")
     try:
         with DaemonClient.connect(status["workspace"], autostart=False, timeout=10,
                                   runtime_dir=_runtime_dir(status)) as client:

@@ -518,15 +518,19 @@ class DaemonConfig:
     # Compiler processes: a schedule file that loops holds one of them, not every file's
     # analysis. Each holds JAX and caches of its own; two match a two-core machine.
     compiler_processes: int = 2
+    # Processes each compiler process lowers an edit's states in (itself and forks of it,
+    # `partir.forked`): the lenses after an early edit of a long schedule come that much
+    # sooner.
+    lowering_processes: int = 2
 
     def __post_init__(self) -> None:
         # 300 and 300.0 are one setting: the hash must not tell them apart.
         for f in dataclasses.fields(self):
             if isinstance(f.default, float):
                 setattr(self, f.name, float(getattr(self, f.name)))
-        if self.compiler_processes < 1:
-            raise ValueError(f"compiler_processes must be >= 1, not "
-                             f"{self.compiler_processes}")
+        for name in ("compiler_processes", "lowering_processes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, not {getattr(self, name)}")
 
     def to_args(self) -> list[str]:
         return [f"--{f.name.replace('_', '-')}={getattr(self, f.name)}"

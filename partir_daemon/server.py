@@ -4,6 +4,7 @@
         [--idle-timeout-s S]
         [--load-timeout-s S] [--compile-timeout-s S] [--max-cache-entries N]
         [--max-cache-ops N] [--log-level L] [--compiler-processes N]
+        [--lowering-processes N]
 
 (`partir daemon start` and `DaemonClient.connect` start it detached.) The process:
 - takes the workspace's exclusive lock, `<workspace>/.partir/daemon.lock`: a second
@@ -15,7 +16,8 @@
   `<workspace>/.partir/daemon.log`, never to stdout;
 - runs schedule files and compiles in a pool of worker processes
   (`partir_daemon.worker`, `--compiler-processes`), each one request at a time, killed
-  and restarted when it hangs past its deadline or crashes; a document goes to the
+  and restarted when it hangs past its deadline or crashes, each lowering an edit's
+  states in `--lowering-processes` (itself and forks of it); a document goes to the
   worker that has its path in hand, else to the one that served it last when idle, else
   to an idle one, so a schedule file that loops delays no other file; document requests
   for an older `version` of a path are cancelled by newer ones;
@@ -309,7 +311,8 @@ class WorkerSupervisor:
         cmd = [*module_command("partir_daemon.worker"), "--workspace",
                str(self.paths.workspace), f"--load-timeout={self.config.load_timeout_s}",
                f"--max-entries={self.config.max_cache_entries}",
-               f"--max-ops={self.config.max_cache_ops}"]
+               f"--max-ops={self.config.max_cache_ops}",
+               f"--lowering-processes={self.config.lowering_processes}"]
         # Partitioning needs no devices: keep the worker off accelerators that jobs use.
         env = child_env({"JAX_PLATFORMS": "cpu"})
         with open(self.paths.log, "ab") as logf:

@@ -1,7 +1,7 @@
 """The compiler process: runs `Engine` requests one at a time for the daemon.
 
     python -m partir_daemon.worker --workspace W [--load-timeout S] [--max-entries N]
-                                   [--max-ops N]
+                                   [--max-ops N] [--lowering-processes N]
 
 It speaks line-delimited JSON with the daemon on its stdin/stdout:
     daemon -> worker   {"id": n, "method": "partition"|"ir"|"explain"|"invalidate"|
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--load-timeout", type=float, default=30.0)
     parser.add_argument("--max-entries", type=int, default=256)
     parser.add_argument("--max-ops", type=int, default=4_000_000)
+    parser.add_argument("--lowering-processes", type=int, default=1)
     args = parser.parse_args(argv)
     # The user's modules may be imported from the workspace, after the standard library
     # (started with -P: see `client.module_command`).
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     from partir_daemon.engine import INTERRUPT_SIGNAL, Cancelled, Engine, ignore_interrupts
 
     engine = Engine(args.workspace, load_timeout_s=args.load_timeout,
-                    max_entries=args.max_entries, max_ops=args.max_ops)
+                    max_entries=args.max_entries, max_ops=args.max_ops,
+                    lowering_processes=args.lowering_processes)
     requests: queue.Queue = queue.Queue()
     cancelled: set[Any] = set()
     tokens: dict[Any, CancellationToken] = {}  # request id -> its token, while it runs

@@ -35,7 +35,7 @@ RANK = {"base": 0, "frontend": 1, "core": 2, "tactics": 3, "spmd": 4, "hlo": 5,
 # The layer of every subpackage and top-level module: a new one must be placed here.
 LAYERS = {
     "ir": "base", "errors": "base", "mesh": "base", "registry": "base", "gcpause": "base",
-    "cancel": "base", "lazy": "base",
+    "cancel": "base", "lazy": "base", "forked": "base",
     "rules": "base",
     "frontend": "frontend",
     "core": "core",

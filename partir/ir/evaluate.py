@@ -21,6 +21,7 @@ from jax.custom_batching import custom_vmap
 from jax.extend.random import threefry2x32_p
 
 from partir.errors import ProgramError
+from partir.forked import check_dispatch
 from partir.ir.lax_collectives import COLLECTIVES
 from partir.ir.opnames import CONSTANT, TAG
 from partir.ir.ops import Op, Region
@@ -32,6 +33,7 @@ def evaluate(op: Op, operands: Sequence[Any]) -> list[Any]:
     arrays they are: global, device-local or traced."""
     if op.name == TAG:
         return [operands[0]]
+    check_dispatch(f"evaluating {op.name}")
     if op.name == CONSTANT:
         return [jnp.asarray(op.params["value"])]
     collective = COLLECTIVES.get(op.name)

@@ -73,6 +73,7 @@ from partir.core.padding import OpPadding, op_padding, padding_report
 from partir.core.printing import print_core
 from partir.core.program import CoreProgram, sharding_of
 from partir.errors import PartitionError, UnknownInputError
+from partir.forked import run_forked
 from partir.frontend import TracedProgram, trace
 from partir.frontend.source import is_user_file
 from partir.gcpause import paused_gc
@@ -110,6 +111,8 @@ _SESSION_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 # (message, step, total): what the session is doing, for a tool to show.
 
+# Lowering in several processes pays (a fork, some 20 ms) from programs this large in all.
+PARALLEL_MIN_OPS = 4_000
 # Lowered programs kept for `ir`/`explain` (each is a full Core+SPMD+HLO program).
 MAX_LOWERED = 6
 # How many times an analysis runs again because a file it read changed meanwhile.
@@ -354,12 +357,15 @@ class Loaded:
 class Session:
     """Analyses schedule files of `workspace`, caching traces and per-tactic states.
     Not thread-safe: one call at a time (another thread may cancel its token).
-    `tool_dirs`: code of the tool running the session, never taken for the user's."""
+    `tool_dirs`: code of the tool running the session, never taken for the user's.
+    `lowering_processes`: how many processes lower an edit's states (this one and forks
+    of it, `partir.forked`)."""
 
     def __init__(self, workspace: str, *, load_timeout_s: float = 30.0,
                  max_entries: int = 256, max_ops: int = 4_000_000,
-                 tool_dirs: Iterable[str] = ()) -> None:
+                 tool_dirs: Iterable[str] = (), lowering_processes: int = 1) -> None:
         self.workspace = os.path.realpath(workspace)
+        self.lowering_processes = lowering_processes
         self.load_timeout_s = load_timeout_s
         self.tool_dirs = tuple(os.path.abspath(d) + os.sep for d in tool_dirs)
         # What the caches drop, freed by `release` between requests.
@@ -408,21 +414,45 @@ class Session:
               token: CancellationToken | None = None,
               lowered: Callable[[int], None] | None = None) -> None:
         """Lower and simulate the program of each applied state not lowered before (its
-        metadata then complete, with collectives and cost), in the schedule's order;
-        `lowered` is called with the (1-based) index of each state lowered (a tool shows
-        the tactics lowered so far)."""
+        metadata then complete, with collectives and cost), in the schedule's order, in
+        `lowering_processes` processes (`partir.forked`; the programs of an edit are
+        independent); `lowered` is called with the (1-based) index of each state
+        lowered (a tool shows the tactics lowered so far)."""
         t0 = time.perf_counter()
         states = analysis.states
+        # The first state of each program: the states whose tactic changed nothing share
+        # their predecessor's facts, lowered with it.
+        first: dict[int, int] = {}
+        for i, st in enumerate(states, 1):
+            if not st.lowered:
+                first.setdefault(id(st.facts), i)
+        todo = list(first.values())
+        processes = self.lowering_processes if sum(
+            len(states[i - 1].module.ops) for i in todo) >= PARALLEL_MIN_OPS else 1
+
+        def work(i: int) -> tuple[int, dict[str, Any], Counter, bool]:
+            st = states[i - 1]
+            before = self.lowerings
+            self._lower(st)
+            return self._key(st)[1], st.facts.lowered, st.facts.attribution, \
+                self.lowerings > before
+
+        def done(i: int, result: tuple[int, dict[str, Any], Counter, bool]) -> None:
+            facts = states[i - 1].facts
+            if facts.lowered is None:  # lowered by a forked process
+                key, facts.lowered, facts.attribution, made = result
+                facts.key = key
+                if made:
+                    self.programs.put((facts.trace_key, key), facts, 1)
+                    self.lowerings += 1
+            # here, not in `work`: a forked process must not write to this one's pipes
+            progress(f"collectives after tactic {i}/{len(states)}", i, len(states))
+            analysis.timings.metadata_s = time.perf_counter() - t0
+            if lowered is not None:
+                lowered(i)
+
         with self._counting_cancel(), cancellable(token):
-            for i, st in enumerate(states, 1):
-                if not st.lowered:
-                    if token is not None:
-                        token.check()
-                    progress(f"collectives after tactic {i}/{len(states)}", i, len(states))
-                    self._lower(st)
-                    analysis.timings.metadata_s = time.perf_counter() - t0
-                    if lowered is not None:
-                        lowered(i)
+            run_forked(todo, work, done, processes)
         analysis.timings.metadata_s = time.perf_counter() - t0
 
     def ir(self, analysis: Analysis, level: str = "core", after: int | None = None,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import partir.session.core as session_core
 from partir import CancellationToken, Cancelled, pipeline
 from partir.core.padding import padding_report
 from partir.metadata import TacticMetadata
@@ -180,6 +181,35 @@ def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
     # A program that differs is not taken for another.
     session.lower(analyse(session, ws, text(third=Z2)))
     assert session.lowerings == lowerings + 1
+
+
+def test_lowering_in_forked_processes_gives_what_one_process_gives(ws: Path,
+                                                                   monkeypatch) -> None:
+    """`lowering_processes=2`: the states are lowered here and in a fork of this process
+    (`partir.forked`), with the same collectives and cost, each state reported lowered
+    once; what a fork lowered counts as lowered here (an edit back lowers nothing)."""
+    monkeypatch.setattr(session_core, "PARALLEL_MIN_OPS", 0)  # the test's programs are small
+    one, two = Session(str(ws)), Session(str(ws), lowering_processes=2)
+    serial = analyse(one, ws)
+    one.lower(serial)
+    parallel = analyse(two, ws)
+    reported = []
+    two.lower(parallel, lowered=reported.append)
+    assert sorted(reported) == [1, 2, 3] and two.lowerings == one.lowerings == 3
+    assert len(two.lowered) < 3  # a fork lowered one at least (its programs stay there)
+
+    def lowered(analysis: Analysis) -> list[tuple]:
+        return [(t.metadata.collectives, t.metadata.executed_collectives, t.metadata.cost)
+                for t in analysis.tactics()]
+
+    assert all(t.lowered for t in parallel.tactics())
+    assert lowered(parallel) == lowered(serial)
+    assert two.ir(parallel, "hlo", after=2) == one.ir(serial, "hlo", after=2)
+    two.lower(analyse(two, ws, text(third=Z2)))
+    assert two.lowerings == 4
+    back = analyse(two, ws, text(layers=2))
+    two.lower(back)
+    assert two.lowerings == 4 and lowered(back) == lowered(serial)
 
 
 def test_results_are_typed(ws: Path) -> None:
