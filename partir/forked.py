@@ -14,7 +14,7 @@ no lock that a killed process could leave held.
 
 Nothing a forked process does can change a result, only who made it:
 - An item a forked process did not report — it raised, it died, or it stayed silent
-  for `STALL_S` once this process had nothing else to do (then it is killed) — is done
+  too long once this process had nothing else to do (`STALL_S`; it is killed) — is done
   again here, where its error, if any, is raised as it would be without forking.
 - A forked process must not run computations with JAX. XLA's thread pools (JAX has
   started them for the user's model) are not copied by a fork, so a computation
@@ -37,6 +37,7 @@ import select
 import signal
 import struct
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,10 +45,11 @@ from partir.cancel import checkpoint
 
 __all__ = ["STALL_S", "ForkedDispatchError", "check_dispatch", "run_forked"]
 
-# How long a forked process may stay silent once this one waits for nothing else. An item
-# (one program lowered and simulated) takes 0.01-2 s; a forked process stuck for this
-# long is not coming back.
-STALL_S = 20.0
+# How long a forked process may stay silent once this one has nothing else to do, at
+# least: four times the longest item this one did, if that is longer. It then holds one
+# item at most (the others wait in the queue, which this process empties), which is
+# done here: what a stuck fork costs is bounded by that wait.
+STALL_S = 2.0
 _ITEM = struct.Struct("<i")
 _MAX_ITEMS = 4096  # their indices fit a pipe's buffer, written before anyone reads
 _LENGTH = struct.Struct("<I")
@@ -89,7 +91,11 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
         parent = os.getpid()
         for _ in range(min(processes, len(items)) - 1):
             result_r, result_w = os.pipe()
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # JAX warns of any fork once its backend runs; this one never dispatches
+                # to it (see the module's docstring).
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                pid = os.fork()
             if pid == 0:  # pragma: no cover (the forked process; it never returns)
                 os.close(result_r)
                 _serve(queue_r, result_w, items, work, parent)
