@@ -22,7 +22,8 @@ from partir.frontend import TracedProgram
 from partir.ir import Function, Location, Op, Value
 from partir.ir.opnames import TAG
 from partir.mesh import Mesh
-from partir.rules.catalogue import region_ops
+from partir.rules.catalogue import CATALOGUE, OpView, region_ops
+from partir.rules.factors import PASS
 from partir.tactics.base import Tactic, TacticResult
 from partir.tactics.gpipe import PerMicrobatch, gpipe, microbatch_layout, reassemble
 from partir.tactics.manual import ActionSpec, caller_location, issue, select
@@ -119,8 +120,13 @@ def pipelined(traced: TracedProgram, mesh: Mesh, schedule: Sequence[Any]) -> Tra
             tactic=tactic.label, loc=tactic.loc)
     (n_layers,) = layers
     if n_layers % stages:
-        first = next((op for op in traced.function.ops if _over_layers(
-            op, {v for _, v, _ in selected}, n_layers)), None)
+        first, layered = None, {v for _, v, _ in selected}
+        for op in traced.function.ops:
+            if _over_layers(op, layered, n_layers):
+                first = op
+                break
+            if _per_layer(op, layered, n_layers):
+                layered.add(op.results[0])
         raise NotPipelineableError(
             f"{stages} stages do not divide the {n_layers} layers of the scan",
             tactic=tactic.label, loc=first.loc if first is not None else tactic.loc)
@@ -138,8 +144,9 @@ def pipelined(traced: TracedProgram, mesh: Mesh, schedule: Sequence[Any]) -> Tra
 
 def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
                tactic: PipelinePartition) -> tuple[list[Op], list[Value], int]:
-    """The function's ops with each scan over the layers (reading them or a pipelined
-    scan's stacked results) pipelined, its results, and how many scans were. A pipelined
+    """The function's ops with each scan over the layers (reading them, values made of
+    them layer by layer, or a pipelined scan's stacked results) pipelined, its results,
+    and how many scans were. A pipelined
     scan's stacked result that keeps the batch is put back together only where an op
     other than a pipelined scan reads it (`gpipe.reassemble`)."""
     renamed: dict[Value, Value] = {}
@@ -170,6 +177,8 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
             op = dataclasses.replace(op, operands=[renamed.get(v, v) for v in op.operands])
         if layout is None:
             ops.append(op)
+            if _per_layer(op, layered, n_layers):
+                layered.add(op.results[0])
             continue
         made = gpipe(op, layout, stages, m, kept)
         ops += made.ops
@@ -184,6 +193,30 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
         if v in pending:
             whole(v, Location("<return>", 0))
     return ops, [renamed.get(v, v) for v in fn.results], found
+
+
+def _per_layer(op: Op, layered: set[Value], n_layers: int) -> bool:
+    """Whether op makes a value of the layers layer by layer from the layers it reads:
+    its result's dimension 0 and theirs are one pass-through factor of its rule (a cast
+    of the stacked parameters to another precision, a scale), so the scan reading its
+    result reads the layers (and the stages tiling them propagate to it alike)."""
+    if op.regions or len(op.results) != 1 or not layered.intersection(op.operands):
+        return False
+    declared = CATALOGUE.get(op.name)
+    if declared is None or declared.rule is None or declared.positional:
+        return False
+    (result,) = op.results
+    if not result.type.rank or result.type.shape[0] != n_layers:
+        return False
+    rule = declared.rule(OpView.of(op))
+    lead = rule.results[0][0]
+    if len(lead) != 1 or rule.factors[lead[0]].kind != PASS:
+        return False
+    (f,) = lead
+    # Every operand with the factor has it as its own dimension 0, and is of the layers.
+    return all(dims and dims[0] == (f,) and v in layered
+               for v, dims in zip(op.operands, rule.operands, strict=True)
+               if any(f in d for d in dims))
 
 
 def _over_layers(op: Op, layered: set[Value], n_layers: int) -> bool:

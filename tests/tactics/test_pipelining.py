@@ -173,10 +173,12 @@ def test_one_pipeline_per_schedule():
 # --- random stacked-layer scans ------------------------------------------------------------
 
 
-def _random_step(carries: int, reverse: bool, same: bool):
+def _random_step(carries: int, reverse: bool, same: bool, cast: bool = False):
     """value_and_grad of a loss over a scan of stacked layers {"w": [L, D, D], "b": [L, D]}
     carrying the activations [B, D] (and per-example running sums [B, 1]), stacking each
-    layer's activations (and, with `same`, a value of its weights alone)."""
+    layer's activations (and, with `same`, a value of its weights alone); with `cast`,
+    the scan reads the layers rounded to bfloat16 and scaled (mixed precision, as models
+    cast their parameters before the layers)."""
     def layer(c, p):
         h = jnp.tanh(c[0] @ p["w"] + p["b"])
         new = (h, *(ci * 0.5 + jnp.sum(h, axis=-1, keepdims=True) for ci in c[1:]))
@@ -185,6 +187,9 @@ def _random_step(carries: int, reverse: bool, same: bool):
 
     def loss(params, x):
         init = (x, *(jnp.ones((x.shape[0], 1), x.dtype) * k for k in range(1, carries)))
+        if cast:
+            params = jax.tree.map(
+                lambda w: w.astype(jnp.bfloat16).astype(jnp.float32) * 0.75, params)
         c, ys = lax.scan(layer, init, params, reverse=reverse)
         return sum(jnp.mean(ci ** 2) for ci in c) + sum(jnp.mean(jnp.sin(y)) for y in ys)
 
@@ -199,11 +204,19 @@ def _pipelines(draw):
     batch = microbatches * draw(st.sampled_from([1, 2]))
     width = draw(st.sampled_from([3, 4]))
     return (stages, layers, microbatches, batch, width, draw(st.integers(1, 2)),
-            draw(st.booleans()), draw(st.booleans()), draw(st.booleans()))
+            draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
+            draw(st.booleans()))
 
 
 def test_a_two_stage_pipeline_of_two_carries_with_batch_parallelism():
-    _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True))
+    _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True, False))
+
+
+def test_layers_cast_before_the_scan_are_pipelined():
+    """The scan reads the layers through a cast and a scale (made layer by layer from
+    them): it is the scan over the layers, pipelined, and the stages reach it through
+    the cast."""
+    _check_pipeline((4, 4, 2, 4, 3, 1, False, False, False, True))
 
 
 @pytest.mark.slow
@@ -215,7 +228,7 @@ def test_random_stacked_layer_scans_pipeline_on_both_oracles(case):
 
 
 def _check_pipeline(case):
-    stages, layers, microbatches, batch, width, carries, reverse, same, bp = case
+    stages, layers, microbatches, batch, width, carries, reverse, same, bp, cast = case
     rng = np.random.default_rng(layers * 100 + batch)
     params = {"w": jnp.asarray(rng.normal(size=(layers, width, width)) / 2, jnp.float32),
               "b": jnp.asarray(rng.normal(size=(layers, width)) / 4, jnp.float32)}
@@ -225,7 +238,8 @@ def _check_pipeline(case):
     if bp:
         schedule.insert(0, partir.ManualPartition({"x": 0}, axis="batch"))
     mesh = partir.Mesh({"stage": stages, "batch": 8 // stages})
-    meta = check_oracles(_random_step(carries, reverse, same), mesh, schedule, params, x)
+    meta = check_oracles(_random_step(carries, reverse, same, cast), mesh, schedule,
+                         params, x)
     if stages > 1:
         assert meta.executed_collectives["collective_permute"] == \
             2 * carries * _steps(stages, microbatches)
