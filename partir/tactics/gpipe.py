@@ -40,14 +40,16 @@ from jax import lax
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.dialect import sliced_type
 from partir.core.module import CoreModule
+from partir.core.regions import BODIES, lower_region, structured
 from partir.core.tmr import OpView, localized, lookup
 from partir.errors import NotPipelineableError
 from partir.frontend import TracedProgram
 from partir.frontend.jaxpr_to_ir import inline_jaxpr
-from partir.ir import Function, Location, Op, TensorType, Value
+from partir.ir import Function, Location, Op, Region, TensorType, Value
 from partir.ir.evaluate import evaluate
 from partir.mesh import Mesh
-from partir.rules.catalogue import CATALOGUE
+from partir.rules.catalogue import CATALOGUE, region_ops
+from partir.rules.collectives import ALL_REDUCE, NAMED_AXIS_OPS
 from partir.rules.edges import EDGE_OPS
 from partir.tactics.manual import ActionSpec, issue
 
@@ -138,25 +140,30 @@ def _read_layout(module: CoreModule, scan: Op, tactic: str) -> tuple[
     # "summed" (a sum over examples); absent: the same for every microbatch.
     state: dict[Value, str] = {}
     shares: dict[Value, tuple[bool, ...]] = {}  # by an op's first result: LocalOp.share
-    for op in module.ops:
-        loop = next((lp for lp in module.nest(op.uid) if lp.axis == _MICROBATCH), None)
-        if op.name in EDGE_OPS and op.params["of"] is scan:
-            kind, at = op.params["edge"]
-            if kind == "carry" and (loop is None or loop.operands != (0, 0)):
-                raise NotPipelineableError(
-                    f"carry {at} of the scan does not keep the batch in dimension 0 from "
-                    f"layer to layer", tactic=tactic, loc=scan.loc)
-            if kind == "exit":
-                ys[at - nk] = _stacked_result(loop, state.get(op.operands[0]), at, scan,
-                                              tactic)
-                continue
-            if kind == "entry" and loop is not None:
-                (consts if at < nc else xs)[at if at < nc else at - nc - nk] = \
-                    loop.operands[0]
-        share = _classify(op, loop, state, tactic)
-        if share is not None:
-            shares[op.results[0]] = share
-    return tuple(consts), tuple(xs), tuple(ys), shares
+    # Until nothing changes: a loop inside the layer makes its carries' results at its
+    # enter edges, which read what its body yields, flattened after them.
+    while True:
+        before = dict(state)
+        for op in module.ops:
+            loop = next((lp for lp in module.nest(op.uid) if lp.axis == _MICROBATCH), None)
+            if op.name in EDGE_OPS and op.params["of"] is scan:
+                kind, at = op.params["edge"]
+                if kind == "carry" and (loop is None or loop.operands != (0, 0)):
+                    raise NotPipelineableError(
+                        f"carry {at} of the scan does not keep the batch in dimension 0 "
+                        f"from layer to layer", tactic=tactic, loc=scan.loc)
+                if kind == "exit":
+                    ys[at - nk] = _stacked_result(loop, state.get(op.operands[0]), at, scan,
+                                                  tactic)
+                    continue
+                if kind == "entry" and loop is not None:
+                    (consts if at < nc else xs)[at if at < nc else at - nc - nk] = \
+                        loop.operands[0]
+            share = _classify(op, loop, state, tactic)
+            if share is not None:
+                shares[op.results[0]] = share
+        if state == before:
+            return tuple(consts), tuple(xs), tuple(ys), shares
 
 
 def _local_body(module: CoreModule, scan: Op, microbatches: int,
@@ -171,6 +178,13 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
         return next((lp for lp in module.nest(uid) if lp.axis == _MICROBATCH), None)
 
     (body,) = scan.regions
+    # The loops and branches inside the layer, as materialization restructures them:
+    # each with its loop over the microbatches and its regions as programs of their own.
+    (layer,) = next(c for c in structured(module.snapshot()).ops
+                    if BODIES in c.params).params[BODIES]
+    controls = {r: (c, next((lp for lp in layer.nests.get(c.uid, ())
+                             if lp.axis == _MICROBATCH), None))
+                for c in layer.ops if BODIES in c.params for r in c.results}
     for a in body.args:
         loop = loop_of(a)
         k = module.by_uid[module.producer[a][0]].results.index(a)
@@ -178,17 +192,17 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
             local[a] = sliced_type(a.type, loop.results[k].dim, microbatches)
     out = []
     for op in body.ops:
-        loop = loop_of(op.results[0]) if op.results else None
+        # (a loop's results are made by its edges: its own loop says what it works on)
+        control, loop = controls[op.results[0]] if op.regions and op.results else \
+            (None, loop_of(op.results[0]) if op.results else None)
         if loop is None:
             share = shares.get(op.results[0]) if op.results else None
             out.append(LocalOp(op, (None,) * len(op.operands),
                                share or (False,) * len(op.operands)))
             continue
-        if op.regions:
-            raise NotPipelineableError(
-                f"the {op.name} inside the layer works on the batch, and a loop or branch "
-                f"inside a pipelined layer does not run on microbatches yet (one "
-                f"microbatch does)", tactic=tactic, loc=op.loc)
+        if control is not None:
+            out.append(_local_control(op, control, loop, local, microbatches, tactic))
+            continue
         entry = lookup(op.name)
         if entry.apply is not None:
             raise NotPipelineableError(
@@ -211,6 +225,91 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
     return tuple(out), tuple(local.get(v, v.type) for v in body.yields)
 
 
+def _local_control(op: Op, control: Any, loop: Loop, local: dict[Value, TensorType],
+                   microbatches: int, tactic: str) -> LocalOp:
+    """A loop or branch inside the layer on one microbatch: its regions are the programs
+    materialization makes of them (`partir.core.regions`), lowered on the microbatches'
+    axis, where each works on its microbatch alone."""
+    made = Op(op.name, op.operands, op.results, op.params,
+              [lower_region(program) for program in control.params[BODIES]], op.loc, op.prim)
+    made, summed = _accumulated(made)
+    for inner, _ in region_ops(made):
+        if inner.name in NAMED_AXIS_OPS:
+            raise NotPipelineableError(
+                f"the {op.name} inside the layer combines values across the batch at each "
+                f"of its iterations (or computes from where they lie in it), which a layer "
+                f"running on one microbatch at a time cannot (one microbatch can)",
+                tactic=tactic, loc=inner.loc if inner.loc.line else op.loc)
+    cut = tuple(d if d is not None and v not in local else None
+                for v, d in zip(op.operands, loop.operands, strict=True))
+    for r, action in zip(op.results, loop.results, strict=True):
+        if isinstance(action, Tile):
+            local[r] = sliced_type(r.type, action.dim, microbatches)
+    nc = op.params.get("num_consts", 0)
+    return LocalOp(made, cut, tuple(i - nc in summed for i in range(len(op.operands))))
+
+
+def _linear(op: Op) -> bool:
+    """Whether the op of partial sums is the sum of the op on each (`Primitive.linear`
+    "all": a sum of its operands, a move of its elements)."""
+    declared = CATALOGUE.get(op.name)
+    return declared is not None and declared.linear == "all" and len(op.results) == 1
+
+
+def _accumulated(op: Op) -> tuple[Op, frozenset[int]]:
+    """A scan inside a pipelined layer that adds, at each iteration, a sum over the batch
+    to a carry (a weight's gradient, accumulated over the steps of the layer's loop):
+    its region, lowered on the microbatches' axis, reduces each step's sum over it. On
+    one microbatch the carry accumulates the microbatch's part instead, its all_reduce
+    dropped; the pipeline sums the microbatches' (the loop's result is a sum over the
+    batch: `_classify`), each starting from its share of the carry's initial value
+    (`LocalOp.share`). Returns the op so rewritten and the carries that now hold a
+    microbatch's part."""
+    if op.name != "scan":
+        return op, frozenset()
+    (region,) = op.regions
+    nc, nk = op.params["num_consts"], op.params["num_carry"]
+    users: dict[Value, list[Op]] = {}
+    for inner in region.ops:
+        for v in inner.operands:
+            users.setdefault(v, []).append(inner)
+    yielded = {v: [k for k, y in enumerate(region.yields) if y is v] for v in region.yields}
+
+    def only_user(v: Value) -> Op | None:
+        found = users.get(v, [])
+        return found[0] if len(found) == 1 and not yielded.get(v) else None
+
+    dropped: dict[Value, Value] = {}
+    summed = set()
+    for inner in region.ops:
+        if inner.name != ALL_REDUCE or inner.params["axes"] != (_MICROBATCH,) or \
+                inner.params["monoid"] != "add":
+            continue
+        v = inner.results[0]
+        user = only_user(v)
+        # through ops partial sums pass (`Primitive.linear`): a transpose, a reshape
+        while user is not None and len(user.operands) == 1 and _linear(user):
+            v, user = user.results[0], only_user(user.results[0])
+        if user is None or len(user.operands) != 2 or not _linear(user):
+            continue
+        (other,) = [u for u in user.operands if u is not v] or [None]
+        (total,) = user.results
+        k = next((k for k in range(nk) if region.args[nc + k] is other), None)
+        if k is None or users.get(other) != [user] or yielded.get(total) != [k] or \
+                users.get(total):
+            continue
+        dropped[inner.results[0]] = inner.operands[0]
+        summed.add(k)
+    if not dropped:
+        return op, frozenset()
+    ops = [Op(o.name, [dropped.get(v, v) for v in o.operands], o.results, o.params,
+              o.regions, o.loc, o.prim)
+           for o in region.ops if not (o.results and o.results[0] in dropped)]
+    body = Region(region.args, ops, region.yields)
+    return Op(op.name, op.operands, op.results, op.params, [body], op.loc, op.prim), \
+        frozenset(summed)
+
+
 def _stacked_result(loop: Loop | None, state: str | None, at: int, scan: Op,
                     tactic: str) -> int | str:
     if loop is not None and isinstance(loop.results[0], Tile):
@@ -229,6 +328,17 @@ def _classify(op: Any, loop: Loop | None, state: dict[Value, str], tactic: str
     examples of a microbatch with each other; for an op adding a term the same for every
     microbatch to a sum over the batch, which operands are such terms (`LocalOp.share`)."""
     deps = [state.get(v) for v in op.operands]
+    if op.name in EDGE_OPS:  # a loop's or branch's edge passes values on, mixing nothing
+        passed = "summed" if "summed" in deps else "tiled" if "tiled" in deps else None
+        actions = loop.results if loop is not None else (None,) * len(op.results)
+        for r, action in zip(op.results, actions, strict=True):
+            if isinstance(action, Tile):
+                state[r] = "tiled"
+            elif isinstance(action, Sum) and action.monoid == "add":
+                state[r] = "summed"
+            elif passed is not None:
+                state[r] = passed
+        return None
     if loop is not None:
         for i, d in enumerate(deps):
             if d == "summed" or (d == "tiled" and loop.operands[i] is None):

@@ -306,13 +306,75 @@ def test_differentiating_a_pipelined_function_pipelines_its_backward_program():
     assert fn.vjp.metadata.executed_collectives["collective_permute"] == 2 * _steps(2, 2)
 
 
-def test_a_loop_inside_a_layer_is_refused_at_its_line_for_microbatches():
+def _inner_scan_layer(h, w):
+    """A loop inside the layer (an RNN cell run twice, as SSM layers run theirs): its
+    backward loop accumulates w's gradient over its steps, a sum over the batch."""
+    h, _ = lax.scan(lambda c, _: (jnp.tanh(c @ w), None), h, None, length=2)
+    return h, None
+
+
+def _loops_and_branch_layer(h, w):
+    """A scan stacking a per-example value at each step, a fori_loop and a cond on the
+    weights, inside the layer."""
+    def step(c, i):
+        c = jnp.tanh(c @ w) * 0.5 + c * 0.5 + i * 0.01
+        return c, c.sum(axis=1)
+
+    h, ys = lax.scan(step, h, jnp.arange(3.0))
+    h = lax.fori_loop(0, 2, lambda i, c: jnp.sin(c) + i, h)
+    h = lax.cond(jnp.sum(w) > 0, lambda c: c * 2.0, lambda c: c - 1.0, h)
+    return h + ys.T.mean(axis=1, keepdims=True), None
+
+
+def _accumulating_layer(h, w):
+    """A loop inside the layer adding a sum over the batch at each step to a carry that
+    starts from the weights' sum, stacked by the layers for the loss: each microbatch
+    accumulates its part of the sums and its share of the start."""
+    def step(carry, _):
+        c, total = carry
+        c = jnp.tanh(c @ w)
+        return (c, total + jnp.sum(c ** 2)), None
+
+    (h, total), _ = lax.scan(step, (h, jnp.sum(w)), None, length=2)
+    return h, total
+
+
+@pytest.mark.parametrize("layer", [_inner_scan_layer, _loops_and_branch_layer])
+def test_loops_and_branches_inside_a_layer_run_on_microbatches(layer):
+    """Each is lowered on the microbatches' axis as materialization lowers a loop's
+    regions; a step's sum over the batch that only accumulates (a weight's gradient)
+    accumulates the microbatch's part."""
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
+    meta = check_oracles(_mlp_step(layer), partir.Mesh({"stage": 2, "batch": 4}), [tactic],
+                         *_mlp_args())
+    assert meta.executed_collectives["collective_permute"] == 2 * _steps(2, 2)
+
+
+@pytest.mark.slow
+def test_a_loop_accumulating_over_the_batch_starts_each_microbatch_from_its_share():
+    def loss(w, x):
+        h, totals = lax.scan(_accumulating_layer, x, w)
+        return jnp.mean(h ** 2) + jnp.sum(totals) / 100
+
+    tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=4)
+    check_oracles(jax.value_and_grad(loss), partir.Mesh({"stage": 2, "batch": 4}), [tactic],
+                  *_mlp_args())
+
+
+def test_a_loop_combining_the_batch_at_each_step_is_refused_at_its_line():
+    """A scan over the rows of the layer's weight: their gradients are a sum over the
+    batch per step, stacked rather than accumulated, which one microbatch cannot make."""
     def layer(h, w):
-        h, _ = lax.scan(lambda c, _: (jnp.tanh(c @ w), None), h, None, length=2)
+        def step(c, row):
+            c = c + jnp.tanh(row)[None, :] * c
+            return c, None
+
+        h, _ = lax.scan(step, h, w)
         return h, None
 
     tactic = partir.PipelinePartition({"w": 0}, axis="stage", microbatches=2)
-    with pytest.raises(partir.NotPipelineableError, match="loop or branch inside") as info:
+    with pytest.raises(partir.NotPipelineableError,
+                       match="combines values across the batch") as info:
         partir.partition(_mlp_step(layer), partir.Mesh({"stage": 2}), [tactic], *_mlp_args())
     assert info.value.loc.file == __file__
     # One microbatch keeps the layer as it is.
