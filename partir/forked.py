@@ -91,11 +91,16 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
         parent = os.getpid()
         for _ in range(min(processes, len(items)) - 1):
             result_r, result_w = os.pipe()
-            with warnings.catch_warnings():
-                # JAX warns of any fork once its backend runs; this one never dispatches
-                # to it (see the module's docstring).
-                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
-                pid = os.fork()
+            try:
+                with warnings.catch_warnings():
+                    # JAX warns of any fork once its backend runs; this one never
+                    # dispatches to it (see the module's docstring).
+                    warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                    pid = os.fork()
+            except OSError:  # no memory or processes left: fewer processes do the work
+                os.close(result_r)
+                os.close(result_w)
+                break
             if pid == 0:  # pragma: no cover (the forked process; it never returns)
                 os.close(result_r)
                 _serve(queue_r, result_w, items, work, parent)
@@ -132,7 +137,9 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                 take(children[fd])
                 deadline = time.monotonic() + max(stall_s, 4 * longest)
             if time.monotonic() > deadline:
-                break  # the silent ones are killed below, their items done here
+                break  # the silent ones are killed, their items done here
+        for child in children.values():
+            child.stop()
         for k, item in enumerate(items):
             if k not in reported:
                 checkpoint()
@@ -153,7 +160,7 @@ class _Child:
     """A forked process, as this one sees it: its pid and its result pipe."""
 
     def __init__(self, pid: int, fd: int) -> None:
-        self.pid = pid
+        self.pid: int | None = pid
         self.fd = fd
         self.closed = False
         self.results = 0  # items it reported done
@@ -178,11 +185,15 @@ class _Child:
         return out
 
     def stop(self) -> None:
-        """Kill it (it may be done already) and reap it."""
+        """Kill it (it may be done already) and reap it, once."""
+        if self.pid is None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
         os.close(self.fd)
+        self.pid = None
+        self.closed = True
 
 
 def _serve(queue_r: int, result_w: int, items: Sequence[Any],

@@ -89,6 +89,15 @@ def test_what_a_forked_process_does_not_report_is_done_here(fault: str) -> None:
     assert time.perf_counter() - start < 10
 
 
+def test_a_fork_that_fails_leaves_the_work_here(monkeypatch) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError("fork: Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    got, forked = run(list(range(5)), slow_square)
+    assert forked == 0 and {pid for _, pid in got.values()} == {PARENT}
+
+
 def test_an_error_here_is_raised_and_the_forks_killed() -> None:
     def work(x: int) -> int:
         if os.getpid() == PARENT and x == 2:
