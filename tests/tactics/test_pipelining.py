@@ -173,14 +173,20 @@ def test_one_pipeline_per_schedule():
 # --- random stacked-layer scans ------------------------------------------------------------
 
 
-def _random_step(carries: int, reverse: bool, same: bool, cast: bool = False):
+def _random_step(carries: int, reverse: bool, same: bool, cast: bool = False,
+                 inner: bool = False):
     """value_and_grad of a loss over a scan of stacked layers {"w": [L, D, D], "b": [L, D]}
     carrying the activations [B, D] (and per-example running sums [B, 1]), stacking each
     layer's activations (and, with `same`, a value of its weights alone); with `cast`,
     the scan reads the layers rounded to bfloat16 and scaled (mixed precision, as models
-    cast their parameters before the layers)."""
+    cast their parameters before the layers); with `inner`, a layer runs its cell twice in
+    a loop of its own."""
     def layer(c, p):
-        h = jnp.tanh(c[0] @ p["w"] + p["b"])
+        if inner:
+            h, _ = lax.scan(lambda a, _: (jnp.tanh(a @ p["w"] + p["b"]), None), c[0], None,
+                            length=2)
+        else:
+            h = jnp.tanh(c[0] @ p["w"] + p["b"])
         new = (h, *(ci * 0.5 + jnp.sum(h, axis=-1, keepdims=True) for ci in c[1:]))
         ys = (h * 2.0, *((jnp.sum(p["w"] ** 2),) if same else ()))
         return new, ys
@@ -205,18 +211,18 @@ def _pipelines(draw):
     width = draw(st.sampled_from([3, 4]))
     return (stages, layers, microbatches, batch, width, draw(st.integers(1, 2)),
             draw(st.booleans()), draw(st.booleans()), draw(st.booleans()),
-            draw(st.booleans()))
+            draw(st.booleans()), draw(st.booleans()))
 
 
 def test_a_two_stage_pipeline_of_two_carries_with_batch_parallelism():
-    _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True, False))
+    _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True, False, False))
 
 
 def test_layers_cast_before_the_scan_are_pipelined():
     """The scan reads the layers through a cast and a scale (made layer by layer from
     them): it is the scan over the layers, pipelined, and the stages reach it through
     the cast."""
-    _check_pipeline((4, 4, 2, 4, 3, 1, False, False, False, True))
+    _check_pipeline((4, 4, 2, 4, 3, 1, False, False, False, True, False))
 
 
 @pytest.mark.slow
@@ -228,7 +234,8 @@ def test_random_stacked_layer_scans_pipeline_on_both_oracles(case):
 
 
 def _check_pipeline(case):
-    stages, layers, microbatches, batch, width, carries, reverse, same, bp, cast = case
+    stages, layers, microbatches, batch, width, carries, reverse, same, bp, cast, inner = \
+        case
     rng = np.random.default_rng(layers * 100 + batch)
     params = {"w": jnp.asarray(rng.normal(size=(layers, width, width)) / 2, jnp.float32),
               "b": jnp.asarray(rng.normal(size=(layers, width)) / 4, jnp.float32)}
@@ -238,7 +245,7 @@ def _check_pipeline(case):
     if bp:
         schedule.insert(0, partir.ManualPartition({"x": 0}, axis="batch"))
     mesh = partir.Mesh({"stage": stages, "batch": 8 // stages})
-    meta = check_oracles(_random_step(carries, reverse, same, cast), mesh, schedule,
+    meta = check_oracles(_random_step(carries, reverse, same, cast, inner), mesh, schedule,
                          params, x)
     if stages > 1:
         assert meta.executed_collectives["collective_permute"] == \
