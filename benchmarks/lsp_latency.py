@@ -43,7 +43,9 @@ t200: a schedule file of 200 tactics (issue 31), built as a user who writes one 
   (`{"batch": 0}` -> `{"batch": 1}`: every state changes; reported, no target). Each edit
   is timed to its diagnostics, to the refreshed lenses holding the edited tactic's counts
   (the daemon lowers from the edited tactic on, and the server refreshes the lenses with
-  the tactics lowered so far as it goes), and to those holding every tactic's. The
+  the tactics lowered so far as it goes), to those holding the counts of the tactics of
+  the 40 lines from it (what an editor shows around the edit; reported, no target), and
+  to those holding every tactic's. The
   mode runs once per `--lowering-processes` count (default 1 and 2: a fresh server and a
   daemon whose compiler processes lower an edit's states in that many processes,
   `partir.forked`), and prints the ratios of their lens times.
@@ -82,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lsprotocol import types as T  # noqa: E402
+from partir_lsp.render import LOWERING  # noqa: E402
 from t32_edits import Z3, add_arguments, edited_tactic, schedule_text  # noqa: E402
 
 from partir_daemon import protocol as P  # noqa: E402
@@ -94,6 +97,7 @@ TIMEOUT_S = 10.0  # no answer within this: the measurement is reported missed
 OPEN_TIMEOUT_S = 600.0  # the first analysis (daemon start, JAX import, trace)
 SETTLE_TIMEOUT_S = 120.0  # waiting, untimed, for the server to finish before the next step
 HOVERS = 20
+SCREEN_LINES = 40  # what an editor shows of a schedule file around the edited line
 MLP_REFERENCE_S = 0.31  # last recorded MLP edit -> diagnostics
 
 SHIPPED = "transformer/bp_mp_z3.partir.py"
@@ -190,6 +194,7 @@ class Edit:
     diagnostics: float | None = None
     lenses: float | None = None  # every tactic's summary lens refreshed
     first_lens: float | None = None  # the edited line's summary lens refreshed
+    screen: float | None = None  # the summary lenses of a screen from the edited line
     why: str = ""
     summaries: list[T.CodeLens] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -197,6 +202,14 @@ class Edit:
 
 def summaries_of(lenses: list[T.CodeLens]) -> list[T.CodeLens]:
     return [lens for lens in lenses if COUNTS.match(lens.command.title)]
+
+
+def screen_lowered(lenses: list[T.CodeLens], line: int) -> bool:
+    """Whether the tactics of the SCREEN_LINES lines from `line` (what an editor shows
+    around the edit) all show their counts, none "lowering…"."""
+    shown = [lens for lens in lenses if line <= lens.range.start.line < line + SCREEN_LINES]
+    return any(COUNTS.match(lens.command.title) for lens in shown) and \
+        not any(lens.command.title.endswith(LOWERING) for lens in shown)
 
 
 async def timed_edit(session: Session, uri: str, send: Callable[[], int], tactics: int,
@@ -236,6 +249,8 @@ async def timed_edit(session: Session, uri: str, send: Callable[[], int], tactic
         if out.first_lens is None and any(lens.range.start.line == line
                                           for lens in out.summaries):
             out.first_lens = elapsed
+        if out.screen is None and line is not None and screen_lowered(lenses, line):
+            out.screen = elapsed
         if len(out.summaries) == tactics:
             out.lenses = elapsed
     return out
@@ -300,10 +315,11 @@ def edited_line(old: str, new: str) -> int:
 async def measure_edits(session: Session, uri: str, name: str, texts: list[str],
                         tactics: Callable[[str], int], diag_row: Row,
                         lens_row: Row | None, timeout: float = TIMEOUT_S,
-                        first_row: Row | None = None) -> None:
+                        first_row: Row | None = None, screen_row: Row | None = None
+                        ) -> None:
     """Edit the open document through `texts` (the first is its current text), one
     incremental change each, recording each edit in the rows (`first_row`: the time to
-    the edited tactic's refreshed lens)."""
+    the edited tactic's refreshed lens; `screen_row`: to those of a screen from it)."""
     for old, new in itertools.pairwise(texts):
         logs = len(session.client.log_messages)
         edit = await timed_edit(session, uri,
@@ -315,6 +331,8 @@ async def measure_edits(session: Session, uri: str, name: str, texts: list[str],
             lens_row.add(edit.lenses, edit.why)
         if first_row is not None:
             first_row.add(edit.first_lens, edit.why)
+        if screen_row is not None:
+            screen_row.add(edit.screen, edit.why)
         shown = "-" if edit.lenses is None else f"{edit.lenses:.3f}s"
         first = "-" if edit.first_lens is None else f"{edit.first_lens:.3f}s"
         print(f"    {diag_row.what}: diagnostics "
@@ -680,10 +698,11 @@ async def t200_with(args: argparse.Namespace, processes: int, rows: list[Row]) -
                 ("t200: BP {\"batch\": 0} -> 1 (every state changes)", dim, None)):
             diag = Row(mode, f"{what} -> diagnostics", target)
             first = Row(mode, f"{what} -> its own lens refreshed", target and 1.5)
+            screen = Row(mode, f"{what} -> the lenses of {SCREEN_LINES} lines from it")
             lens = Row(mode, f"{what} -> every lens refreshed", target and 1.5)
-            rows += [diag, first, lens]
+            rows += [diag, first, screen, lens]
             await measure_edits(session, uri, T200, texts, tactics_in, diag, lens,
-                                TIMEOUT_S if target else OPEN_TIMEOUT_S, first)
+                                TIMEOUT_S if target else OPEN_TIMEOUT_S, first, screen)
     finally:
         await stop_session(session)
         workspace.teardown()
