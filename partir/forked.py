@@ -54,6 +54,7 @@ _ITEM = struct.Struct("<i")
 _MAX_ITEMS = 4096  # their indices fit a pipe's buffer, written before anyone reads
 _LENGTH = struct.Struct("<I")
 _forked = False
+_NICENESS = 10
 _PR_SET_PDEATHSIG = 1
 
 
@@ -72,7 +73,7 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                stall_s: float = STALL_S) -> int:
     """Call `work(item)` for every item, in this process and `processes - 1` forked ones,
     and `done(item, result)` here for each, as results come (items in about their order,
-    not exactly; the first is done here). `work`'s results must pickle. Cancellable
+    not exactly; the first is done here, before any fork). `work`'s results must pickle. Cancellable
     (`partir.cancel`): between items, and while waiting for the forked processes, which
     are then killed. Returns how many items forked processes did."""
     if processes < 2 or len(items) < 2 or len(items) > _MAX_ITEMS:
@@ -85,9 +86,16 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
     os.close(queue_w)  # the forked processes inherit only the read end: EOF once empty
     children: dict[int, _Child] = {}
     try:
-        # This process takes the first item before any fork can: a tool shows it first
-        # (the edited tactic's lens), and its result is here as soon as it is made.
+        # This process does the first item before it forks: a tool shows it first (the
+        # edited tactic's lens), as soon as without forking (a fork, and the copies of the
+        # pages both processes then write, would slow it).
         k = _next(queue_r)
+        checkpoint()
+        start = time.perf_counter()
+        result = work(items[k])
+        longest = time.perf_counter() - start
+        done(items[k], result)
+        reported = {k}
         parent = os.getpid()
         for _ in range(min(processes, len(items)) - 1):
             result_r, result_w = os.pipe()
@@ -106,16 +114,13 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                 _serve(queue_r, result_w, items, work, parent)
             os.close(result_w)
             children[result_r] = _Child(pid, result_r)
-        reported: set[int] = set()
-        longest = 0.0
-
         def take(child: _Child) -> None:
             for k, ok, result in child.read():
                 if ok:
                     reported.add(k)
                     done(items[k], result)
 
-        while k is not None:
+        while (k := _next(queue_r)) is not None:
             checkpoint()
             start = time.perf_counter()
             result = work(items[k])
@@ -126,7 +131,6 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
             ready, _, _ = select.select(open_, [], [], 0) if open_ else ((), (), ())
             for fd in ready:
                 take(children[fd])
-            k = _next(queue_r)
         # This process is done: wait for the others, then do what they did not report.
         deadline = time.monotonic() + max(stall_s, 4 * longest)
         while any(not c.closed for c in children.values()):
@@ -207,6 +211,9 @@ def _serve(queue_r: int, result_w: int, items: Sequence[Any],
     try:
         _die_with_parent(parent)
         gc.disable()  # a collection would touch (and so copy) every object of the parent
+        # Background work: what a user waits on (the editor's server rendering the first
+        # results, the daemon relaying them) runs first.
+        os.nice(_NICENESS)
         # An interrupt meant for the parent (a schedule file's time limit) is not ours.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)

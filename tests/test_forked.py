@@ -99,9 +99,13 @@ def test_a_fork_that_fails_leaves_the_work_here(monkeypatch) -> None:
 
 
 def test_an_error_here_is_raised_and_the_forks_killed() -> None:
+    done_here = []
+
     def work(x: int) -> int:
-        if os.getpid() == PARENT and x == 2:
-            raise KeyError("in this process")
+        if os.getpid() == PARENT:
+            done_here.append(x)
+            if len(done_here) == 2:  # the first item after the fork
+                raise KeyError("in this process")
         return slow_square(x)
 
     before = children()
