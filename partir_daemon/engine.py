@@ -71,11 +71,14 @@ class Engine:
         if params.metadata and any(not st.lowered for st in analysis.states):
             lowered = None
             if params.partial and partial is not None:
-                def send() -> None:
+                def send(values: bool = True) -> None:
                     analysis.timings.total_s = time.perf_counter() - start
-                    partial(self._partition_result(params, analysis))
+                    partial(self._partition_result(params, analysis, values))
 
-                send()
+                # The first answer is for the diagnostics: the values' shardings after
+                # each tactic (hovers, hints), a fifth of its making and encoding on a
+                # long schedule, come with the next.
+                send(values=False)
                 lowered = _every(PARTIAL_AFTER_S, send, analysis)
             self.session.lower(analysis, progress, token, lowered)
         analysis.timings.total_s = time.perf_counter() - start
@@ -116,8 +119,8 @@ class Engine:
     def stats(self, params: P.WorkerStatsParams | None = None) -> dict[str, Any]:
         return dataclasses.asdict(self.session.stats())
 
-    def _partition_result(self, params: P.PartitionParams,
-                          analysis: Analysis) -> P.PartitionResult:
+    def _partition_result(self, params: P.PartitionParams, analysis: Analysis,
+                          values: bool = True) -> P.PartitionResult:
         sf = analysis.schedule_file
         result = P.PartitionResult(params.path, params.version, analysis.ok,
                                    analysis.diagnostics,
@@ -144,7 +147,8 @@ class Engine:
                 tactic.index, tactic.name, tactic.axis, tactic.range, tactic.inputs,
                 tactic.reused, tactic.state, metadata))
             (result.reused if tactic.reused else result.reapplied).append(tactic.index)
-        result.values = self.session.values(analysis)
+        if values:
+            result.values = self.session.values(analysis)
         result.collectives = self.session.collectives(analysis) or []
         return result
 

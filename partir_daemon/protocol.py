@@ -172,8 +172,9 @@ class PartitionParams(DocumentParams):
     # cached. Tactics already lowered keep their collectives and cost either way.
     metadata: bool = True
     # With `metadata`: once the tactics are applied, and before any lowering, send that
-    # result (as `metadata=False` would return it) in a `partir/partial` notification, so
-    # that one request serves both an editor's first answer and its complete one; then,
+    # result (as `metadata=False` would return it, but for its `values`, which come with
+    # the next) in a `partir/partial` notification, so that one request serves both an
+    # editor's first answer (its diagnostics) and its complete one; then,
     # while the lowering goes on, the result with the tactics lowered so far
     # (`is_lowered`): once the first is, a second later, then after twice as long each
     # time (`engine.PARTIAL_AFTER_S`). The tactics are lowered in order: an editor shows

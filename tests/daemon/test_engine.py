@@ -81,9 +81,11 @@ def test_partial_results_have_values_but_no_collectives(ws):
 
 @pytest.mark.parametrize("after_s, lowered", [(3600.0, [0, 1]), (0.0, [0, 1, 2])])
 def test_a_lowering_sends_the_tactics_lowered_so_far(ws, monkeypatch, after_s, lowered):
-    """The partial results of one request: the tactics applied, then with the first
-    (edited) tactic lowered at once, then as the lowering goes on, every `after_s` (then
-    doubling), never with every tactic lowered (the result is the complete one)."""
+    """The partial results of one request: the tactics applied (without the values'
+    shardings, which come with the next: the first answer is for the diagnostics), then
+    with the first (edited) tactic lowered at once, then as the lowering goes on, every
+    `after_s` (then doubling), never with every tactic lowered (the result is the
+    complete one)."""
     monkeypatch.setattr(engine_module, "PARTIAL_AFTER_S", after_s)
     text = ES.replace('name="ES"),', 'name="ES"),\n    partir.ManualPartition({"w2": 1}, '
                       'axis="batch", name="Z"),')
@@ -94,6 +96,8 @@ def test_a_lowering_sends_the_tactics_lowered_so_far(ws, monkeypatch, after_s, l
     assert result.ok and len(result.tactics) == 3
     assert [sum(P.is_lowered(t.metadata) for t in p.tactics) for p in partials] == lowered
     assert all(P.is_lowered(t.metadata) for t in result.tactics)
+    assert [p.values == result.values for p in partials] == [False] + [True] * (
+        len(partials) - 1) and result.values
 
 
 def test_an_unchanged_text_is_not_executed_again(ws):
