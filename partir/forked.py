@@ -73,9 +73,9 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                stall_s: float = STALL_S) -> int:
     """Call `work(item)` for every item, in this process and `processes - 1` forked ones,
     and `done(item, result)` here for each, as results come (items in about their order,
-    not exactly; the first is done here, before any fork). `work`'s results must pickle. Cancellable
-    (`partir.cancel`): between items, and while waiting for the forked processes, which
-    are then killed. Returns how many items forked processes did."""
+    not exactly; the first is done here, before any fork). `work`'s results must pickle.
+    Cancellable (`partir.cancel`): between items, and while waiting for the forked
+    processes, which are then killed. Returns how many items forked processes did."""
     if processes < 2 or len(items) < 2 or len(items) > _MAX_ITEMS:
         for item in items:
             checkpoint()
@@ -85,17 +85,29 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
     os.write(queue_w, b"".join(_ITEM.pack(k) for k in range(len(items))))
     os.close(queue_w)  # the forked processes inherit only the read end: EOF once empty
     children: dict[int, _Child] = {}
+    reported: set[int] = set()
+    longest = 0.0
+
+    def here(k: int) -> None:
+        nonlocal longest
+        checkpoint()
+        start = time.perf_counter()
+        result = work(items[k])
+        longest = max(longest, time.perf_counter() - start)
+        reported.add(k)
+        done(items[k], result)
+
+    def take(child: _Child) -> None:
+        for k, ok, result in child.read():
+            if ok:
+                reported.add(k)
+                done(items[k], result)
+
     try:
         # This process does the first item before it forks: a tool shows it first (the
         # edited tactic's lens), as soon as without forking (a fork, and the copies of the
         # pages both processes then write, would slow it).
-        k = _next(queue_r)
-        checkpoint()
-        start = time.perf_counter()
-        result = work(items[k])
-        longest = time.perf_counter() - start
-        done(items[k], result)
-        reported = {k}
+        here(_next(queue_r))
         parent = os.getpid()
         for _ in range(min(processes, len(items)) - 1):
             result_r, result_w = os.pipe()
@@ -114,19 +126,8 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                 _serve(queue_r, result_w, items, work, parent)
             os.close(result_w)
             children[result_r] = _Child(pid, result_r)
-        def take(child: _Child) -> None:
-            for k, ok, result in child.read():
-                if ok:
-                    reported.add(k)
-                    done(items[k], result)
-
         while (k := _next(queue_r)) is not None:
-            checkpoint()
-            start = time.perf_counter()
-            result = work(items[k])
-            longest = max(longest, time.perf_counter() - start)
-            reported.add(k)
-            done(items[k], result)
+            here(k)
             open_ = [fd for fd, c in children.items() if not c.closed]
             ready, _, _ = select.select(open_, [], [], 0) if open_ else ((), (), ())
             for fd in ready:
@@ -144,10 +145,9 @@ def run_forked(items: Sequence[Any], work: Callable[[Any], Any],
                 break  # the silent ones are killed, their items done here
         for child in children.values():
             child.stop()
-        for k, item in enumerate(items):
+        for k in range(len(items)):
             if k not in reported:
-                checkpoint()
-                done(item, work(item))
+                here(k)
         return sum(c.results for c in children.values())
     finally:
         os.close(queue_r)

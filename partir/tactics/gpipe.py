@@ -179,12 +179,15 @@ def _local_body(module: CoreModule, scan: Op, microbatches: int,
 
     (body,) = scan.regions
     # The loops and branches inside the layer, as materialization restructures them:
-    # each with its loop over the microbatches and its regions as programs of their own.
-    (layer,) = next(c for c in structured(module.snapshot()).ops
-                    if BODIES in c.params).params[BODIES]
-    controls = {r: (c, next((lp for lp in layer.nests.get(c.uid, ())
-                             if lp.axis == _MICROBATCH), None))
-                for c in layer.ops if BODIES in c.params for r in c.results}
+    # each with its loop over the microbatches and its regions as programs of their own
+    # (restructured only for a layer that has any).
+    controls = {}
+    if any(op.regions for op in body.ops):
+        (layer,) = next(c for c in structured(module.snapshot()).ops
+                        if BODIES in c.params).params[BODIES]
+        controls = {r: (c, next((lp for lp in layer.nests.get(c.uid, ())
+                                 if lp.axis == _MICROBATCH), None))
+                    for c in layer.ops if BODIES in c.params for r in c.results}
     for a in body.args:
         loop = loop_of(a)
         k = module.by_uid[module.producer[a][0]].results.index(a)

@@ -146,9 +146,9 @@ def _rewritten(fn: Function, layered: set[Value], n_layers: int, stages: int,
                tactic: PipelinePartition) -> tuple[list[Op], list[Value], int]:
     """The function's ops with each scan over the layers (reading them, values made of
     them layer by layer, or a pipelined scan's stacked results) pipelined, its results,
-    and how many scans were. A pipelined
-    scan's stacked result that keeps the batch is put back together only where an op
-    other than a pipelined scan reads it (`gpipe.reassemble`)."""
+    and how many scans were. A pipelined scan's stacked result that keeps the batch is
+    put back together only where an op other than a pipelined scan reads it
+    (`gpipe.reassemble`)."""
     renamed: dict[Value, Value] = {}
     pending: dict[Value, PerMicrobatch] = {}  # results not put back together (yet)
     ops: list[Op] = []
