@@ -505,6 +505,15 @@ METHODS: dict[str, Method] = {
 # --- daemon configuration ---------------------------------------------------------------
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, which containers and `taskset`
+    narrow), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 @dataclass
 class DaemonConfig:
     """Settings a daemon is started with (the client passes them on auto-start); their
@@ -517,12 +526,12 @@ class DaemonConfig:
     max_cache_ops: int = 4_000_000  # ops held by cached traces and states
     log_level: str = "INFO"
     # Compiler processes: a schedule file that loops holds one of them, not every file's
-    # analysis. Each holds JAX and caches of its own; two match a two-core machine.
-    compiler_processes: int = 2
+    # analysis. Each holds JAX and caches of its own; two, or one on a one-core machine.
+    compiler_processes: int = field(default_factory=lambda: min(2, usable_cpus()))
     # Processes each compiler process lowers an edit's states in (itself and forks of it,
     # `partir.forked`): the lenses after an early edit of a long schedule come that much
-    # sooner.
-    lowering_processes: int = 2
+    # sooner; more processes than cores would only take turns.
+    lowering_processes: int = field(default_factory=lambda: min(2, usable_cpus()))
 
     def __post_init__(self) -> None:
         # 300 and 300.0 are one setting: the hash must not tell them apart.

@@ -1,12 +1,13 @@
 import os
 
-# Tests run on 8 virtual CPU devices; this must happen before jax is imported.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
 import pytest
+
+from tests.xla import set_flags
+
+# Tests run on 8 virtual CPU devices, with XLA's cheap code generation (tests/xla.py);
+# this must happen before jax is imported.
+set_flags()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 @pytest.fixture(scope="session")

@@ -203,4 +203,6 @@ def eval_alike(op: Op, env: Mapping[Value, Any], bound: Sequence[str],
 
 
 def interpret(fn: Function, *args: Any) -> list[Any]:
-    return Interpreter(fn)(*args)
+    """Run a Core function on arguments; returns its results. The ops run in order, as one
+    computation (`jax.jit`): each op run eagerly would be a compilation of its own."""
+    return jax.jit(Interpreter(fn))(*args)

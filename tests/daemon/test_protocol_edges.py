@@ -102,6 +102,16 @@ def test_numbers_within_bounds_are_accepted():
     assert P.parse_params("ir", {"path": "x.py", "after": 0, "version": -3}).version == -3
 
 
+def test_the_default_processes_are_no_more_than_the_usable_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    one_core = P.DaemonConfig()
+    assert (one_core.compiler_processes, one_core.lowering_processes) == (1, 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    many = P.DaemonConfig()
+    assert (many.compiler_processes, many.lowering_processes) == (2, 2)
+    assert P.DaemonConfig(lowering_processes=4).lowering_processes == 4  # asked for
+
+
 def test_file_params_must_be_bounded_regular_files(shared):
     big = shared.workspace / "mlp" / "big.partir.py"
     with open(big, "wb") as f:  # sparse: no disk space used

@@ -1,0 +1,21 @@
+"""The XLA flags the suite runs under, set by tests/conftest.py before JAX starts.
+
+Most of the suite's time is XLA compiling small programs, most of that in LLVM: its cheap
+pipeline halves that. Both sides of every comparison run under the same flags."""
+
+from __future__ import annotations
+
+import os
+
+DEVICES = "--xla_force_host_platform_device_count=8"
+CHEAP_CODEGEN = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+
+
+def set_flags() -> None:
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), DEVICES,
+                                        *CHEAP_CODEGEN]).strip()
+
+
+def optimizing() -> bool:
+    """Whether XLA optimizes as it does by default (a run with flags of its own)."""
+    return CHEAP_CODEGEN[0] not in os.environ.get("XLA_FLAGS", "").split()
