@@ -38,9 +38,9 @@ from tests.oracles import EXPECTED_ERRORS, REPLICATED_TWICE, STATIC_SLICE, asser
 
 DEVICES = 8
 # Each accepted case traces, partitions, lowers and compiles one XLA executable (about
-# 0.2 s on 2 cores, so ~90 s for the file); rejected cases (an expected PartitionError)
-# stop before compiling.
-EXAMPLES = examples(400)
+# 0.55 s on 2 cores, so ~2 minutes for the file); rejected cases (an expected
+# PartitionError) stop before compiling.
+EXAMPLES = examples(200)
 MAX_OPS = 10
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,

@@ -32,7 +32,7 @@ from tests.oracles import EXPECTED_ERRORS, assert_same
 
 # Sizes no axis divides (3, 5, 7), or only the axis of 2 (6, 10).
 PADDED_DIMS = (3, 5, 7, 6, 10)
-EXAMPLES = examples(100)
+EXAMPLES = examples(50)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])

@@ -27,7 +27,7 @@ from tests.core.program_strategies import PartitionCase, program_case
 from tests.oracles import EXPECTED_ERRORS, assert_same
 
 # Each case partitions, interprets and compiles one small XLA executable (~0.3 s).
-EXAMPLES = examples(200)
+EXAMPLES = examples(100)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])

@@ -22,7 +22,7 @@ from tests.core.program_strategies import PartitionCase, partition_cases
 from tests.oracles import EXPECTED_ERRORS, assert_same
 from tests.spmd.test_oracle import SCHEDULE, _inputs, _scenario_program
 
-EXAMPLES = examples(100)
+EXAMPLES = examples(60)
 SETTINGS = settings(deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                            HealthCheck.data_too_large])
