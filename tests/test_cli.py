@@ -134,6 +134,7 @@ def test_error_in_a_tactic_exits_2_with_its_line(capsys, tmp_path):
                           f"named 'w3'")
 
 
+@pytest.mark.slow
 def test_console_script():
     script = Path(sys.executable).parent / "partir"
     assert script.exists()
@@ -222,6 +223,7 @@ def test_version_is_the_installed_packages(capsys):
     assert partir.__version__ == version("partir")
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_early_is_not_an_error():
     # `partir partition FILE --ir hlo | head -1`: the HLO text is far larger than a pipe.
     proc = subprocess.Popen(

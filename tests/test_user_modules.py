@@ -77,6 +77,7 @@ def load(d: Path, **kw):
     return load_schedule_file(d / "s.partir.py", **kw)
 
 
+@pytest.mark.slow
 def test_modules_stay_imported_and_reload_with_their_dependants(tmp_path):
     d = workspace(tmp_path)
     first = load(d)
@@ -128,6 +129,7 @@ def test_a_module_failing_to_import_is_a_dependency_and_its_fix_is_seen(tmp_path
     assert load(d).program.fn.__name__ == "f"
 
 
+@pytest.mark.slow
 def test_an_edit_during_import_is_not_cached_under_the_new_hash(tmp_path):
     d = workspace(tmp_path)
     # The module edits its own file, once, while it is being imported (as an editor
@@ -145,6 +147,7 @@ def test_an_edit_during_import_is_not_cached_under_the_new_hash(tmp_path):
     assert log(d).count("uhelpers") == 2  # unchanged since its second import
 
 
+@pytest.mark.slow
 def test_same_named_modules_of_two_directories_are_kept_apart(tmp_path):
     a, b = workspace(tmp_path, "a"), workspace(tmp_path, "b")
     (b / "uconfig.py").write_text("BATCH = 8\n")

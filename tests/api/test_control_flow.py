@@ -218,6 +218,7 @@ def test_megatron_through_a_scan_over_layers_sums_inside_the_body(grad):
     assert not any("all_gather" in line for line in lines[:last_scan]), meta.hlo_ir
 
 
+@pytest.mark.slow
 def test_a_scans_stacked_partial_sums_are_summed_by_its_body_per_iteration():
     """Each step's column sums of a batch-sliced carry are partial sums over "batch": the
     body all-reduces each one as it makes it (one per step, as an unrolled loop would),
@@ -297,6 +298,7 @@ def test_stacked_sums_added_together_are_reduced_once(name):
     assert meta.executed_collectives["all_reduce"] == 1
 
 
+@pytest.mark.slow
 def test_an_accumulator_read_by_its_loop_otherwise_is_reduced_every_iteration():
     """The body reads the carry beside accumulating it (the scan), or a while loop's
     condition does: every iteration needs the whole value, reduced there."""
@@ -384,6 +386,7 @@ def nested_layers(x, wss):
     return jnp.sum(c) + jnp.sum(sums ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
 def test_a_tag_inside_a_loop_nested_in_a_body_is_named_by_tactics(grad):
     """A value tagged in the body of a scan inside a scan's body: tiling it slices the
@@ -401,6 +404,7 @@ def test_a_tag_inside_a_loop_nested_in_a_body_is_named_by_tactics(grad):
     assert result.program.sharding(tag).dims == (("batch",), ())
 
 
+@pytest.mark.slow
 def test_a_nested_body_value_tiled_where_its_loops_cannot_carry_it_runs_sliced_inside():
     """A value of an inner scan's body tiled on a dimension its loops' values do not
     share: the body's ops around it run sliced, with what crosses a loop's edges taken
@@ -409,6 +413,7 @@ def test_a_nested_body_value_tiled_where_its_loops_cannot_carry_it_runs_sliced_i
                  X, WSS)
 
 
+@pytest.mark.slow
 def test_a_body_value_tiled_or_kept_whole_inside_a_loop_is_honoured():
     """Tiled on a dimension the body contracts with the next layer's weights: the
     contraction sums inside the body. Kept replicated: the body ops around it do not
@@ -420,6 +425,7 @@ def test_a_body_value_tiled_or_kept_whole_inside_a_loop_is_honoured():
         assert result.tactics[0].actions
 
 
+@pytest.mark.slow
 def test_collectives_inside_a_body_are_counted_per_run_and_placed_at_their_model_line():
     result, meta = _all_oracles(megatron_layers, {"batch": 2, "model": 2}, BP_MP, X, W1, W2)
     sites = lower(result.program).collective_sites()
@@ -550,6 +556,7 @@ def test_a_loop_summing_over_a_dimension_inside_its_body_pads_it_and_masks_the_s
     assert structured(result.program).nest(loop) == (Loop("a", (Tile(0),), (0,)),)
 
 
+@pytest.mark.slow
 def test_a_loop_whose_inner_loop_sums_over_a_dimension_pads_it_and_masks_the_sums():
     """Fuzzer seed 3662: a while inside a fori takes a mean of its carry. When the outer
     loop padded the carry's rows as an op and the inner one did not, the padding's rows
@@ -611,6 +618,7 @@ IMAGES = jnp.asarray(RNG.normal(size=(2, 4, 4, 3)).astype(np.float32))
 KERNEL = jnp.asarray(RNG.normal(size=(3, 3, 3, 3)).astype(np.float32)) / 4
 
 
+@pytest.mark.slow
 def test_a_convolution_in_a_while_body_over_a_kernel_tiled_on_two_axes_one_of_size_1():
     def f(x, w):
         return lax.while_loop(lambda s: s[0] < 2, lambda s: (s[0] + 1, _conv(s[1], w)),
@@ -659,6 +667,7 @@ POSITIONAL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("name", sorted(POSITIONAL))
 def test_a_primitive_computing_from_positions_in_a_body_keeps_the_loop_sliced(name, grad):
@@ -678,6 +687,7 @@ def test_a_primitive_computing_from_positions_in_a_body_keeps_the_loop_sliced(na
         assert meta.out_specs[0] == jax.sharding.PartitionSpec("batch", None)
 
 
+@pytest.mark.slow
 def test_a_factor_only_the_bodies_operands_have_is_sliced_or_gathered_as_propagation_says():
     """Fuzzer seed 617: the indices of a gather in a while body (a factor no result of the
     loop has) arrive sliced, to be gathered where the body takes them, beside another
@@ -698,6 +708,7 @@ def test_a_factor_only_the_bodies_operands_have_is_sliced_or_gathered_as_propaga
     _all_oracles(f, {"a": 6}, schedule, x, table, idx)
 
 
+@pytest.mark.slow
 def test_a_scatter_in_a_body_whose_updates_are_sliced_keeps_its_updates_whole():
     """Fuzzer seed 5426: a scatter-max in a fori body, its operand and updates sliced on
     the same axis. Its tiles' results combine by position (the operand kept by each
@@ -724,6 +735,7 @@ def _accumulated_gradient(w, x, tag: bool):
     return w - 0.1 * lax.scan(accumulate, jnp.zeros_like(w), microbatches)[0]
 
 
+@pytest.mark.slow
 def test_a_batch_tiling_reaching_the_scanned_dimension_says_how_to_run_the_loop_sliced():
     """Batch parallelism on x tiles the microbatch dimension the loop scans (the reshape
     keeps x's tiles whole): the loop runs every iteration whole on every device, and the

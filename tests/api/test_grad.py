@@ -91,6 +91,7 @@ def loss(params, x):
     return jnp.sum(jax.nn.softplus(jnp.max(h @ params["w2"], axis=1)))
 
 
+@pytest.mark.slow
 def test_pytree_parameters_under_batch_and_model_parallelism():
     x, w1, w2 = map(jnp.asarray, example_args())
     params = {"w1": w1.at[:, :3].set(0.0), "w2": w2}  # relu at 0 for some hidden units
@@ -121,6 +122,7 @@ def test_grad_under_jit():
     assert_trees_close(jax.grad(jax.jit(fn), argnums=(1, 2))(x, w1, w2), want)
 
 
+@pytest.mark.slow
 def test_grad_of_grad():
     def f(x):
         return jnp.sum(jax.nn.softplus(x) * jnp.max(x) ** 2)

@@ -42,6 +42,7 @@ def test_a_cross_entropys_picked_log_probabilities_keep_the_batch_sharded():
     assert not _conflicts(meta), _conflicts(meta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["at_set", "at_add", "at_max", "put_along_axis"])
 def test_a_scatter_back_into_each_rows_order_keeps_the_batch_sharded(how):
     """Top-p filtering writes each row's filtered values back through its argsort."""

@@ -141,6 +141,7 @@ def test_called_under_jax_jit():
     np.testing.assert_allclose(fn(*args), mlp(*args), **TOL)  # and the same outside
 
 
+@pytest.mark.slow
 def test_differentiated_with_jax_grad():
     args = example_args()
     fn, _ = partir.jit(mlp, MESH, [BP, MP, Z3])

@@ -39,6 +39,7 @@ def _has_spec(array, spec):
         NamedSharding(array.sharding.mesh, spec), array.ndim)
 
 
+@pytest.mark.slow
 def test_zero3_gradient_named_as_an_output_is_reduce_scattered_like_its_parameter():
     w, x = _args()
     before = check_oracles(step, BP8, [bp(x=0), Z3], w, x)
@@ -168,6 +169,7 @@ def test_an_unknown_output_name_lists_the_outputs():
     assert "out" in str(e.value).split("(inputs, outputs and tags: ")[1]
 
 
+@pytest.mark.slow
 def test_a_differentiated_call_with_out_shardings_is_jaxs_derivative():
     w, x = _args()
     jitted, _ = partir.jit(step, BP8, [bp(x=0), Z3], out_shardings=(None, P("batch")))

@@ -91,6 +91,7 @@ def test_max_reduction_over_a_padded_dim_ignores_the_padding():
     _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
 
 
+@pytest.mark.slow
 def test_max_of_large_values_with_padding_that_could_be_larger():
     def f(x):
         y = jnp.exp(x) * 1e3  # a pass-through factor: computed on the padding too
@@ -100,6 +101,7 @@ def test_max_of_large_values_with_padding_that_could_be_larger():
     _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
 
 
+@pytest.mark.slow
 def test_dot_general_contracting_a_padded_dim():
     def f(x, w):
         return x @ w
@@ -114,6 +116,7 @@ def test_dot_general_contracting_a_padded_dim():
     assert {(p["value"], p["dim"]) for p in meta.padding} >= {("x", 1), ("w", 0)}
 
 
+@pytest.mark.slow
 def test_dot_general_of_padded_operands_whose_padding_is_inf():
     def f(x, w):
         return jnp.log(x) @ jnp.log(w)  # log(0) = -inf on zero padding
@@ -223,6 +226,7 @@ def test_offsets_of_one_program_on_meshes_whose_axes_have_other_sizes():
         assert_tree_close(spmd, f(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(NESTED))
 def test_later_axis_pads_each_tile_of_an_earlier_one(case):
     def f(x, w):
@@ -243,6 +247,7 @@ def test_later_axis_pads_each_tile_of_an_earlier_one(case):
     assert not any(t.conflicts for t in meta.tactics)
 
 
+@pytest.mark.slow
 def test_train_step_whose_batch_a_later_axis_pads():
     mesh = partir.Mesh({"batch": 2, "model": 4})
     # 6 on batch (2): tiles of 3, each padded to 4 by model
@@ -268,6 +273,7 @@ def test_padded_dim_through_a_reshape_is_refused_with_a_conflict():
     _check(f, partir.Mesh({"a": 4}), [partir.ManualPartition({"x": 0}, axis="a")], x)
 
 
+@pytest.mark.slow
 def test_divisible_programs_report_no_padding():
     meta = _check(model.mlp_step, partir.Mesh({"batch": 4, "model": 2}),
                   [partir.ManualPartition({"x": 0, "y": 0}, axis="batch")],
@@ -367,6 +373,7 @@ def _stacked_step_sums(x, ws):
     return jax.lax.scan(layer, x, ws)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["scan", "scan_gradient", "fori_loop", "stacked_sums"])
 def test_a_body_value_on_a_dimension_the_axis_does_not_divide_is_padded(case):
     """Issue 26, item 7: tiling a value tagged in a loop body (a batch of 6 on 4 devices)
@@ -391,6 +398,7 @@ def test_a_body_value_on_a_dimension_the_axis_does_not_divide_is_padded(case):
     assert program.output_shardings() == by_input.output_shardings()
 
 
+@pytest.mark.slow
 def test_a_body_value_that_cannot_be_padded_says_why():
     """Tiling a body value pads it, as any value. Where a body op cannot carry the padding
     (a reshape merging the padded rows) or an edge of the loop cannot (a factor another

@@ -118,6 +118,7 @@ def test_single_index_scatter_dropping_updates_on_a_sliced_operand():
                   jnp.arange(12.0), -jnp.ones(1))
 
 
+@pytest.mark.slow
 def test_vjp_of_top_k_and_out_of_bounds_update_on_a_one_device_axis():
     """XLA's simplifier folded the all_slice of an out-of-bounds dynamic update into a
     wrong program, even on a one-device axis (fuzzer seed 125)."""
@@ -150,6 +151,7 @@ def test_dynamic_update_at_a_clamped_start_read_sliced_twice():
                   jnp.array([0.5, 0.2, 0.9, -1.0]), jnp.array([0, 3, 8, 4, -2], jnp.int32))
 
 
+@pytest.mark.slow
 def test_loop_operand_gathered_into_a_tile_on_a_minor_sub_axis():
     """The gradient of a switch whose operand is tiled on a:(1)3 and a:(3)2 while the
     branches run on tiles of a:(3)2: the operand is gathered whole and the branch's tile
@@ -186,6 +188,7 @@ def test_segment_max_of_a_nan_row_on_a_tiled_segment_axis():
                   jnp.arange(8.0).reshape(4, 2), jnp.array([0, 1, 2, 1], jnp.int32))
 
 
+@pytest.mark.slow
 def test_gradient_of_a_padded_output_crops_its_cotangent_on_the_devices():
     """The transpose of a pad is a pad with negative high padding (a crop): the cotangent
     argument it reads must arrive whole and be cropped, not be taken as an argument that
@@ -283,6 +286,7 @@ def test_gradient_of_a_take_with_fill_and_a_scatter_max_outside_a_tile():
                   jnp.asarray([-1, 2, 0, 0, 4, 1], jnp.int32), u)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forms", [{}, {"x": 2}])
 def test_gradient_through_a_dynamic_update_of_an_array_with_its_own_slice(forms):
     """Fuzzer seed 7821: XLA compiles JAX's own jitted gradient of this wrongly (both

@@ -33,6 +33,7 @@ def _state(module: CoreModule) -> tuple:
             sorted((str(v), a, w) for (v, a), w in module.acted.items()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(_cases()), ids=lambda c: c[0])
 def test_fork_resumes_like_a_full_application(case):
     _, fn, args, schedule = case

@@ -10,6 +10,7 @@ import collections
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 import partir
@@ -143,6 +144,7 @@ def _mqa_decode(wq, wkv, wo, x0):
     return lax.scan(step, (x0, *caches), jnp.arange(t, dtype=jnp.int32))[0][0]
 
 
+@pytest.mark.slow
 def test_multi_query_caches_split_by_batch_move_the_queries_with_an_all_to_all_per_step():
     """Issue 28 item 6's capability: the caches carried split by batch over "model"
     (the residual stream kept whole on it), Megatron's query heads over "model" too; the
@@ -166,6 +168,7 @@ def test_multi_query_caches_split_by_batch_move_the_queries_with_an_all_to_all_p
     assert meta.executed_collectives["all_to_all"] == 6  # one per step
 
 
+@pytest.mark.slow
 def test_control_flow_ops_whose_only_edges_are_results_are_restructured():
     """A cond of constants and a scan of no operands have exit edges only: each is one op
     again after the tactics, and the program equals the function on both oracles."""

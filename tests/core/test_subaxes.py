@@ -216,6 +216,7 @@ def test_a_tactic_may_name_a_sub_axis():
                               x)
 
 
+@pytest.mark.slow
 def test_a_sub_axis_crossing_an_earlier_split_splits_its_sub_axes_further():
     """Issue 26, item 6: `a:(2)4` after `a:(4)2` (which split `a` into `a:(1)4`, `a:(4)2`)
     is `a:(2)2` then `a:(4)2` once `a:(1)4` is split into `a:(1)2`, `a:(2)2`."""

@@ -149,6 +149,7 @@ def test_shutdown_stops_running_jobs(env):
 
 
 
+@pytest.mark.slow
 def test_a_run_whose_job_cannot_be_recorded_answers_an_error_and_leaves_no_job(env):
     # `.partir/jobs` a file: no job directory can be made (as on a full disk).
     (env.workspace / ".partir").mkdir(exist_ok=True)

@@ -24,6 +24,7 @@ REPLICATED, SHARDED = P(None, None), P("batch", None)
     ("bp_z3", REPLICATED, 0, 3),
     ("bp_z3_grads", SHARDED, 2, 1),
 ])
+@pytest.mark.slow
 def test_schedule_files(name, grad_spec, reduce_scatters, all_reduces):
     sf = load_schedule_file(EXAMPLE / f"{name}.partir.py")
     meta = check_oracles(sf.program.fn, partir.Mesh(sf.mesh), sf.schedule, *sf.program.args)

@@ -52,6 +52,7 @@ def test_same_seed_same_program():
     assert render(generate(7)) != render(generate(8))
 
 
+@pytest.mark.slow
 def test_same_seed_same_program_in_another_process():
     # No dependence on hash randomization or process state: a fresh interpreter with
     # another PYTHONHASHSEED renders the same modules.
@@ -63,6 +64,7 @@ def test_same_seed_same_program_in_another_process():
     assert out == "".join(render(generate(s), "vg") for s in (3, 11, 42)) + "\n"
 
 
+@pytest.mark.slow
 def test_every_op_family_is_generated(cases):
     seen = Counter(op.family for c in cases for op in walk_ops(c.program.ops))
     assert set(seen) == set(Generator(0).families), set(Generator(0).families) - set(seen)

@@ -23,6 +23,7 @@ def draws(x, keys):
     return x ^ bits, keys[::-1], keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey])
 def test_keys_sliced_gathered_and_assembled(make_key):
     keys = jax.random.split(make_key(2), 8)

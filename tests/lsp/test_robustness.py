@@ -34,6 +34,7 @@ BROKEN_TEXTS = [
 ]
 
 
+@pytest.mark.slow
 async def test_run_job_reports_a_finished_job(session: Session) -> None:
     uri = session.open("mlp/bp_mp_z3.partir.py")
     before = set(session.client.progress_reports)
@@ -53,6 +54,7 @@ async def test_run_job_reports_a_finished_job(session: Session) -> None:
     session.close(uri)
 
 
+@pytest.mark.slow
 async def test_run_job_reports_on_the_clients_progress_token(session: Session) -> None:
     """The extension shows a job in its own cancellable notification: the server reports
     on the token it passes, and creates none (vscode-languageclient would show that one in

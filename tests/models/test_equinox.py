@@ -53,6 +53,7 @@ def mlp():
     return setup(eqx.nn.MLP(D, C, width_size=H, depth=2, key=jax.random.key(0)), (B, D))
 
 
+@pytest.mark.slow
 def test_mlp_bp():
     check_bp(*mlp(), BP, batch=B)
 
@@ -62,6 +63,7 @@ def test_mlp_zero3():
     check_zero3(*mlp(), BP, batch=B)
 
 
+@pytest.mark.slow
 def test_mlp_megatron():
     # The weight gradients stay sharded over "model" like their weights (issue 27, cause
     # 5: the einsum's weight gradient was all_gathered, then all_reduced).
@@ -97,6 +99,7 @@ def rotary_attention():
     return setup(RotaryAttention(jax.random.key(0)), (B, T, E))
 
 
+@pytest.mark.slow
 def test_rotary_attention_bp():
     check_bp(*rotary_attention(), BP, batch=B)
 

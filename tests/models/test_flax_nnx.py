@@ -59,6 +59,7 @@ def setup():
     return step, (params, batch_stats, rngs, tx.init(params), x, y)
 
 
+@pytest.mark.slow
 def test_bp():
     c = check_bp(*setup(), BP, batch=B)
     # BatchNorm's running statistics, updated from the whole (sharded) batch.

@@ -50,6 +50,7 @@ def inputs():
     return params, TX.init(params), graph, labels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("add_self_edges", [False, True], ids=["edges", "self_edges"])
 def test_graph_convolution(add_self_edges):
     # The node-level work (the feature transform, the head) is not split by BP over the

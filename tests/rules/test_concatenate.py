@@ -108,6 +108,7 @@ def test_gradients_through_a_concatenate_are_right_and_its_forward_stays_partiti
     assert flops_ratio(grad, [bp(a=0)], a, b) <= 0.25
 
 
+@pytest.mark.slow
 def test_in_a_scan_body_only_the_concatenated_dimension_is_kept_whole():
     def rnn(x, h):
         def step(h, x_t):

@@ -183,6 +183,7 @@ def test_an_equal_program_made_again_is_not_lowered_again(ws: Path) -> None:
     assert session.lowerings == lowerings + 1
 
 
+@pytest.mark.slow
 def test_lowering_in_forked_processes_gives_what_one_process_gives(ws: Path,
                                                                    monkeypatch) -> None:
     """`lowering_processes=2`: the states are lowered here and in a fork of this process
@@ -329,6 +330,7 @@ def test_cancelling_mid_tactic_keeps_the_cached_prefix(ws: Path) -> None:
     assert session.tactics_applied == 4
 
 
+@pytest.mark.slow
 def test_cancelling_mid_lowering_keeps_the_caches(ws: Path, monkeypatch) -> None:
     session = Session(str(ws))
     analysis = analyse(session, ws, text(layers=8))
@@ -461,6 +463,7 @@ schedule = [
 '''
 
 
+@pytest.mark.slow
 def test_a_pipeline_rewrites_the_program_once_for_the_edits_after_it(ws: Path) -> None:
     session = Session(str(ws))
     first = analyse(session, ws, PIPELINE.format(stages=2, m=2))

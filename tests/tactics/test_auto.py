@@ -84,6 +84,7 @@ def test_deterministic_for_a_seed():
     assert first[0]
 
 
+@pytest.mark.slow
 def test_auto_mp_matches_megatron_on_a_2_layer_t32():
     args = model.abstract_inputs(T2)
     manual = partir.partition(model.train_step, T32_MESH, [schedules.BP, schedules.MP],
@@ -99,6 +100,7 @@ def test_auto_mp_matches_megatron_on_a_2_layer_t32():
     assert search["elapsed_s"] < 60
 
 
+@pytest.mark.slow
 def test_manual_tactics_found_give_the_same_program():
     args = model.abstract_inputs(T2)
     found = partir.partition(model.train_step, T32_MESH, [schedules.BP, auto()], *args)
@@ -110,6 +112,7 @@ def test_manual_tactics_found_give_the_same_program():
     assert again.cost.step_time_s == pytest.approx(found.cost.step_time_s)
 
 
+@pytest.mark.slow
 def test_a_later_tactic_sees_its_decisions():
     args = model.abstract_inputs(T2)
     meta = partir.partition(model.train_step, T32_MESH,

@@ -35,6 +35,7 @@ def _linen():
     return model, nn.meta.unbox(boxed), specs
 
 
+@pytest.mark.slow
 def test_a_pytree_of_specs_like_the_arguments_shards_the_inputs_as_jax_would():
     model, params, specs = _linen()
 
@@ -79,6 +80,7 @@ def test_one_dimension_on_several_axes_is_tiled_major_first_as_a_manual_partitio
     assert meta.out_specs == manual.out_specs
 
 
+@pytest.mark.slow
 def test_nnx_partition_specs_name_the_state():
     class Model(nnx.Module):
         def __init__(self, rngs):

@@ -214,10 +214,12 @@ def _pipelines(draw):
             draw(st.booleans()), draw(st.booleans()))
 
 
+@pytest.mark.slow
 def test_a_two_stage_pipeline_of_two_carries_with_batch_parallelism():
     _check_pipeline((2, 4, 2, 4, 3, 2, False, True, True, False, False))
 
 
+@pytest.mark.slow
 def test_layers_cast_before_the_scan_are_pipelined():
     """The scan reads the layers through a cast and a scale (made layer by layer from
     them): it is the scan over the layers, pipelined, and the stages reach it through
@@ -252,6 +254,7 @@ def _check_pipeline(case):
             2 * carries * _steps(stages, microbatches)
 
 
+@pytest.mark.slow
 def test_each_device_holds_its_stages_layers():
     """1 / S of the stacked parameters per device, as XLA's buffer assignment and the
     simulator both count the arguments."""
@@ -295,6 +298,7 @@ def test_zero_composes_with_the_pipeline(wide_scanned):
     assert w_up == jax.sharding.PartitionSpec("stage", "batch", "model")
 
 
+@pytest.mark.slow
 def test_differentiating_a_pipelined_function_pipelines_its_backward_program():
     """partir.jit of a forward scan over layers: jax.grad of it is JAX's, through the
     VJP program, which the same schedule pipelines (the forward scan and the reversed one
@@ -346,6 +350,7 @@ def _accumulating_layer(h, w):
     return h, total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", [_inner_scan_layer, _loops_and_branch_layer])
 def test_loops_and_branches_inside_a_layer_run_on_microbatches(layer):
     """Each is lowered on the microbatches' axis as materialization lowers a loop's
@@ -368,6 +373,7 @@ def test_a_loop_accumulating_over_the_batch_starts_each_microbatch_from_its_shar
                   *_mlp_args())
 
 
+@pytest.mark.slow
 def test_a_loop_combining_the_batch_at_each_step_is_refused_at_its_line():
     """A scan over the rows of the layer's weight: their gradients are a sum over the
     batch per step, stacked rather than accumulated, which one microbatch cannot make."""

@@ -137,6 +137,7 @@ class _MLP(nn.Module):
 RULES = [("batch", "data"), ("hidden", "model"), ("embed", None)]
 
 
+@pytest.mark.slow
 def test_a_flax_model_with_logical_constraints_is_placed_as_jax_jit_places_it():
     model = _MLP()
     x = jnp.asarray(np.random.default_rng(2).normal(size=(16, 8)), jnp.float32)

@@ -1,5 +1,6 @@
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 from tests.core.tmr.oracle import check_entry
@@ -7,6 +8,7 @@ from tests.core.tmr.oracle import check_entry
 rng = np.random.default_rng(0)
 
 
+@pytest.mark.slow
 def test_dot_general_all_mappings():
     x = rng.normal(size=(8, 4, 6)).astype(np.float32)
     y = rng.normal(size=(8, 6, 4)).astype(np.float32)
