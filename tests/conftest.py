@@ -33,21 +33,20 @@ def pytest_configure(config: pytest.Config) -> None:
         tests.budget.FAST = True
 
 
-# Tests run on two xdist workers (`-n 2 --dist loadfile`, pyproject.toml), a file's tests on
-# one worker, so they share its warm JAX/XLA compilation caches and module-level caches
-# (`--dist load` spread them and compiled the same programs on both workers: ~15% more
-# CPU). A worker takes the next file when it is free; the files of the longest tests
-# (a minute or more each in a full run on 2 cores) are started first, or one collected
-# last would run alone at the end while the other worker idles.
-LONGEST_FIRST = (  # the longest files first (seconds on a quiet 2-core machine, one worker)
-    "tests/core/test_properties.py",  # 175
-    "tests/core/test_padding_properties.py",  # 95
-    "tests/api/test_executed_properties.py",  # 92
-    "tests/examples/test_unet.py",  # 80
-    "tests/core/test_subaxes.py",  # 70
-    "tests/core/tmr/test_random.py",  # 55
-    "tests/examples/test_transformer_core.py",  # 55
-    "tests/api/test_models.py",  # 50
+# Tests run on two xdist workers (`-n 2 --dist worksteal`, pyproject.toml): each worker
+# starts with a share of the tests in order, and one that runs out takes tests from the
+# other's share. The files of the longest tests are put first, or one collected last
+# would run alone at the end while the other worker idles.
+LONGEST_FIRST = (  # seconds in a full run on a quiet 2-core machine
+    "tests/tactics/test_pipelining.py",  # 210
+    "tests/core/test_padding_properties.py",  # 160
+    "tests/core/test_properties.py",  # 140
+    "tests/tactics/test_auto_models.py",  # 125
+    "tests/examples/test_transformer_core.py",  # 125
+    "tests/core/tmr/test_random.py",  # 125
+    "tests/api/test_executed_properties.py",  # 115
+    "tests/api/test_control_flow.py",  # 115
+    "tests/examples/test_unet.py",  # 110
 )
 
 
