@@ -15,8 +15,11 @@ CHEAP_CODEGEN = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expen
 
 
 def set_flags() -> None:
-    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), DEVICES,
-                                        *CHEAP_CODEGEN]).strip()
+    # Each xdist worker imports conftest with the flags its parent set: add only those
+    # missing, so the processes the tests start do not carry them several times.
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    os.environ["XLA_FLAGS"] = " ".join(
+        [*flags, *(f for f in (DEVICES, *CHEAP_CODEGEN) if f not in flags)])
 
 
 def optimizing() -> bool:
