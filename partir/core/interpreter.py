@@ -9,12 +9,17 @@ A loop whose body holds a control-flow op with a collective over the loop's axis
 regions (a sync point: partial sums summed inside a scan's body) runs its iterations in
 lockstep instead: the body is vmapped over the indices with the axis as the vmap's axis
 name, so each iteration's collective sees the others.
+
+The interpreters run a program as one computation (`checked`, `jax.jit`): each op run
+eagerly would be a compilation of its own. What they check of the values computed (an
+`any` loop's iterations equal) is then known once the computation has run (`require`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import jax
@@ -60,21 +65,62 @@ def combine(action, parts: list[Any], size: int | None = None) -> Any:
             acc = MONOIDS[action.monoid].combine(acc, p)
         return acc
     assert isinstance(action, AnyAction)
-    if isinstance(parts[0], jax.core.Tracer):  # inside a lockstep loop: not checkable
-        return parts[0]
     first = _comparable(parts[0])
-    for p in parts[1:]:
-        if not np.array_equal(first, _comparable(p), equal_nan=True):
-            raise InterpreterError("iterations of an `any` loop computed different values")
+    require(jnp.all(jnp.asarray([jnp.array_equal(first, _comparable(p), equal_nan=True)
+                                 for p in parts[1:]], bool)),
+            InterpreterError("iterations of an `any` loop computed different values"))
     return parts[0]
 
 
-def _comparable(x: Any) -> np.ndarray:
-    """x as a NumPy array; a typed PRNG key array as its key data, which NumPy cannot
-    hold as keys."""
+def _comparable(x: Any) -> Any:
+    """x, a typed PRNG key array as its key data, which has no equality."""
     if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
         x = jax.random.key_data(x)
-    return np.asarray(x)
+    return x
+
+
+# The conditions `require`d in the traced run `checked` is making (None: none is), with
+# the error each raises; whether the values being traced are one coordinate's of a
+# lockstep run (`in_lockstep`).
+_REQUIRED: ContextVar[list[tuple[Any, Exception]] | None] = ContextVar("required",
+                                                                        default=None)
+_IN_LOCKSTEP: ContextVar[bool] = ContextVar("in_lockstep", default=False)
+
+
+def require(ok: Any, error: Exception) -> None:
+    """Raise `error` unless `ok`, a condition on the values computed: at once where they
+    are known, after the computation in a traced run (`checked`). Inside a lockstep run
+    (vmapped) it is not checked: each coordinate has its own."""
+    if _IN_LOCKSTEP.get():
+        return
+    if isinstance(ok, jax.core.Tracer):
+        required = _REQUIRED.get()
+        if required is not None:
+            required.append((ok, error))
+        return
+    if not ok:
+        raise error
+
+
+def checked(f: Callable[..., Any]) -> Callable[..., Any]:
+    """f run as one computation (`jax.jit`), raising the first error of the conditions
+    it `require`d that do not hold."""
+    def run(*args: Any) -> Any:
+        required: list[tuple[Any, Exception]] = []
+
+        def traced(*xs: Any) -> tuple[Any, list[Any]]:
+            token = _REQUIRED.set(required)
+            try:
+                return f(*xs), [ok for ok, _ in required]
+            finally:
+                _REQUIRED.reset(token)
+
+        outs, oks = jax.jit(traced)(*args)
+        for ok, (_, error) in zip(oks, required, strict=True):
+            if not ok:
+                raise error
+        return outs
+    return run
 
 
 def eval_op(op: Op, env: Mapping[Value, Any]) -> list[Any]:
@@ -105,7 +151,11 @@ def in_lockstep(f: Callable[..., Any], axes: Sequence[str], *stacked: Any) -> An
     argument has one leading dimension per axis, and so does every result."""
     for axis in reversed(axes):
         f = jax.vmap(f, axis_name=axis)
-    return f(*stacked)
+    token = _IN_LOCKSTEP.set(True)
+    try:
+        return f(*stacked)
+    finally:
+        _IN_LOCKSTEP.reset(token)
 
 
 class Interpreter:
@@ -204,5 +254,5 @@ def eval_alike(op: Op, env: Mapping[Value, Any], bound: Sequence[str],
 
 def interpret(fn: Function, *args: Any) -> list[Any]:
     """Run a Core function on arguments; returns its results. The ops run in order, as one
-    computation (`jax.jit`): each op run eagerly would be a compilation of its own."""
-    return jax.jit(Interpreter(fn))(*args)
+    computation (`checked`)."""
+    return checked(Interpreter(fn))(*args)

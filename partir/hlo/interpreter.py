@@ -33,7 +33,7 @@ from partir.hlo.ops import (
     flat_axes,
 )
 from partir.ir import Function, Op, Value
-from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
+from partir.ir.dtypes import assembled, sliceable, to_host
 from partir.ir.evaluate import evaluate
 from partir.ir.monoids import MONOIDS
 from partir.mesh import Mesh
@@ -141,20 +141,19 @@ class HloInterpreter:
 
     def _assemble(self, v: Value, local: Local, sharding: AxesPerDim) -> np.ndarray:
         shape = self.m.gathered_shape(v.type.shape, sharding)
-        out = host_zeros(shape, v.type.dtype)
-        filled: dict[tuple, Any] = {}
+        filled: dict[tuple, tuple[tuple[slice, ...], Any]] = {}
         for dev in self.m.devices:
             block = self.m.block(dev, shape, sharding)
             key = tuple((s.start, s.stop) for s in block)
-            x = to_host(local[dev])
             if key not in filled:
-                out[block] = x
-                filled[key] = x
-            elif not np.array_equal(filled[key], x, equal_nan=x.dtype.kind in "fc"):
+                filled[key] = (block, local[dev])
+                continue
+            first, x = to_host(filled[key][1]), to_host(local[dev])
+            if not np.array_equal(first, x, equal_nan=x.dtype.kind in "fc"):
                 raise HloInterpreterError(
                     f"result %{v.name or v.id} has sharding {sharding}, but devices holding "
                     f"the same tile disagree (device {dev})")
-        return from_host(out, v.type.dtype)
+        return assembled(shape, v.type.dtype, list(filled.values()))
 
     def _eval(self, op: Op, env: dict[Value, Local]) -> list[Local]:
         x = env[op.operands[0]] if op.operands else None
@@ -195,12 +194,10 @@ class HloInterpreter:
         for dev in self.m.devices:
             key = self.m.group_key(dev, named)
             if key not in done:
-                local = sliceable(x[dev])
-                shape = self.m.gathered_shape(local.shape, axes)
-                full = host_zeros(shape, local.dtype)
-                for member in self.m.group(dev, named):
-                    full[self.m.block(member, shape, axes)] = to_host(x[member])
-                done[key] = from_host(full, local.dtype)
+                shape = self.m.gathered_shape(np.shape(x[dev]), axes)
+                done[key] = assembled(shape, x[dev].dtype, [
+                    (self.m.block(member, shape, axes), x[member])
+                    for member in self.m.group(dev, named)])
             out[dev] = done[key]
         return out
 
@@ -255,5 +252,7 @@ class HloInterpreter:
 
 def interpret_hlo(fn: Function, *args: Any) -> list[Any]:
     """Run a PartIR:HLO function on global arguments (split per its in_shardings) on a
-    simulated mesh; returns its global results (assembled per its out_shardings)."""
+    simulated mesh; returns its global results (assembled per its out_shardings). Each op
+    runs eagerly: the devices' local ops of one shape share a compilation, which a
+    program of every device's ops (`jax.jit`) would not."""
     return HloInterpreter(fn)(*args)

@@ -2,9 +2,9 @@
 
 A key array (`key<fry>[4]`) is one value per element to JAX's primitives but is held as
 its key data, an array of the implementation's base dtype with the key shape appended
-(`uint32[4, 2]` for threefry). Host-side code that builds arrays with numpy (the SPMD
-and HLO interpreters' assembly of tiles) works on that key data, whose leading dims are
-the key array's dims, and wraps it back.
+(`uint32[4, 2]` for threefry). Code that builds an array out of pieces (the SPMD and HLO
+interpreters' assembly of tiles, `assembled`) works on that key data, whose leading dims
+are the key array's dims, and wraps it back.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -53,6 +54,26 @@ def from_host(data: np.ndarray, dtype: Any) -> Any:
     if is_extended(dtype):
         return jax.random.wrap_key_data(data, impl=dtype._impl)
     return data
+
+
+def assembled(shape: tuple[int, ...], dtype: Any,
+              blocks: list[tuple[tuple[slice, ...], Any]]) -> Any:
+    """The array of `shape` and element type `dtype` made of `blocks`, (index, array) pairs
+    that cover it, key arrays included: built on the host from arrays (each block's own
+    update run eagerly would be a compilation of its own), traceable (`jax.jit`) from
+    tracers."""
+    if not any(isinstance(x, jax.core.Tracer) for _, x in blocks):
+        out = host_zeros(shape, dtype)
+        for index, x in blocks:
+            out[index] = to_host(x)
+        return from_host(out, dtype)
+    data = None
+    for index, x in blocks:
+        d = jax.random.key_data(x) if is_extended(dtype) else jnp.asarray(x)
+        if data is None:
+            data = jnp.zeros(shape + d.shape[len(shape):], d.dtype)  # + a key's data dims
+        data = data.at[index].set(d)
+    return from_host(data, dtype)
 
 
 def host_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -31,6 +31,7 @@ import numpy as np
 from partir.core.actions import Tile
 from partir.core.interpreter import (
     InterpreterError,
+    checked,
     combine,
     eval_alike,
     in_lockstep,
@@ -38,7 +39,7 @@ from partir.core.interpreter import (
     pad_dim,
 )
 from partir.ir import Function, Op, TensorType, Value
-from partir.ir.dtypes import from_host, host_zeros, sliceable, to_host
+from partir.ir.dtypes import assembled
 from partir.ir.types import padded_size, tile_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
@@ -105,20 +106,15 @@ class _Layout:
             tiles[self.key(t, at)] = g[tuple(self.block(t, d, at) for d in range(t.rank))]
         return tiles
 
-    def assemble(self, t: DTensorType, tiles: Tiles) -> dict[tuple[int, ...], np.ndarray]:
+    def assemble(self, t: DTensorType, tiles: Tiles) -> dict[tuple[int, ...], Any]:
         """The global tensor of each stacked slice of a value of type t."""
-        out: dict[tuple[int, ...], np.ndarray] = {}
-        padded = self.padded(t)
+        blocks: dict[tuple[int, ...], list] = {}
         for at in self.coords(self.key_axes(t)):
-            s = tuple(at[a] for a in t.stacked)
-            if s not in out:
-                out[s] = host_zeros(padded, t.dtype)
-            out[s][tuple(self.block(t, d, at) for d in range(t.rank))] = to_host(
-                tiles[self.key(t, at)])
-        if padded != t.sizes:  # the padding of the blocks is dropped
-            unpad = tuple(slice(0, n) for n in t.sizes)
-            out = {s: g[unpad] for s, g in out.items()}
-        return {s: from_host(g, t.dtype) for s, g in out.items()}
+            blocks.setdefault(tuple(at[a] for a in t.stacked), []).append(
+                (tuple(self.block(t, d, at) for d in range(t.rank)), tiles[self.key(t, at)]))
+        padded = self.padded(t)
+        unpad = tuple(slice(0, n) for n in t.sizes)  # the padding of the blocks is dropped
+        return {s: assembled(padded, t.dtype, b)[unpad] for s, b in blocks.items()}
 
 
 class SpmdInterpreter:
@@ -139,7 +135,7 @@ class SpmdInterpreter:
             if t.stacked or tuple(np.shape(x)) != t.sizes:
                 raise SpmdInterpreterError(f"argument %{a.name} of type {t} cannot hold an "
                                            f"array of shape {np.shape(x)}")
-            env[a] = self.layout.split(t, {(): sliceable(x)})
+            env[a] = self.layout.split(t, {(): x})
         for op in self.fn.ops:
             for r, tiles in zip(op.results, self._eval(op, env), strict=True):
                 env[r] = tiles
@@ -225,5 +221,6 @@ class SpmdInterpreter:
 
 
 def interpret_spmd(fn: Function, *args: Any) -> list[Any]:
-    """Run an SPMD function on global arguments; returns its global results."""
-    return SpmdInterpreter(fn)(*args)
+    """Run an SPMD function on global arguments; returns its global results. The ops run
+    in order, as one computation (`partir.core.interpreter.checked`)."""
+    return checked(SpmdInterpreter(fn))(*args)

@@ -246,8 +246,8 @@ def test_tile_reduce_then_redistribute_follows_the_loop_semantics():
         np.concatenate([row[0] + row[1] for row in tiles], axis=1))
     np.testing.assert_array_equal(run(("b", Sum("max")), ("a", Sum())),
                                   sum(np.maximum(*row) for row in tiles))
-    with pytest.raises(InterpreterError, match="any"):
-        run(("b", ANY))
+    with pytest.raises(InterpreterError, match="any"):  # the tiles differ along b
+        run(("b", ANY), ("a", Tile(0)))
 
 
 def test_interpreter_rejects_stacked_results():
