@@ -14,6 +14,7 @@ import itertools
 
 import jax
 import numpy as np
+from jax import lax
 
 from partir.core.actions import AnyAction, Loop, Sum, Tile
 from partir.core.tmr import LocalContext, OpView, factor_mappings, localized, lookup
@@ -51,35 +52,41 @@ def _local_types(types, nest, which):
     return tuple(out)
 
 
-def _run_nest(op, entry, operands, nest, index):
-    """Run the op at one point `index` (axis -> int) of the nest; returns local results."""
+def _nest_runner(op, entry, nest):
+    """The op at one point of the nest, as one computation (`jax.jit`): local results of
+    (operands, the point's index on each loop of the nest). Each op the entry's `apply`
+    runs eagerly would be a compilation of its own."""
     in_global = tuple(v.type for v in op.operands)
     out_global = tuple(v.type for v in op.results)
     local_in = _local_types(in_global, nest, "in")
     local_out = _local_types(out_global, nest, "out")
     sizes = {lp.axis: n for lp, n in nest}
-    local_operands = []
-    for i, x in enumerate(operands):
-        for lp, n in nest:
-            d = lp.operands[i]
-            if d is not None:
-                chunk = x.shape[d] // n
-                start = index[lp.axis] * chunk
-                x = x[(slice(None),) * d + (slice(start, start + chunk),)]
-        local_operands.append(x)
     view = OpView(op.name, op.params, local_in, local_out)
     params = localized(entry, view)
     local_view = OpView(op.name, params, local_in, local_out)
-    if entry.apply is not None:
-        ctx = LocalContext([lp for lp, _ in nest], in_global, out_global,
-                           index=lambda a: index[a], axis_size=lambda a: sizes[a])
-        outs = entry.apply(local_view, op.prim, local_operands, ctx)
-    else:
-        outs = op.prim.bind(*local_operands, **params)
-        outs = list(outs) if op.prim.multiple_results else [outs]
-    for o, t in zip(outs, local_out, strict=True):
-        assert tuple(np.shape(o)) == t.shape, (op.name, np.shape(o), t.shape, params)
-    return [to_host(o) for o in outs]
+
+    def run(operands, point):
+        index = dict(zip((lp.axis for lp, _ in nest), point, strict=True))
+        local_operands = []
+        for i, x in enumerate(operands):
+            for lp, n in nest:
+                d = lp.operands[i]
+                if d is not None:
+                    chunk = x.shape[d] // n
+                    x = lax.dynamic_slice_in_dim(x, index[lp.axis] * chunk, chunk, axis=d)
+            local_operands.append(x)
+        if entry.apply is not None:
+            ctx = LocalContext([lp for lp, _ in nest], in_global, out_global,
+                               index=lambda a: index[a], axis_size=lambda a: sizes[a])
+            outs = entry.apply(local_view, op.prim, local_operands, ctx)
+        else:
+            outs = op.prim.bind(*local_operands, **params)
+            outs = list(outs) if op.prim.multiple_results else [outs]
+        for o, t in zip(outs, local_out, strict=True):
+            assert tuple(np.shape(o)) == t.shape, (op.name, np.shape(o), t.shape, params)
+        return outs
+
+    return jax.jit(run)
 
 
 def _combine(action, parts):
@@ -91,16 +98,20 @@ def _combine(action, parts):
     return parts[0]
 
 
-def _eval_nest(op, entry, operands, nest, depth=0, index=None):
-    index = dict(index or {})
-    if depth == len(nest):
-        return _run_nest(op, entry, operands, nest, index)
-    lp, n = nest[depth]
-    per_iter = []
-    for r in range(n):
-        index[lp.axis] = r
-        per_iter.append(_eval_nest(op, entry, operands, nest, depth + 1, index))
-    return [_combine(lp.results[k], [it[k] for it in per_iter]) for k in range(len(op.results))]
+def _eval_nest(op, entry, operands, nest):
+    """The op's results from running it at every point of the nest and combining the
+    points' local results per each loop's actions."""
+    run = _nest_runner(op, entry, nest)
+
+    def at(depth, point):
+        if depth == len(nest):
+            return [to_host(o) for o in run(operands, tuple(np.int32(i) for i in point))]
+        lp, n = nest[depth]
+        per_iter = [at(depth + 1, (*point, r)) for r in range(n)]
+        return [_combine(lp.results[k], [it[k] for it in per_iter])
+                for k in range(len(op.results))]
+
+    return at(0, ())
 
 
 def _divisible(mapping, view, n, factor_size=None):
