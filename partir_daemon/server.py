@@ -1008,8 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
                             level=getattr(logging, config.log_level, "INFO"),
                             format="%(asctime)s daemon[%(process)d] %(levelname)s %(name)s: "
                                    "%(message)s")
-        _write_status(paths, config)
+        # Listening before the status names this daemon: a client that reads the status
+        # finds the socket there (it waits in the backlog until the loop serves it).
         sock = _listen(paths.socket)
+        _write_status(paths, config)
     except OSError as e:
         if ready is None:
             raise
