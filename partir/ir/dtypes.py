@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -59,21 +58,12 @@ def from_host(data: np.ndarray, dtype: Any) -> Any:
 def assembled(shape: tuple[int, ...], dtype: Any,
               blocks: list[tuple[tuple[slice, ...], Any]]) -> Any:
     """The array of `shape` and element type `dtype` made of `blocks`, (index, array) pairs
-    that cover it, key arrays included: built on the host from arrays (each block's own
-    update run eagerly would be a compilation of its own), traceable (`jax.jit`) from
-    tracers."""
-    if not any(isinstance(x, jax.core.Tracer) for _, x in blocks):
-        out = host_zeros(shape, dtype)
-        for index, x in blocks:
-            out[index] = to_host(x)
-        return from_host(out, dtype)
-    data = None
+    that cover it, key arrays included, built on the host (each block's update run
+    eagerly would be a compilation of its own)."""
+    out = host_zeros(shape, dtype)
     for index, x in blocks:
-        d = jax.random.key_data(x) if is_extended(dtype) else jnp.asarray(x)
-        if data is None:
-            data = jnp.zeros(shape + d.shape[len(shape):], d.dtype)  # + a key's data dims
-        data = data.at[index].set(d)
-    return from_host(data, dtype)
+        out[index] = to_host(x)
+    return from_host(out, dtype)
 
 
 def host_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:

@@ -38,7 +38,7 @@ from partir.core.interpreter import (
     pad_dim,
 )
 from partir.ir import Function, Op, TensorType, Value
-from partir.ir.dtypes import assembled
+from partir.ir.dtypes import assembled, sliceable
 from partir.ir.types import padded_size, tile_size
 from partir.mesh import Mesh
 from partir.spmd.ops import EXECUTE, REDISTRIBUTE, TILE_REDUCE
@@ -134,7 +134,7 @@ class SpmdInterpreter:
             if t.stacked or tuple(np.shape(x)) != t.sizes:
                 raise SpmdInterpreterError(f"argument %{a.name} of type {t} cannot hold an "
                                            f"array of shape {np.shape(x)}")
-            env[a] = self.layout.split(t, {(): x})
+            env[a] = self.layout.split(t, {(): sliceable(x)})
         for op in self.fn.ops:
             for r, tiles in zip(op.results, self._eval(op, env), strict=True):
                 env[r] = tiles
